@@ -1,0 +1,107 @@
+//! Admission decisions over an exact sliding-window log, behind one trait with two backends.
+//!
+//! Why a trait: the decision engine must not care where the log lives. `memory` keeps it in
+//! process (the embedded default, no Redis needed); `redis` keeps it in sorted sets and decides
+//! with one atomic Lua script per request. Both implement the same semantics, and one
+//! conformance suite (tests/conformance.rs) runs against both.
+//!
+//! Semantics shared by every backend, for one call with a batch of [`Hit`]s:
+//! - An entry recorded at time `t` counts while `now - t < window_ms`.
+//! - A `Consume` hit with `hits > 0` passes when `count + hits <= limit` (hits of earlier items of
+//!   the same batch on the same key count too). `hits == 0` is a check-only probe: it passes when
+//!   `count < limit` and never records anything.
+//! - The batch is all-or-nothing: it is admitted when every `Consume` item passes; only then are
+//!   the hits recorded (one entry per hit) and refunds applied. A rejected batch changes nothing.
+//! - `Shadow` items are checked like `Consume` but never veto the batch; on an admitted batch they
+//!   record their hits only if they passed themselves, so their log is what enforcement would keep.
+//! - `Refund` items never reject; on an admitted batch they remove up to `hits` of the key's newest
+//!   entries.
+//! - The clock: Redis uses its own `TIME` (instances with skewed clocks agree); the memory backend
+//!   uses the [`Clock`] it was built with. Both also accept an explicit `now` for tests.
+
+pub mod memory;
+pub mod redis;
+pub mod window;
+
+use async_trait::async_trait;
+
+/// How a batch item treats its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HitKind {
+    Consume,
+    Shadow,
+    Refund,
+}
+
+/// One limiter key's share of a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hit {
+    /// Limiter key from [`crate::descriptor::limiter_key`].
+    pub key: String,
+    pub limit: u64,
+    pub window_ms: u64,
+    pub hits: u64,
+    pub kind: HitKind,
+}
+
+/// What the backend saw for one item, in the order of the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyOutcome {
+    /// This item's own check passed (always true for `Refund`).
+    pub passed: bool,
+    /// Entries in the key's window after the decision.
+    pub count: u64,
+    /// Milliseconds until the oldest entry in the window leaves it (when a slot frees);
+    /// `window_ms` when the window is empty.
+    pub reset_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// Every `Consume` item passed and the batch was recorded.
+    pub admitted: bool,
+    pub items: Vec<KeyOutcome>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LimiterError {
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("backend timed out after {0} ms")]
+    Timeout(u64),
+    #[error("backend replied with something unexpected: {0}")]
+    Protocol(String),
+}
+
+/// A time source in milliseconds since the Unix epoch.
+pub trait Clock: Send + Sync {
+    fn now_ms(&self) -> u64;
+}
+
+/// The wall clock; the only place the memory backend reads time.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+}
+
+#[async_trait]
+pub trait Limiter: Send + Sync {
+    /// Decides a batch on the backend's own clock.
+    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError>;
+
+    /// Decides a batch as if the time were `now_ms` (tests and property checks).
+    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError>;
+
+    /// Cheap reachability probe for readiness.
+    async fn ping(&self) -> Result<(), LimiterError>;
+
+    /// Short backend name for logs and metrics ("memory", "redis").
+    fn backend(&self) -> &'static str;
+}
