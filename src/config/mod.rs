@@ -5,8 +5,19 @@
 //! wrote for envoyproxy/ratelimit), while the rest of sluice only needs "which rule governs these
 //! descriptor entries". Everything here is pure: no I/O beyond reading the files, no clock.
 
+mod error;
+mod raw;
+mod tree;
+mod validate;
+
+pub use error::{ConfigError, ConfigErrors};
+pub use tree::{LimitSpec, Lookup, MatchKind, Rule};
+
+use crate::descriptor::Entry;
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use tree::Level;
 
 /// A time unit as envoyproxy/ratelimit's YAML and Envoy's API name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,3 +84,223 @@ impl fmt::Display for Unit {
         f.write_str(self.as_str())
     }
 }
+
+/// Rule name of problems with a config source itself (unreadable path, empty directory).
+const SOURCE_RULE: &str = "config";
+
+/// One domain's compiled descriptors.
+#[derive(Debug, Clone)]
+struct Domain {
+    name: String,
+    root: Level,
+}
+
+/// The loaded limits: every domain's lookup tree. Immutable once built; `Send + Sync`, meant to
+/// be shared in an `Arc` and swapped whole on reload.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// In load order (files sorted by name).
+    domains: Vec<Domain>,
+    by_name: HashMap<String, usize>,
+    sources: Vec<PathBuf>,
+    rule_count: usize,
+}
+
+impl Config {
+    /// Loads a single YAML file, or every `*.yaml` / `*.yml` file directly in a directory
+    /// (sorted by name, not recursive, entries starting with `.` skipped, symlinks followed).
+    /// One domain per file; a domain defined twice is an error naming both files.
+    ///
+    /// Returns every problem found in every file, not only the first.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let meta = std::fs::metadata(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError::new(
+                path,
+                None,
+                SOURCE_RULE,
+                format!("cannot read config path: {e}"),
+            )])
+        })?;
+        let files = if meta.is_dir() {
+            let files = yaml_files_in(path)?;
+            if files.is_empty() {
+                return Err(ConfigErrors(vec![ConfigError::new(
+                    path,
+                    None,
+                    SOURCE_RULE,
+                    format!("no *.yaml files in {}", path.display()),
+                )]));
+            }
+            files
+        } else {
+            vec![path.to_path_buf()]
+        };
+
+        let mut errors = Vec::new();
+        let mut sources = Vec::with_capacity(files.len());
+        for file in files {
+            match std::fs::read(&file) {
+                Ok(bytes) => match String::from_utf8(bytes) {
+                    Ok(text) => sources.push((file, text)),
+                    Err(e) => errors.push(ConfigError::new(
+                        &file,
+                        None,
+                        SOURCE_RULE,
+                        format!("file is not valid UTF-8: {}", e.utf8_error()),
+                    )),
+                },
+                Err(e) => errors.push(ConfigError::new(
+                    &file,
+                    None,
+                    SOURCE_RULE,
+                    format!("cannot read file: {e}"),
+                )),
+            }
+        }
+        Self::build(
+            sources.iter().map(|(f, t)| (f.as_path(), t.as_str())),
+            errors,
+        )
+    }
+
+    /// Compiles one file's text (one domain). `file` only names the source in errors.
+    pub fn from_yaml_str(file: &Path, text: &str) -> Result<Config, ConfigErrors> {
+        Self::build(std::iter::once((file, text)), Vec::new())
+    }
+
+    fn build<'a>(
+        sources: impl Iterator<Item = (&'a Path, &'a str)>,
+        mut errors: Vec<ConfigError>,
+    ) -> Result<Config, ConfigErrors> {
+        let mut domains: Vec<Domain> = Vec::new();
+        let mut by_name: HashMap<String, usize> = HashMap::new();
+        // domain -> file that defined it first
+        let mut defined_in: HashMap<String, PathBuf> = HashMap::new();
+        let mut paths = Vec::new();
+        for (file, text) in sources {
+            paths.push(file.to_path_buf());
+            let before = errors.len();
+            let compiled = validate::compile_file(file, text, &mut errors);
+            let Some((name, line)) = compiled.domain else {
+                continue;
+            };
+            if let Some(first) = defined_in.get(&name) {
+                errors.push(ConfigError::new(
+                    file,
+                    line,
+                    validate::DOMAIN_RULE,
+                    format!(
+                        "duplicate domain `{name}`: already defined in {}",
+                        first.display()
+                    ),
+                ));
+                continue;
+            }
+            defined_in.insert(name.clone(), file.to_path_buf());
+            if errors.len() == before {
+                by_name.insert(name.clone(), domains.len());
+                domains.push(Domain {
+                    name,
+                    root: compiled.root,
+                });
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
+        let rule_count = domains.iter().map(|d| d.root.rule_count()).sum();
+        Ok(Config {
+            domains,
+            by_name,
+            sources: paths,
+            rule_count,
+        })
+    }
+
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.by_name.contains_key(domain)
+    }
+
+    /// Finds the rule governing a request descriptor, as envoyproxy/ratelimit's `GetLimit`
+    /// does: entry by entry from the domain's top level, each entry matched exactly, else by
+    /// the first wildcard value (config order), else by a key-only descriptor. The node matched
+    /// at the last entry is the answer; a limit on an earlier entry does not apply.
+    pub fn lookup(&self, domain: &str, entries: &[Entry]) -> Lookup<'_> {
+        let Some(domain) = self.by_name.get(domain).and_then(|&i| self.domains.get(i)) else {
+            return Lookup::UnknownDomain;
+        };
+        let mut level = &domain.root;
+        let last = entries.len().saturating_sub(1);
+        for (i, entry) in entries.iter().enumerate() {
+            let Some((node, kind)) = level.find(&entry.key, &entry.value) else {
+                return Lookup::NoRule;
+            };
+            if i == last {
+                return Lookup::Rule {
+                    rule: &node.rule,
+                    kind,
+                };
+            }
+            if node.children.is_empty() {
+                return Lookup::NoRule;
+            }
+            level = &node.children;
+        }
+        Lookup::NoRule
+    }
+
+    /// Domain names, in load order.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.iter().map(|d| d.name.as_str())
+    }
+
+    /// Number of descriptors with a `rate_limit`, over all domains.
+    pub fn rule_count(&self) -> usize {
+        self.rule_count
+    }
+
+    /// The files this config was loaded from, in load order.
+    pub fn sources(&self) -> &[PathBuf] {
+        &self.sources
+    }
+}
+
+/// The `*.yaml` / `*.yml` regular files (symlinks followed) directly in `dir`, sorted by name,
+/// skipping names that start with `.` (Kubernetes ConfigMap mounts keep `..data` and
+/// `..2024_...` entries next to the visible symlinks).
+fn yaml_files_in(dir: &Path) -> Result<Vec<PathBuf>, ConfigErrors> {
+    let read_error = |e: std::io::Error| {
+        ConfigErrors(vec![ConfigError::new(
+            dir,
+            None,
+            SOURCE_RULE,
+            format!("cannot list directory: {e}"),
+        )])
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read_error)? {
+        let entry = entry.map_err(read_error)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') {
+            continue;
+        }
+        let is_yaml = Path::new(&*name)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e == "yaml" || e == "yml");
+        if !is_yaml {
+            continue;
+        }
+        let path = entry.path();
+        // `metadata` follows symlinks; a dangling link or a directory named `x.yaml` is skipped.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,272 @@
+//! The YAML file as written: envoyproxy/ratelimit's schema, deserialized with source lines.
+//!
+//! Why hand-written map visitors instead of `#[derive(Deserialize)]` with
+//! `deny_unknown_fields`: serde stops at the first unknown field, and the loader must report
+//! every problem of a file at once, each with its line. So each mapping here accepts any key,
+//! deserializes the known ones (wrapped in [`Spanned`] where a later check needs their line) and
+//! records the others as [`Extra`]s for the validator to report. Type errors (a string where a
+//! number belongs, a scalar where a mapping belongs) remain parser errors: serde-saphyr reports
+//! them with line and column and the file is rejected.
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_saphyr::{Location, Spanned};
+use std::fmt;
+use std::marker::PhantomData;
+
+/// 1-based line of a location, `None` when serde-saphyr does not know it (line 0).
+pub(crate) fn line_of(location: &Location) -> Option<usize> {
+    match location.line() {
+        0 => None,
+        line => usize::try_from(line).ok(),
+    }
+}
+
+/// A key of a mapping that the schema does not define at that level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Extra {
+    pub name: String,
+    pub line: Option<usize>,
+}
+
+/// The top level of a file: `domain` and `descriptors`.
+#[derive(Debug, Default)]
+pub(crate) struct RawRoot {
+    pub domain: Option<Spanned<String>>,
+    pub descriptors: Option<Vec<Spanned<RawDescriptor>>>,
+    pub extra: Vec<Extra>,
+}
+
+/// One entry of a `descriptors` list.
+#[derive(Debug, Default)]
+pub(crate) struct RawDescriptor {
+    pub key: Option<Spanned<String>>,
+    pub value: Option<Spanned<String>>,
+    pub rate_limit: Option<Spanned<RawRateLimit>>,
+    /// Line of the `rate_limit` key itself (the mapping's own span starts at its first key).
+    pub rate_limit_line: Option<usize>,
+    pub descriptors: Option<Vec<Spanned<RawDescriptor>>>,
+    pub shadow_mode: Option<bool>,
+    pub detailed_metric: Option<bool>,
+    pub extra: Vec<Extra>,
+}
+
+/// A descriptor's `rate_limit` mapping. `replaces` sits inside it, as in envoyproxy/ratelimit.
+#[derive(Debug, Default)]
+pub(crate) struct RawRateLimit {
+    pub unit: Option<Spanned<String>>,
+    pub requests_per_unit: Option<Spanned<u32>>,
+    pub unlimited: Option<Spanned<bool>>,
+    pub name: Option<Spanned<String>>,
+    pub replaces: Option<Vec<Spanned<RawReplace>>>,
+    pub extra: Vec<Extra>,
+}
+
+/// One `replaces` entry: `{name: X}`.
+#[derive(Debug, Default)]
+pub(crate) struct RawReplace {
+    pub name: Option<Spanned<String>>,
+    pub extra: Vec<Extra>,
+}
+
+/// A mapping whose known keys are deserialized into fields and whose other keys are recorded.
+trait Fields: Default {
+    const EXPECTING: &'static str;
+
+    /// Deserializes the value of `name` (a key at `line`) if it is a known field; returns false
+    /// otherwise (the value has not been consumed then).
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        line: Option<usize>,
+        map: &mut A,
+    ) -> Result<bool, A::Error>;
+
+    fn extra(&mut self) -> &mut Vec<Extra>;
+}
+
+struct FieldsVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Fields> Visitor<'de> for FieldsVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(T::EXPECTING)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<T, A::Error> {
+        let mut out = T::default();
+        while let Some(key) = map.next_key::<Spanned<String>>()? {
+            let line = line_of(&key.referenced);
+            if !out.field(&key.value, line, &mut map)? {
+                map.next_value::<IgnoredAny>()?;
+                out.extra().push(Extra {
+                    name: key.value,
+                    line,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+macro_rules! deserialize_via_fields {
+    ($($ty:ty),*) => {$(
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                deserializer.deserialize_map(FieldsVisitor::<$ty>(PhantomData))
+            }
+        }
+    )*};
+}
+
+deserialize_via_fields!(RawRoot, RawDescriptor, RawRateLimit, RawReplace);
+
+impl Fields for RawRoot {
+    const EXPECTING: &'static str = "a mapping with `domain` and `descriptors`";
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        _line: Option<usize>,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        match name {
+            "domain" => self.domain = map.next_value()?,
+            "descriptors" => self.descriptors = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn extra(&mut self) -> &mut Vec<Extra> {
+        &mut self.extra
+    }
+}
+
+impl Fields for RawDescriptor {
+    const EXPECTING: &'static str = "a descriptor mapping (`key`, `value`, `rate_limit`, ...)";
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        line: Option<usize>,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        match name {
+            "key" => self.key = map.next_value()?,
+            "value" => self.value = map.next_value()?,
+            "rate_limit" => {
+                self.rate_limit = map.next_value()?;
+                self.rate_limit_line = line;
+            }
+            "descriptors" => self.descriptors = map.next_value()?,
+            "shadow_mode" => self.shadow_mode = map.next_value()?,
+            "detailed_metric" => self.detailed_metric = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn extra(&mut self) -> &mut Vec<Extra> {
+        &mut self.extra
+    }
+}
+
+impl Fields for RawRateLimit {
+    const EXPECTING: &'static str = "a rate_limit mapping (`unit`, `requests_per_unit`, ...)";
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        _line: Option<usize>,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        match name {
+            "unit" => self.unit = map.next_value()?,
+            "requests_per_unit" => self.requests_per_unit = map.next_value()?,
+            "unlimited" => self.unlimited = map.next_value()?,
+            "name" => self.name = map.next_value()?,
+            "replaces" => self.replaces = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn extra(&mut self) -> &mut Vec<Extra> {
+        &mut self.extra
+    }
+}
+
+impl Fields for RawReplace {
+    const EXPECTING: &'static str = "a replaces entry `{name: ...}`";
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        _line: Option<usize>,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        match name {
+            "name" => self.name = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn extra(&mut self) -> &mut Vec<Extra> {
+        &mut self.extra
+    }
+}
+
+/// Field names per level, for "unknown field" messages.
+pub(crate) const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
+pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "detailed_metric",
+];
+pub(crate) const RATE_LIMIT_FIELDS: &[&str] =
+    &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+pub(crate) const REPLACE_FIELDS: &[&str] = &["name"];
+
+/// Descriptor fields envoyproxy/ratelimit accepts that sluice does not implement yet. They are
+/// rejected with their own message rather than silently ignored: each changes behaviour
+/// (metric names, shared counters), so accepting the file without it would mislead.
+pub(crate) const UNSUPPORTED_DESCRIPTOR_FIELDS: &[&str] = &["value_to_metric", "share_threshold"];
+
+/// A parser error: its message without the location suffix, and the location.
+#[derive(Debug)]
+pub(crate) struct ParseFailure {
+    pub message: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+}
+
+/// Parses one file's text. An empty document (or one holding only `~`/comments) yields a
+/// default, empty root, which validation then reports as missing its domain.
+pub(crate) fn parse(text: &str) -> Result<RawRoot, ParseFailure> {
+    match serde_saphyr::from_str::<Option<RawRoot>>(text) {
+        Ok(root) => Ok(root.unwrap_or_default()),
+        Err(err) => {
+            let location = err.location();
+            let line = location.as_ref().and_then(line_of);
+            let column = location.and_then(|l| usize::try_from(l.column()).ok().filter(|c| *c > 0));
+            let mut message = err.without_snippet().to_string();
+            if let Some(l) = location {
+                let suffix = format!(" at line {}, column {}", l.line(), l.column());
+                if let Some(stripped) = message.strip_suffix(&suffix) {
+                    message = stripped.to_string();
+                }
+            }
+            Err(ParseFailure {
+                message,
+                line,
+                column,
+            })
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The compiled lookup tree: one [`Level`] per descriptor nesting level, matched entry by entry.
+//!
+//! Why this shape: lookups run for every descriptor of every request, so a level indexes its
+//! nodes by key first (one hash probe with the borrowed request key), then by exact value (a
+//! second probe with the borrowed value), then scans the few wildcard nodes of that key in
+//! config order, then falls back to the key-only node. Nothing is allocated per lookup.
+
+use super::Unit;
+use std::collections::HashMap;
+
+/// The limit a rule sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitSpec {
+    /// `unlimited: true`: always allowed, never counted.
+    Unlimited,
+    PerUnit {
+        requests_per_unit: u32,
+        unit: Unit,
+    },
+}
+
+/// One config descriptor, compiled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rule {
+    /// Config path of this descriptor: `key_value` segments (`key` when it has no value) joined
+    /// by `.`, e.g. `client.path`, `database_users`, `path_/api/*`. The domain is not included.
+    pub path: String,
+    /// `None`: this node has no `rate_limit` (a whitelist when a request ends here).
+    pub limit: Option<LimitSpec>,
+    /// `rate_limit.name`.
+    pub name: Option<String>,
+    /// The names listed in `rate_limit.replaces`.
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+}
+
+/// How the node of a request's last entry was matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchKind {
+    /// Config key and value equal the entry's.
+    Exact,
+    /// Config value holds `*` and matches the entry's value.
+    Wildcard,
+    /// Config descriptor has a key and no value.
+    KeyOnly,
+}
+
+/// The result of [`Config::lookup`](super::Config::lookup).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup<'a> {
+    /// The request names a domain no config file defines.
+    UnknownDomain,
+    /// No rule governs the request's last entry: some entry matched nothing, a matched node had
+    /// no children for the next entry, or the request is deeper than the config.
+    NoRule,
+    /// The node matched at the request's last entry. Its `limit` may be `None`: whitelisted.
+    Rule { rule: &'a Rule, kind: MatchKind },
+}
+
+/// A compiled descriptor and its nested descriptors.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Node {
+    pub rule: Rule,
+    pub children: Level,
+}
+
+/// The nodes of one key at one level.
+#[derive(Debug, Clone, Default)]
+struct KeySlot {
+    /// Every node with a value, wildcard ones included (a request value may equal a pattern).
+    exact: HashMap<String, usize>,
+    /// Nodes whose value contains `*`, in config order: (pattern, node index).
+    wildcard: Vec<(String, usize)>,
+    key_only: Option<usize>,
+}
+
+/// One nesting level: its nodes in config order, indexed by key.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Level {
+    nodes: Vec<Node>,
+    by_key: HashMap<String, KeySlot>,
+}
+
+impl Level {
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Adds a node. The caller rejects duplicates; should one arrive anyway, the first node
+    /// keeps the index entry.
+    pub fn insert(&mut self, key: &str, value: Option<&str>, node: Node) {
+        let index = self.nodes.len();
+        self.nodes.push(node);
+        let slot = self.by_key.entry(key.to_string()).or_default();
+        match value {
+            Some(v) => {
+                if slot.exact.contains_key(v) {
+                    return;
+                }
+                slot.exact.insert(v.to_string(), index);
+                if v.contains('*') {
+                    slot.wildcard.push((v.to_string(), index));
+                }
+            }
+            None => {
+                if slot.key_only.is_none() {
+                    slot.key_only = Some(index);
+                }
+            }
+        }
+    }
+
+    /// The node governing one request entry: exact value, else first matching wildcard, else
+    /// key-only.
+    pub fn find(&self, key: &str, value: &str) -> Option<(&Node, MatchKind)> {
+        let slot = self.by_key.get(key)?;
+        let (index, kind) = if let Some(&i) = slot.exact.get(value) {
+            (i, MatchKind::Exact)
+        } else if let Some((_, i)) = slot.wildcard.iter().find(|(p, _)| wildcard_match(p, value)) {
+            (*i, MatchKind::Wildcard)
+        } else {
+            (slot.key_only?, MatchKind::KeyOnly)
+        };
+        self.nodes.get(index).map(|node| (node, kind))
+    }
+
+    /// Number of nodes with a rate_limit, at this level and below.
+    pub fn rule_count(&self) -> usize {
+        self.nodes
+            .iter()
+            .map(|n| usize::from(n.rule.limit.is_some()) + n.children.rule_count())
+            .sum()
+    }
+}
+
+/// Glob match where `*` matches any run of characters (possibly empty) and every other
+/// character matches itself. A trailing `*` is thus a prefix match, as in envoyproxy/ratelimit.
+///
+/// Linear-space, no recursion: the classic backtrack-to-last-star algorithm, at worst
+/// O(pattern × text). Works on bytes; `*` is ASCII so UTF-8 text cannot be split wrongly.
+pub(crate) fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let p = pattern.as_bytes();
+    let t = text.as_bytes();
+    let (mut pi, mut ti) = (0usize, 0usize);
+    // (index of the last `*` in p, index in t it currently resumes from)
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some((pi, ti));
+                pi += 1;
+            }
+            Some(&c) if t.get(ti) == Some(&c) => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    pi = sp + 1;
+                    ti = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p.get(pi..)
+        .is_some_and(|rest| rest.iter().all(|&c| c == b'*'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wildcard_match;
+    use proptest::prelude::*;
+
+    #[test]
+    fn wildcard_cases() {
+        assert!(wildcard_match("/api/*", "/api/"));
+        assert!(wildcard_match("/api/*", "/api/users/1"));
+        assert!(!wildcard_match("/api/*", "/ap"));
+        assert!(!wildcard_match("/api/*", "/v2/api/x"));
+        assert!(wildcard_match("*", ""));
+        assert!(wildcard_match("a*b*c", "aXXbYYc"));
+        assert!(wildcard_match("a*b*c", "abc"));
+        assert!(!wildcard_match("a*b*c", "aXXbYY"));
+        assert!(wildcard_match("*.example.com", "api.example.com"));
+        assert!(!wildcard_match("*.example.com", "example.com"));
+        assert!(wildcard_match("a**", "a"));
+        assert!(!wildcard_match("abc", "abcd"));
+        assert!(wildcard_match("é*", "été"));
+    }
+
+    proptest! {
+        /// A trailing `*` is exactly a prefix match.
+        #[test]
+        fn trailing_star_is_prefix(prefix in "[a-c/*]{0,5}", text in "[a-c/]{0,8}") {
+            let prefix = prefix.replace('*', "");
+            let pattern = format!("{prefix}*");
+            prop_assert_eq!(wildcard_match(&pattern, &text), text.starts_with(&prefix));
+        }
+
+        /// Without `*` a pattern matches only itself.
+        #[test]
+        fn no_star_is_equality(p in "[ab]{0,4}", t in "[ab]{0,4}") {
+            prop_assert_eq!(wildcard_match(&p, &t), p == t);
+        }
+    }
+}

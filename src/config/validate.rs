@@ -1,0 +1,294 @@
+//! Validation and compilation of one parsed file into a domain's lookup tree.
+//!
+//! Why validation and compilation are one pass: both walk the same descriptors with the same
+//! config path, and compiling while checking keeps every rule's error next to the code that
+//! would otherwise misinterpret it. The pass never stops early: it records every problem and
+//! keeps walking (children of a bad descriptor are still checked), so a file's errors arrive
+//! together. A file with any error yields no usable tree; the caller discards it.
+
+use super::error::ConfigError;
+use super::raw::{
+    self, line_of, Extra, RawDescriptor, RawRateLimit, RawRoot, DESCRIPTOR_FIELDS,
+    RATE_LIMIT_FIELDS, REPLACE_FIELDS, ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
+};
+use super::tree::{Level, LimitSpec, Node, Rule};
+use super::Unit;
+use serde_saphyr::Spanned;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Rule name of file-level problems.
+pub(crate) const DOMAIN_RULE: &str = "domain";
+/// Rule name of parser errors.
+pub(crate) const YAML_RULE: &str = "yaml";
+
+const VALID_UNITS: &str = "second, minute, hour, day, week, month, year";
+
+/// One file, compiled. `domain` is `None` when the file names no (non-empty) domain.
+pub(crate) struct CompiledFile {
+    pub domain: Option<(String, Option<usize>)>,
+    pub root: Level,
+}
+
+/// Parses, validates and compiles one file, appending its problems to `errors`.
+pub(crate) fn compile_file(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> CompiledFile {
+    let root = match raw::parse(text) {
+        Ok(root) => root,
+        Err(failure) => {
+            let mut message = format!("malformed YAML: {}", failure.message);
+            if let Some(column) = failure.column {
+                message.push_str(&format!(" (column {column})"));
+            }
+            errors.push(ConfigError::new(file, failure.line, YAML_RULE, message));
+            return CompiledFile {
+                domain: None,
+                root: Level::default(),
+            };
+        }
+    };
+    let mut checker = Checker { file, errors };
+    checker.root(root)
+}
+
+struct Checker<'a> {
+    file: &'a Path,
+    errors: &'a mut Vec<ConfigError>,
+}
+
+impl Checker<'_> {
+    fn error(&mut self, line: Option<usize>, rule: &str, message: impl Into<String>) {
+        self.errors
+            .push(ConfigError::new(self.file, line, rule, message));
+    }
+
+    fn extras(&mut self, extras: &[Extra], rule: &str, fields: &[&str], unsupported: &[&str]) {
+        for extra in extras {
+            if unsupported.contains(&extra.name.as_str()) {
+                self.error(
+                    extra.line,
+                    rule,
+                    format!("`{}` is not supported yet", extra.name),
+                );
+            } else {
+                let expected = fields
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                self.error(
+                    extra.line,
+                    rule,
+                    format!("unknown field `{}`, expected one of {expected}", extra.name),
+                );
+            }
+        }
+    }
+
+    fn root(&mut self, root: RawRoot) -> CompiledFile {
+        self.extras(&root.extra, DOMAIN_RULE, ROOT_FIELDS, &[]);
+        let domain = match root.domain {
+            None => {
+                self.error(
+                    None,
+                    DOMAIN_RULE,
+                    "missing `domain`: every config file must name its domain",
+                );
+                None
+            }
+            Some(d) if d.value.trim().is_empty() => {
+                self.error(line_of(&d.referenced), DOMAIN_RULE, "`domain` is empty");
+                None
+            }
+            Some(d) => Some((d.value, line_of(&d.referenced))),
+        };
+        let root = self.level(root.descriptors.unwrap_or_default(), "");
+        CompiledFile { domain, root }
+    }
+
+    fn level(&mut self, descriptors: Vec<Spanned<RawDescriptor>>, parent: &str) -> Level {
+        let mut level = Level::default();
+        // (key, value) -> line of its first definition, for duplicate messages.
+        let mut first_line: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
+        for spanned in descriptors {
+            let line = line_of(&spanned.referenced);
+            let d = spanned.value;
+            // envoyproxy/ratelimit treats an empty value as no value.
+            let value = d
+                .value
+                .as_ref()
+                .map(|v| v.value.as_str())
+                .filter(|v| !v.is_empty());
+            let key = d
+                .key
+                .as_ref()
+                .map(|k| k.value.as_str())
+                .filter(|k| !k.is_empty());
+            let segment = match (key, value) {
+                (Some(k), Some(v)) => format!("{k}_{v}"),
+                (Some(k), None) => k.to_string(),
+                (None, _) => "(no key)".to_string(),
+            };
+            let path = if parent.is_empty() {
+                segment.clone()
+            } else {
+                format!("{parent}.{segment}")
+            };
+
+            match &d.key {
+                None => self.error(line, &path, "descriptor has no `key`"),
+                Some(k) if k.value.is_empty() => self.error(
+                    line_of(&k.referenced),
+                    &path,
+                    "descriptor has an empty `key`",
+                ),
+                Some(_) => {}
+            }
+            self.extras(
+                &d.extra,
+                &path,
+                DESCRIPTOR_FIELDS,
+                UNSUPPORTED_DESCRIPTOR_FIELDS,
+            );
+
+            let (limit, name, replaces) = match d.rate_limit {
+                Some(rl) => {
+                    let rl_line = d.rate_limit_line.or_else(|| line_of(&rl.referenced));
+                    self.rate_limit(rl.value, rl_line, &path)
+                }
+                None => (None, None, Vec::new()),
+            };
+            let children = self.level(d.descriptors.unwrap_or_default(), &path);
+
+            let Some(key) = key else { continue };
+            let id = (key.to_string(), value.map(str::to_string));
+            if let Some(first) = first_line.get(&id) {
+                let at = first
+                    .map(|l| format!(" (first defined at line {l})"))
+                    .unwrap_or_default();
+                let this_line = d.key.as_ref().and_then(|k| line_of(&k.referenced)).or(line);
+                self.error(
+                    this_line,
+                    &path,
+                    format!("duplicate descriptor `{segment}` at this level{at}"),
+                );
+                continue;
+            }
+            first_line.insert(id, line);
+            let node = Node {
+                rule: Rule {
+                    path,
+                    limit,
+                    name,
+                    replaces,
+                    shadow_mode: d.shadow_mode.unwrap_or(false),
+                    detailed_metric: d.detailed_metric.unwrap_or(false),
+                },
+                children,
+            };
+            level.insert(key, value, node);
+        }
+        level
+    }
+
+    fn rate_limit(
+        &mut self,
+        rl: RawRateLimit,
+        rl_line: Option<usize>,
+        path: &str,
+    ) -> (Option<LimitSpec>, Option<String>, Vec<String>) {
+        self.extras(&rl.extra, path, RATE_LIMIT_FIELDS, &[]);
+        let unlimited = rl.unlimited.as_ref().is_some_and(|u| u.value);
+
+        let limit = if unlimited {
+            if let Some(unit) = &rl.unit {
+                self.error(
+                    line_of(&unit.referenced),
+                    path,
+                    format!(
+                        "`unit: {}` must not be set together with `unlimited: true`",
+                        unit.value
+                    ),
+                );
+            }
+            if let Some(rpu) = &rl.requests_per_unit {
+                self.error(
+                    line_of(&rpu.referenced),
+                    path,
+                    format!(
+                        "`requests_per_unit: {}` must not be set together with `unlimited: true`",
+                        rpu.value
+                    ),
+                );
+            }
+            Some(LimitSpec::Unlimited)
+        } else {
+            match &rl.unit {
+                None => {
+                    self.error(
+                        rl_line,
+                        path,
+                        format!(
+                            "`rate_limit` has no `unit` and is not `unlimited: true`; \
+                             valid units: {VALID_UNITS}"
+                        ),
+                    );
+                    None
+                }
+                Some(unit) => match Unit::parse(unit.value.trim()) {
+                    Some(u) => Some(LimitSpec::PerUnit {
+                        // envoyproxy/ratelimit defaults a missing count to 0: deny all.
+                        requests_per_unit: rl.requests_per_unit.as_ref().map_or(0, |r| r.value),
+                        unit: u,
+                    }),
+                    None => {
+                        self.error(
+                            line_of(&unit.referenced),
+                            path,
+                            format!(
+                                "invalid unit `{}`: expected one of {VALID_UNITS} (any case)",
+                                unit.value
+                            ),
+                        );
+                        None
+                    }
+                },
+            }
+        };
+
+        let name = rl
+            .name
+            .as_ref()
+            .map(|n| n.value.clone())
+            .filter(|n| !n.is_empty());
+        let mut replaces = Vec::new();
+        for entry in rl.replaces.unwrap_or_default() {
+            let entry_line = line_of(&entry.referenced);
+            let entry = entry.value;
+            self.extras(&entry.extra, path, REPLACE_FIELDS, &[]);
+            match entry.name {
+                Some(n) if !n.value.is_empty() => {
+                    if name.as_deref() == Some(n.value.as_str()) {
+                        self.error(
+                            line_of(&n.referenced),
+                            path,
+                            format!(
+                                "`replaces` names this rule's own name `{}`; a rule cannot \
+                                 replace itself",
+                                n.value
+                            ),
+                        );
+                    } else {
+                        replaces.push(n.value);
+                    }
+                }
+                Some(n) => self.error(
+                    line_of(&n.referenced).or(entry_line),
+                    path,
+                    "`replaces` entry has an empty `name`",
+                ),
+                None => self.error(entry_line, path, "`replaces` entry has no `name`"),
+            }
+        }
+        (limit, name, replaces)
+    }
+}
