@@ -256,6 +256,17 @@ pub(crate) fn parse(text: &str) -> Result<RawRoot, ParseFailure> {
             let line = location.as_ref().and_then(line_of);
             let column = location.and_then(|l| usize::try_from(l.column()).ok().filter(|c| *c > 0));
             let mut message = err.without_snippet().to_string();
+            // Advice aimed at the library's user, not at whoever edits the config file.
+            if let Some(at) = message.find(", set DuplicateKeyPolicy in Options") {
+                if let Some(rest) = message.get(at..) {
+                    let tail = rest
+                        .find(" at line ")
+                        .map_or("", |i| &rest[i..])
+                        .to_string();
+                    message.truncate(at);
+                    message.push_str(&tail);
+                }
+            }
             if let Some(l) = location {
                 let suffix = format!(" at line {}, column {}", l.line(), l.column());
                 if let Some(stripped) = message.strip_suffix(&suffix) {
