@@ -4,6 +4,19 @@
 //! Why its own layer: the file format is a compatibility promise (teams keep the ConfigMap they
 //! wrote for envoyproxy/ratelimit), while the rest of sluice only needs "which rule governs these
 //! descriptor entries". Everything here is pure: no I/O beyond reading the files, no clock.
+//!
+//! Layout: `raw` deserializes the YAML with source lines, `validate` checks and compiles it
+//! (collecting every error), `tree` holds the compiled lookup tree and the matching, `error`
+//! the error types. [`Config`] ties them together.
+//!
+//! Compatibility notes (envoyproxy/ratelimit's `config_impl.go`): the accepted fields are its
+//! `validKeys`; `value_to_metric` and `share_threshold` are recognised but rejected as not
+//! supported yet. Stricter than upstream on purpose: unknown fields are errors at every level,
+//! `unit`/`requests_per_unit` next to `unlimited: true` is an error (upstream ignores a stray
+//! `requests_per_unit`), and duplicate domains are always an error (no `MERGE_DOMAIN_CONFIG`).
+//! Wildcards: upstream only treats a value ending in `*` as a prefix pattern; here `*` anywhere
+//! in a value matches any run of characters, which agrees with upstream for every trailing-`*`
+//! value.
 
 mod error;
 mod raw;

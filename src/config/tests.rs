@@ -367,6 +367,75 @@ fn config_is_send_sync() {
     assert_send_sync::<ConfigErrors>();
 }
 
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    let mut yaml = String::from("domain: d\ndescriptors:\n");
+    for depth in 0..300 {
+        let pad = "  ".repeat(2 * depth + 1);
+        yaml.push_str(&format!("{pad}- key: k{depth}\n{pad}  descriptors:\n"));
+    }
+    // Run on a thread with tokio's default worker stack (2 MiB): the depth limit must fire
+    // before the stack runs out, even in debug builds.
+    let handle = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || errors_of(&yaml));
+    let errors = match handle.map(|h| h.join()) {
+        Ok(Ok(errors)) => errors,
+        _ => panic!("loader thread failed"),
+    };
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].rule, "yaml");
+    assert!(
+        errors[0].message.contains("nesting deeper than 32"),
+        "{errors:?}"
+    );
+    let flow = format!(
+        "domain: d\ndescriptors: {}{}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    assert!(Config::from_yaml_str(Path::new("f.yaml"), &flow).is_err());
+}
+
+#[test]
+fn moderate_nesting_loads() {
+    let mut yaml = String::from("domain: d\ndescriptors:\n");
+    let depth = 10;
+    for i in 0..depth {
+        let pad = "  ".repeat(2 * i + 1);
+        yaml.push_str(&format!("{pad}- key: k{i}\n"));
+        if i + 1 < depth {
+            yaml.push_str(&format!("{pad}  descriptors:\n"));
+        } else {
+            yaml.push_str(&format!(
+                "{pad}  rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+            ));
+        }
+    }
+    let c = match Config::from_yaml_str(Path::new("f.yaml"), &yaml) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    let request: Vec<(String, String)> =
+        (0..depth).map(|i| (format!("k{i}"), "v".into())).collect();
+    let request: Vec<Entry> = request
+        .iter()
+        .map(|(k, v)| Entry::new(k.as_str(), v.as_str()))
+        .collect();
+    match c.lookup("d", &request) {
+        Lookup::Rule { rule, .. } => assert!(rule.path.ends_with("k9")),
+        other => panic!("{other:?}"),
+    }
+    // Ending one level early lands on an intermediate node: a rule without limit.
+    match c.lookup("d", &request[..depth - 1]) {
+        Lookup::Rule { rule, kind } => {
+            assert_eq!(rule.limit, None);
+            assert_eq!(kind, MatchKind::KeyOnly);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
