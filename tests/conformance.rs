@@ -1,0 +1,332 @@
+//! One conformance suite for every limiter backend.
+//!
+//! Why: the trait's semantics (src/limiter/mod.rs) are only worth something if both backends
+//! implement them identically. Each check below is written once against `Arc<dyn Limiter>` and
+//! instantiated per backend by `conformance!`; the Redis instances each get their own
+//! `redis-server` from `tests/common`. Checks use `decide_at` with explicit times so window edges
+//! are exact; only `real_clock` and `concurrent_single_key` use the backend's own clock.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter};
+
+fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
+    Hit {
+        key: key.to_string(),
+        limit,
+        window_ms,
+        hits,
+        kind,
+    }
+}
+
+/// A `Consume` hit on a 1 s window.
+fn c(key: &str, limit: u64, hits: u64) -> Hit {
+    hit(key, limit, 1000, hits, HitKind::Consume)
+}
+
+async fn at(l: &Arc<dyn Limiter>, batch: &[Hit], now: u64) -> BatchOutcome {
+    l.decide_at(batch, now)
+        .await
+        .unwrap_or_else(|e| panic!("decide_at({now}) failed: {e}"))
+}
+
+/// The key's count in the window at `now`, via a check-only probe with an unreachable limit.
+async fn count_at(l: &Arc<dyn Limiter>, key: &str, window_ms: u64, now: u64) -> u64 {
+    let out = at(
+        l,
+        &[hit(key, u64::MAX, window_ms, 0, HitKind::Consume)],
+        now,
+    )
+    .await;
+    out.items[0].count
+}
+
+fn ko(passed: bool, count: u64, reset_ms: u64) -> KeyOutcome {
+    KeyOutcome {
+        passed,
+        count,
+        reset_ms,
+    }
+}
+
+// Base time for virtual clocks: realistic epoch milliseconds, so Redis members take the same
+// shape as in production.
+const T: u64 = 1_700_000_000_000;
+
+async fn admits_up_to_limit_then_rejects(l: Arc<dyn Limiter>) {
+    for i in 0..3 {
+        let out = at(&l, &[c("k", 3, 1)], T + i).await;
+        assert!(out.admitted, "hit {i}");
+        assert_eq!(out.items[0], ko(true, i + 1, 1000 - i));
+    }
+    let out = at(&l, &[c("k", 3, 1)], T + 10).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 3, 990));
+}
+
+async fn window_edge_is_exact(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 1, 1)], T).await.admitted);
+    assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
+    let out = at(&l, &[c("k", 1, 1)], T + 999).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].reset_ms, 1);
+    // Gone at exactly t + window.
+    assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
+    let out = at(&l, &[c("k", 1, 1)], T + 1000).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0], ko(true, 1, 1000));
+}
+
+async fn sliding_not_fixed_window(l: Arc<dyn Limiter>) {
+    // A fixed window aligned on 1000 would admit the second burst.
+    assert!(at(&l, &[c("k", 5, 5)], 999).await.admitted);
+    let out = at(&l, &[c("k", 5, 5)], 1001).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 5, 998));
+    assert!(at(&l, &[c("k", 5, 5)], 1999).await.admitted);
+}
+
+async fn hits_addend_counts_each_hit(l: Arc<dyn Limiter>) {
+    let out = at(&l, &[c("k", 10, 4)], T).await;
+    assert_eq!(out.items[0], ko(true, 4, 1000));
+    let out = at(&l, &[c("k", 10, 6)], T + 100).await;
+    assert_eq!(out.items[0], ko(true, 10, 900));
+    let out = at(&l, &[c("k", 10, 1)], T + 200).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].count, 10);
+}
+
+async fn hits_over_limit_rejected_quickly(l: Arc<dyn Limiter>) {
+    let out = at(&l, &[c("k", 10, 11)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 0, 1000));
+    let started = Instant::now();
+    let out = at(&l, &[c("k", 10, u64::MAX)], T).await;
+    assert!(!out.admitted);
+    let out = at(&l, &[c("k", u64::MAX - 1, u64::MAX)], T).await;
+    assert!(!out.admitted);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(count_at(&l, "k", 1000, T).await, 0);
+}
+
+async fn large_hits_are_recorded_exactly(l: Arc<dyn Limiter>) {
+    // More members than one ZADD chunk in the Redis script.
+    let out = at(&l, &[c("k", 5000, 2500)], T).await;
+    assert_eq!(out.items[0], ko(true, 2500, 1000));
+    let out = at(&l, &[c("k", 5000, 2500)], T + 1).await;
+    assert_eq!(out.items[0], ko(true, 5000, 999));
+    assert!(!at(&l, &[c("k", 5000, 1)], T + 2).await.admitted);
+}
+
+async fn check_only_records_nothing(l: Arc<dyn Limiter>) {
+    for _ in 0..5 {
+        let out = at(&l, &[c("k", 2, 0)], T).await;
+        assert!(out.admitted);
+        assert_eq!(out.items[0], ko(true, 0, 1000));
+    }
+    assert!(at(&l, &[c("k", 2, 2)], T).await.admitted);
+    let out = at(&l, &[c("k", 2, 0)], T + 1).await;
+    assert!(!out.admitted, "a full key reports over even for a probe");
+    assert_eq!(out.items[0], ko(false, 2, 999));
+    assert_eq!(count_at(&l, "k", 1000, T + 1).await, 2);
+    // One below the limit: the probe passes.
+    assert!(at(&l, &[c("j", 2, 1)], T).await.admitted);
+    assert!(at(&l, &[c("j", 2, 0)], T).await.admitted);
+}
+
+async fn all_or_nothing_across_keys(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("full", 1, 1)], T).await.admitted);
+    let out = at(&l, &[c("free", 5, 1), c("full", 1, 1)], T + 1).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 1, 999)]);
+    assert_eq!(count_at(&l, "free", 1000, T + 1).await, 0);
+    assert_eq!(count_at(&l, "full", 1000, T + 1).await, 1);
+    let out = at(&l, &[c("free", 5, 1), c("other", 5, 2)], T + 2).await;
+    assert!(out.admitted);
+    assert_eq!(out.items, vec![ko(true, 1, 1000), ko(true, 2, 1000)]);
+}
+
+async fn rejected_batch_changes_nothing(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("a", 3, 2), c("b", 1, 1)], T).await.admitted);
+    let batch = [
+        c("a", 3, 1),
+        hit("a", 3, 1000, 2, HitKind::Refund),
+        hit("s", 9, 1000, 1, HitKind::Shadow),
+        c("b", 1, 1),
+    ];
+    let out = at(&l, &batch, T + 5).await;
+    assert!(!out.admitted);
+    assert_eq!(
+        out.items,
+        vec![
+            ko(true, 2, 995),
+            ko(true, 2, 995),
+            ko(true, 0, 1000),
+            ko(false, 1, 995)
+        ]
+    );
+    assert_eq!(count_at(&l, "a", 1000, T + 5).await, 2);
+    assert_eq!(count_at(&l, "s", 1000, T + 5).await, 0);
+}
+
+async fn same_key_twice_is_cumulative(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 10, 4)], T).await.admitted);
+    let out = at(&l, &[c("k", 10, 3), c("k", 10, 3)], T + 1).await;
+    assert!(out.admitted);
+    assert_eq!(out.items, vec![ko(true, 10, 999), ko(true, 10, 999)]);
+    // Room for one, two items of one hit: the second sees the first's hit and fails, so the
+    // whole batch records nothing.
+    let out = at(&l, &[c("j", 1, 1), c("j", 1, 1)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 0, 1000)]);
+    assert_eq!(count_at(&l, "j", 1000, T).await, 0);
+}
+
+async fn shadow_never_vetoes(l: Arc<dyn Limiter>) {
+    let batch = [
+        c("c", 5, 1),
+        hit("s", 1, 1000, 2, HitKind::Shadow),
+        hit("p", 5, 1000, 2, HitKind::Shadow),
+    ];
+    let out = at(&l, &batch, T).await;
+    assert!(out.admitted);
+    assert_eq!(
+        out.items,
+        vec![ko(true, 1, 1000), ko(false, 0, 1000), ko(true, 2, 1000)]
+    );
+    // A shadow item on a rejected batch records nothing even when it passed.
+    let out = at(
+        &l,
+        &[hit("p", 5, 1000, 1, HitKind::Shadow), c("c", 1, 1)],
+        T + 1,
+    )
+    .await;
+    assert!(!out.admitted);
+    assert_eq!(count_at(&l, "p", 1000, T + 1).await, 2);
+}
+
+async fn refund_removes_newest(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 10, 2)], T).await.admitted);
+    assert!(at(&l, &[c("k", 10, 3)], T + 500).await.admitted);
+    let out = at(&l, &[hit("k", 10, 1000, 4, HitKind::Refund)], T + 600).await;
+    assert!(out.admitted);
+    // The 3 at T+500 and one at T went; one entry at T is left.
+    assert_eq!(out.items[0], ko(true, 1, 400));
+    assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
+    assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
+    // Refunding more than there is empties the key; refunds never reject.
+    assert!(at(&l, &[c("r", 10, 2)], T).await.admitted);
+    let out = at(&l, &[hit("r", 10, 1000, 99, HitKind::Refund)], T).await;
+    assert_eq!(out.items[0], ko(true, 0, 1000));
+    let out = at(&l, &[hit("none", 1, 1000, 5, HitKind::Refund)], T).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0], ko(true, 0, 1000));
+}
+
+async fn reset_ms_tracks_oldest_entry(l: Arc<dyn Limiter>) {
+    assert_eq!(at(&l, &[c("k", 9, 1)], T).await.items[0].reset_ms, 1000);
+    assert_eq!(
+        at(&l, &[c("k", 9, 1)], T + 300).await.items[0].reset_ms,
+        700
+    );
+    assert_eq!(
+        at(&l, &[c("k", 9, 1)], T + 900).await.items[0].reset_ms,
+        100
+    );
+    // The T entry left; the oldest is now the one at T+300.
+    let out = at(&l, &[c("k", 9, 0)], T + 1000).await;
+    assert_eq!(out.items[0], ko(true, 2, 300));
+    let out = at(&l, &[hit("w", 9, 60_000, 1, HitKind::Consume)], T).await;
+    assert_eq!(out.items[0].reset_ms, 60_000);
+}
+
+async fn clock_step_back_does_not_shorten_entries(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 5, 1)], T + 1000).await.admitted);
+    // An earlier `now` (another instance's clock, a clock step) records at the newest time.
+    assert!(at(&l, &[c("k", 5, 1)], T + 500).await.admitted);
+    assert_eq!(count_at(&l, "k", 1000, T + 1999).await, 2);
+    assert_eq!(count_at(&l, "k", 1000, T + 2000).await, 0);
+}
+
+async fn real_clock(l: Arc<dyn Limiter>) {
+    let batch = [hit("rt", 2, 300, 1, HitKind::Consume)];
+    let decide = |l: &Arc<dyn Limiter>| {
+        let l = Arc::clone(l);
+        let batch = batch.clone();
+        async move { l.decide(&batch).await.expect("decide") }
+    };
+    assert!(decide(&l).await.admitted);
+    assert!(decide(&l).await.admitted);
+    let out = decide(&l).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].count, 2);
+    assert!(out.items[0].reset_ms <= 300 && out.items[0].reset_ms > 0);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let out = decide(&l).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0].count, 1);
+}
+
+async fn concurrent_single_key(l: Arc<dyn Limiter>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let l = Arc::clone(&l);
+        tasks.spawn(async move {
+            let batch = [hit("hot", 10, 60_000, 1, HitKind::Consume)];
+            l.decide(&batch).await.expect("decide").admitted
+        });
+    }
+    let mut admitted = 0;
+    while let Some(res) = tasks.join_next().await {
+        admitted += usize::from(res.expect("task"));
+    }
+    assert_eq!(admitted, 10);
+}
+
+/// Instantiates every check above for one backend: `$make` is an async block yielding
+/// `(guard, Arc<dyn Limiter>)`, where the guard (e.g. a Redis server) must outlive the test.
+macro_rules! conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            conformance!(@tests $make;
+                admits_up_to_limit_then_rejects,
+                window_edge_is_exact,
+                sliding_not_fixed_window,
+                hits_addend_counts_each_hit,
+                hits_over_limit_rejected_quickly,
+                large_hits_are_recorded_exactly,
+                check_only_records_nothing,
+                all_or_nothing_across_keys,
+                rejected_batch_changes_nothing,
+                same_key_twice_is_cumulative,
+                shadow_never_vetoes,
+                refund_removes_newest,
+                reset_ms_tracks_oldest_entry,
+                clock_step_back_does_not_shorten_entries,
+                real_clock,
+                concurrent_single_key
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (_guard, limiter) = $make.await;
+                super::$name(limiter).await;
+            }
+        )*
+    };
+}
+
+conformance!(memory, async {
+    let limiter: Arc<dyn Limiter> = Arc::new(sluice::limiter::memory::MemoryLimiter::new(
+        Arc::new(sluice::limiter::SystemClock),
+    ));
+    ((), limiter)
+});
