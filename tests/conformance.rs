@@ -11,7 +11,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter};
+use sluice::limiter::redis::RedisLimiter;
+use sluice::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
     Hit {
@@ -330,3 +331,172 @@ conformance!(memory, async {
     ));
     ((), limiter)
 });
+
+async fn redis_limiter(server: &common::RedisServer) -> Arc<dyn Limiter> {
+    let limiter = RedisLimiter::connect(&server.url(), 4)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", server.url()));
+    Arc::new(limiter)
+}
+
+conformance!(redis, async {
+    let server = common::RedisServer::start();
+    let limiter = redis_limiter(&server).await;
+    (server, limiter)
+});
+
+/// Checks that only make sense for Redis: what the script leaves in the server, and failures.
+mod redis_only {
+    use super::*;
+    use deadpool_redis::redis;
+    use redis::AsyncCommands;
+
+    async fn raw(server: &common::RedisServer) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(server.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection")
+    }
+
+    #[tokio::test]
+    async fn keys_expire_within_the_window() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let mut conn = raw(&server).await;
+        assert!(
+            at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T)
+                .await
+                .admitted
+        );
+        let ttl: i64 = conn.pttl("k").await.expect("pttl");
+        assert!(ttl > 0 && ttl <= 2000, "pttl {ttl}");
+        // A later hit extends the TTL to the newest entry's exit: 1500 + 2000 - 1600.
+        assert!(
+            at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T + 1500)
+                .await
+                .admitted
+        );
+        let _ = at(&l, &[hit("k", 5, 2000, 0, HitKind::Consume)], T + 1600).await;
+        let ttl: i64 = conn.pttl("k").await.expect("pttl");
+        assert!(ttl > 1900 && ttl <= 2000, "pttl {ttl} after a later hit");
+        // A rejected batch does not touch the TTL.
+        assert!(
+            !at(&l, &[hit("k", 2, 2000, 1, HitKind::Consume)], T + 1600)
+                .await
+                .admitted
+        );
+        let after: i64 = conn.pttl("k").await.expect("pttl");
+        assert!(after <= ttl, "pttl grew from {ttl} to {after}");
+        // Check-only batches create nothing.
+        let _ = at(&l, &[hit("probe", 5, 2000, 0, HitKind::Consume)], T).await;
+        let exists: bool = conn.exists("probe").await.expect("exists");
+        assert!(!exists);
+    }
+
+    #[tokio::test]
+    async fn members_are_short_increasing_integers() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let mut conn = raw(&server).await;
+        // A tiny explicit clock (tests) and the real TIME (production) give the same shape.
+        assert!(at(&l, &[c("small", 100, 3)], 5).await.admitted);
+        assert!(at(&l, &[c("small", 100, 2)], 5).await.admitted);
+        let real = [hit("real", 100, 60_000, 2, HitKind::Consume)];
+        for _ in 0..2 {
+            assert!(l.decide(&real).await.expect("decide").admitted);
+        }
+        for (key, expected) in [("small", 5), ("real", 4)] {
+            let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("zrange");
+            assert_eq!(members.len(), expected, "{key}: {members:?}");
+            let numbers: Vec<u64> = members
+                .iter()
+                .map(|m| {
+                    assert_eq!(m.len(), 16, "member {m}");
+                    m.parse().expect("integer member")
+                })
+                .collect();
+            assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .expect("object encoding");
+            assert_eq!(encoding, "listpack");
+        }
+    }
+
+    #[tokio::test]
+    async fn script_survives_script_flush() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let mut conn = raw(&server).await;
+        assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .expect("script flush");
+        let out = at(&l, &[c("k", 3, 1)], T + 1).await;
+        assert!(out.admitted);
+        assert_eq!(out.items[0].count, 2);
+    }
+
+    #[tokio::test]
+    async fn ping_follows_the_server() {
+        let mut server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        l.ping().await.expect("ping while up");
+        server.stop();
+        assert!(l.ping().await.is_err(), "ping while stopped");
+        match l.decide(&[c("k", 1, 1)]).await {
+            Err(LimiterError::Unavailable(_)) | Err(LimiterError::Timeout(_)) => {}
+            other => panic!("decide while stopped: {other:?}"),
+        }
+        server.start_again();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while l.ping().await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "ping did not recover after restart"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let out = at(&l, &[c("k", 1, 1)], T).await;
+        assert!(out.admitted);
+    }
+
+    #[tokio::test]
+    async fn paused_server_times_out() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        server.pause();
+        let started = Instant::now();
+        assert!(l.ping().await.is_err());
+        assert!(started.elapsed() < Duration::from_secs(2));
+        server.resume();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while l.ping().await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "ping did not recover after SIGCONT"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn unreachable_at_connect_is_unavailable() {
+        let mut server = common::RedisServer::start();
+        let url = server.url();
+        server.stop();
+        match RedisLimiter::connect(&url, 2).await {
+            Err(LimiterError::Unavailable(_)) => {}
+            other => panic!("connect to a stopped server: {other:?}"),
+        }
+        // The lazy constructor starts anyway and reports through ping.
+        let l = RedisLimiter::open(&url, 2).expect("open");
+        assert!(l.ping().await.is_err());
+    }
+}
