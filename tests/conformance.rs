@@ -500,3 +500,119 @@ mod redis_only {
         assert!(l.ping().await.is_err());
     }
 }
+
+/// Differential check: random batch sequences give identical outcomes on both backends.
+/// The memory backend's logic is the pure reference in `window.rs`, so this pins the Lua
+/// transcription to it, including cases nobody thought to write by hand.
+mod differential {
+    use super::*;
+    use deadpool_redis::redis;
+    use proptest::prelude::*;
+    use sluice::limiter::memory::MemoryLimiter;
+    use sluice::limiter::SystemClock;
+
+    fn arb_hit() -> impl Strategy<Value = Hit> {
+        let kind = prop_oneof![
+            4 => Just(HitKind::Consume),
+            2 => Just(HitKind::Shadow),
+            1 => Just(HitKind::Refund),
+        ];
+        let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 1 => 5u64..2000];
+        (
+            prop::sample::select(vec!["a", "b", "c"]),
+            0u64..6,
+            hits,
+            kind,
+        )
+            .prop_map(|(key, limit, hits, kind)| hit(key, limit, 1000, hits, kind))
+    }
+
+    /// (time step in ms, may be negative: clocks of other instances lag; batch)
+    fn arb_steps() -> impl Strategy<Value = Vec<(i64, Vec<Hit>)>> {
+        prop::collection::vec(
+            (-100i64..700, prop::collection::vec(arb_hit(), 0..4)),
+            1..12,
+        )
+    }
+
+    #[test]
+    fn memory_and_redis_agree() {
+        let server = common::RedisServer::start();
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let redis_limiter = rt.block_on(redis_limiter(&server));
+        let raw = rt
+            .block_on(
+                redis::Client::open(server.url())
+                    .expect("client")
+                    .get_multiplexed_async_connection(),
+            )
+            .expect("raw connection");
+        let config = ProptestConfig {
+            cases: 300,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(steps in arb_steps())| {
+            let mut raw = raw.clone();
+            let _: () = rt
+                .block_on(redis::cmd("FLUSHALL").query_async(&mut raw))
+                .expect("flushall");
+            let memory: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
+            let mut now = T;
+            for (step, batch) in steps {
+                now = now.saturating_add_signed(step);
+                let m = rt.block_on(at(&memory, &batch, now));
+                let r = rt.block_on(at(&redis_limiter, &batch, now));
+                prop_assert_eq!(m, r, "batch {:?} at {}", batch, now);
+            }
+        });
+    }
+}
+
+/// Rough cost of one decision; not a benchmark suite, just a figure to sanity-check the design
+/// (one round trip per batch, no checkout ping). Run with `--ignored --nocapture` in release.
+mod measure {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[ignore]
+    async fn redis_decision_cost() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let batch = |i: u64| {
+            vec![
+                hit(
+                    &format!("k{}", i % 1000),
+                    1_000_000,
+                    60_000,
+                    1,
+                    HitKind::Consume,
+                ),
+                hit("global", 1_000_000, 60_000, 1, HitKind::Consume),
+            ]
+        };
+        let n = 5000u64;
+        let started = Instant::now();
+        for i in 0..n {
+            l.decide(&batch(i)).await.expect("decide");
+        }
+        let sequential = started.elapsed() / n as u32;
+
+        let tasks = 64u64;
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for t in 0..tasks {
+            let l = Arc::clone(&l);
+            set.spawn(async move {
+                for i in 0..n / 10 {
+                    l.decide(&batch(t * 1000 + i)).await.expect("decide");
+                }
+            });
+        }
+        while let Some(res) = set.join_next().await {
+            res.expect("task");
+        }
+        let total = tasks * (n / 10);
+        let rate = total as f64 / started.elapsed().as_secs_f64();
+        println!("redis: sequential {sequential:?}/decision (2 keys); {tasks} tasks: {rate:.0} decisions/s");
+    }
+}

@@ -151,13 +151,16 @@ impl RedisLimiter {
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string()));
         for hit in batch {
-            let limit = hit.limit.min(MAX_EXACT);
-            let (kind, hits) = match hit.kind {
-                // Any hits above the limit fail alike; clamping keeps the number exact in Lua.
-                HitKind::Consume => (KIND_CONSUME, hit.hits.min(limit + 1)),
-                HitKind::Shadow => (KIND_SHADOW, hit.hits.min(limit + 1)),
-                HitKind::Refund => (KIND_REFUND, hit.hits.min(MAX_EXACT)),
+            // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact.
+            // Limits cap one below hits, so that a clamped huge `hits` still fails like the
+            // original, and still counts as at least any limit for later items on the key.
+            let limit = hit.limit.min(MAX_EXACT - 1);
+            let kind = match hit.kind {
+                HitKind::Consume => KIND_CONSUME,
+                HitKind::Shadow => KIND_SHADOW,
+                HitKind::Refund => KIND_REFUND,
             };
+            let hits = hit.hits.min(MAX_EXACT);
             invocation
                 .key(hit.key.as_str())
                 .arg(limit)

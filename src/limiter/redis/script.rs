@@ -13,7 +13,9 @@ use deadpool_redis::redis::Value;
 pub const ARGS_PER_ITEM: usize = 4;
 
 /// Largest number sent to the script. Lua numbers are doubles, exact up to 2^53; capping every
-/// input at 2^52 keeps sums of two of them exact. Limits above it are effectively infinite.
+/// input at 2^52 keeps sums of two of them exact. Limits are capped at `MAX_EXACT - 1` (no real
+/// limit is near it, and Redis could not hold that many members anyway), so a capped `hits`
+/// still exceeds every limit, exactly like the original value.
 pub const MAX_EXACT: u64 = 1 << 52;
 
 /// Kind codes in `ARGV`.
@@ -27,8 +29,8 @@ pub const KIND_REFUND: &str = "r";
 /// - `ARGV[1]`: `now` in ms, or the empty string to read Redis `TIME` (production: every sidecar
 ///   then uses the same clock, however skewed their hosts are). An explicit `now` is for tests.
 /// - then per item `i` (1-based), at `ARGV[2 + 4(i-1)] ..`: `limit`, `window_ms`, `hits`, `kind`
-///   (`c` consume, `s` shadow, `r` refund). Decimal integers, each at most [`MAX_EXACT`]; the
-///   caller pre-clamps `hits` of checked items to `limit + 1` (any larger value fails the same).
+///   (`c` consume, `s` shadow, `r` refund). Decimal integers, each at most [`MAX_EXACT`] (limits
+///   at most `MAX_EXACT - 1`).
 ///
 /// Reply: a flat array of integers, `1 + 3n` long:
 /// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n}` with
