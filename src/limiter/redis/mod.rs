@@ -13,6 +13,10 @@
 //! lazily by the next request on that slot; while Redis is unreachable, reconnects of a slot are
 //! spaced by [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
 //! A failed decision is never retried here: the script may have run before the connection broke.
+//!
+//! Cost: recording stores one member per hit, so an admitted item costs O(hits) inside the
+//! script (Redis is blocked meanwhile). Limits, which bound the hits an item can record, must
+//! therefore stay reasonable (config validation's job); the memory backend has no such cost.
 
 pub mod script;
 
