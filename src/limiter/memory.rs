@@ -1,1 +1,289 @@
-//! placeholder
+//! In-process limiter backend: the embedded default when no Redis is configured.
+//!
+//! Why it looks like this: the decision itself is the pure [`super::window::decide_batch`];
+//! this module only supplies locking and memory bounds around it.
+//! - Logs live in `shards` of `std::sync::Mutex<HashMap>`, chosen by a hash of the key, so
+//!   unrelated keys rarely contend. A batch locks the shards it touches in ascending index
+//!   order (deduplicated), which makes multi-key batches atomic without deadlock. Nothing here
+//!   awaits, so holding a std mutex is fine (and cheaper than an async one).
+//! - Memory is bounded: a key holds at most `limit` entries (run-length encoded, see
+//!   [`Log`]); expired entries are evicted whenever a key is touched and a key whose log becomes
+//!   empty is removed; every [`SWEEP_EVERY`] decisions one shard is swept (at the `now` of that
+//!   decision) so keys nobody touches again are reclaimed too.
+//! - At most `max_keys` keys: the cap is split evenly across shards and enforced per shard, so
+//!   it is checked under the one lock we already hold. When a new key meets a full shard, the
+//!   shard is swept; if nothing had expired, the key whose newest entry is oldest (the least
+//!   recently recorded, i.e. the one closest to expiring on its own) is evicted. That scan is
+//!   O(keys per shard), paid only at capacity. Evicting a live key forgets its hits (fails open
+//!   for that key), which is the price of bounded memory.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::window::{decide_batch, slots_for, Log};
+use super::{BatchOutcome, Clock, Hit, Limiter, LimiterError};
+
+/// Default cap on the number of keys kept in memory.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// Shard count for large key caps; fewer shards when `max_keys` is smaller, so that the
+/// per-shard cap is at least one key and the shards' caps add up to at most `max_keys`.
+const MAX_SHARDS: usize = 64;
+/// One shard is swept every this many decisions.
+pub const SWEEP_EVERY: u64 = 256;
+
+/// A key's log plus the window it was last used with, which a sweep needs to evict it.
+#[derive(Debug)]
+struct Entry {
+    window_ms: u64,
+    log: Log,
+}
+
+type Shard = HashMap<String, Entry>;
+
+pub struct MemoryLimiter {
+    clock: Arc<dyn Clock>,
+    shards: Box<[Mutex<Shard>]>,
+    per_shard_cap: usize,
+    hasher: RandomState,
+    decisions: AtomicU64,
+}
+
+impl std::fmt::Debug for MemoryLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLimiter")
+            .field("shards", &self.shards.len())
+            .field("per_shard_cap", &self.per_shard_cap)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A poisoned lock only means another thread panicked mid-decision; the log is still a valid
+/// (at worst slightly stale) log, and refusing every later request would be worse.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl MemoryLimiter {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_max_keys(clock, DEFAULT_MAX_KEYS)
+    }
+
+    /// `max_keys` is clamped to at least 1.
+    pub fn with_max_keys(clock: Arc<dyn Clock>, max_keys: usize) -> Self {
+        let max_keys = max_keys.max(1);
+        let shard_count = max_keys.min(MAX_SHARDS);
+        let shards = (0..shard_count)
+            .map(|_| Mutex::new(HashMap::new()))
+            .collect();
+        MemoryLimiter {
+            clock,
+            shards,
+            per_shard_cap: max_keys / shard_count,
+            hasher: RandomState::new(),
+            decisions: AtomicU64::new(0),
+        }
+    }
+
+    /// Keys currently held (including ones whose entries expired but were not yet swept).
+    pub fn key_count(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        // The modulo result is < shards.len(), so the cast back cannot truncate.
+        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
+    }
+
+    fn decide_sync(&self, batch: &[Hit], now: u64) -> BatchOutcome {
+        let (slots, distinct) = slots_for(batch);
+
+        // Shard and first batch item of every distinct key.
+        let mut key_shard = vec![0usize; distinct];
+        let mut key_item = vec![0usize; distinct];
+        let mut seen = vec![false; distinct];
+        for (i, (hit, &slot)) in batch.iter().zip(&slots).enumerate() {
+            if !seen[slot] {
+                seen[slot] = true;
+                key_shard[slot] = self.shard_of(&hit.key);
+                key_item[slot] = i;
+            }
+        }
+
+        let mut order: Vec<usize> = key_shard.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&s| lock(&self.shards[s])).collect();
+        // `guards[i]` holds shard `order[i]`.
+        let guard_of = |shard: usize| order.binary_search(&shard);
+
+        // Take the logs out of the maps so the pure function can own them for the decision;
+        // `remove_entry` hands the key String back, so re-inserting allocates nothing.
+        let mut owned: Vec<Option<String>> = Vec::with_capacity(distinct);
+        let mut logs: Vec<Log> = Vec::with_capacity(distinct);
+        for slot in 0..distinct {
+            let key = &batch[key_item[slot]].key;
+            let taken = match guard_of(key_shard[slot]) {
+                Ok(g) => guards[g].remove_entry(key.as_str()),
+                Err(_) => None,
+            };
+            match taken {
+                Some((k, entry)) => {
+                    owned.push(Some(k));
+                    logs.push(entry.log);
+                }
+                None => {
+                    owned.push(None);
+                    logs.push(Log::new());
+                }
+            }
+        }
+
+        let outcome = decide_batch(batch, &slots, &mut logs, now);
+
+        for (slot, (log, key)) in logs.into_iter().zip(owned).enumerate() {
+            if log.is_empty() {
+                continue;
+            }
+            let hit = &batch[key_item[slot]];
+            let Ok(g) = guard_of(key_shard[slot]) else {
+                continue;
+            };
+            let map = &mut guards[g];
+            if map.len() >= self.per_shard_cap {
+                make_room(map, now);
+            }
+            let key = key.unwrap_or_else(|| hit.key.clone());
+            map.insert(
+                key,
+                Entry {
+                    window_ms: hit.window_ms,
+                    log,
+                },
+            );
+        }
+        drop(guards);
+
+        let n = self.decisions.fetch_add(1, Ordering::Relaxed);
+        if n % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            let shard = ((n / SWEEP_EVERY) % self.shards.len() as u64) as usize;
+            sweep(&mut lock(&self.shards[shard]), now);
+        }
+        outcome
+    }
+}
+
+/// Evicts expired entries of every key in the shard and drops keys left empty.
+fn sweep(map: &mut Shard, now: u64) {
+    map.retain(|_, entry| {
+        entry.log.evict(now, entry.window_ms);
+        !entry.log.is_empty()
+    });
+}
+
+/// Frees at least one slot in a full shard (see the module doc for the policy).
+fn make_room(map: &mut Shard, now: u64) {
+    let before = map.len();
+    sweep(map, now);
+    if map.len() < before {
+        return;
+    }
+    let victim = map
+        .iter()
+        .min_by_key(|(_, entry)| entry.log.newest().unwrap_or(0))
+        .map(|(key, _)| key.clone());
+    if let Some(key) = victim {
+        map.remove(&key);
+    }
+}
+
+#[async_trait]
+impl Limiter for MemoryLimiter {
+    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+        Ok(self.decide_sync(batch, self.clock.now_ms()))
+    }
+
+    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
+        Ok(self.decide_sync(batch, now_ms))
+    }
+
+    async fn ping(&self) -> Result<(), LimiterError> {
+        Ok(())
+    }
+
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{HitKind, SystemClock};
+
+    fn hit(key: &str, limit: u64, hits: u64) -> Hit {
+        Hit {
+            key: key.to_string(),
+            limit,
+            window_ms: 1000,
+            hits,
+            kind: HitKind::Consume,
+        }
+    }
+
+    #[test]
+    fn idle_keys_are_removed_on_touch_and_by_sweep() {
+        let lim = MemoryLimiter::new(Arc::new(SystemClock));
+        for i in 0..100 {
+            lim.decide_sync(&[hit(&format!("k{i}"), 5, 1)], 0);
+        }
+        assert_eq!(lim.key_count(), 100);
+        // Touching an expired key drops it.
+        lim.decide_sync(&[hit("k0", 5, 0)], 5000);
+        assert_eq!(lim.key_count(), 99);
+        // Enough decisions sweep every shard.
+        for _ in 0..(SWEEP_EVERY * MAX_SHARDS as u64) {
+            lim.decide_sync(&[hit("probe", 5, 0)], 5000);
+        }
+        assert_eq!(lim.key_count(), 0);
+    }
+
+    #[test]
+    fn max_keys_is_a_hard_cap() {
+        let lim = MemoryLimiter::with_max_keys(Arc::new(SystemClock), 10);
+        for i in 0..1000u64 {
+            let out = lim.decide_sync(&[hit(&format!("k{i}"), 5, 1)], i);
+            assert!(out.admitted);
+            assert!(lim.key_count() <= 10);
+        }
+        // The most recent key survived eviction.
+        let out = lim.decide_sync(&[hit("k999", 1, 1)], 1000);
+        assert!(!out.admitted);
+    }
+
+    #[test]
+    fn multi_key_batches_do_not_deadlock() {
+        let lim = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let lim = Arc::clone(&lim);
+                std::thread::spawn(move || {
+                    for i in 0..2000u64 {
+                        let a = format!("k{}", (i + t) % 50);
+                        let b = format!("k{}", (i * 7 + t * 3) % 50);
+                        lim.decide_sync(&[hit(&b, 1_000_000, 1), hit(&a, 1_000_000, 1)], i);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("worker panicked");
+        }
+    }
+}

@@ -1,1 +1,395 @@
-//! placeholder
+//! Pure sliding-window-log math: one key's log and the all-or-nothing planning of a batch.
+//!
+//! Why a separate, pure module: the memory backend is a thin locking shell around these
+//! functions, and the Redis Lua script (`redis/script.rs`) is a transcription of the same steps.
+//! Keeping time out of here (it is always passed in as `now`) makes every edge of the window
+//! testable with explicit numbers, and makes this file the reference both backends are checked
+//! against.
+//!
+//! Conventions shared with the Lua script:
+//! - an entry recorded at `t` counts while `now - t < window`, i.e. it is evicted once
+//!   `t + window <= now` (Redis: `ZREMRANGEBYSCORE key -inf (now - window)`);
+//! - entries are recorded at `max(now, newest)`, so a key's timestamps never decrease even if
+//!   the clock steps back, and "newest" (what a refund removes) is always "last recorded";
+//! - a key is assumed to be used with one window (the window is part of the limiter key).
+
+use std::collections::VecDeque;
+
+use super::{BatchOutcome, Hit, HitKind, KeyOutcome};
+
+/// One key's log of hits, oldest first.
+///
+/// Run-length encoded (`(timestamp, hits)` runs) rather than one slot per hit: a single item
+/// with a large `hits` (a large limit is legal) then costs one run, so memory is bounded by the
+/// number of recording decisions still in the window, not by the size of the limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    runs: VecDeque<(u64, u64)>,
+    total: u64,
+}
+
+impl Log {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Drops the entries that have left the window at `now`.
+    pub fn evict(&mut self, now: u64, window_ms: u64) {
+        while let Some(&(t, n)) = self.runs.front() {
+            if t.saturating_add(window_ms) > now {
+                break;
+            }
+            self.total = self.total.saturating_sub(n);
+            self.runs.pop_front();
+        }
+    }
+
+    /// Entries in the log (call [`Log::evict`] first to get the count in the window).
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Timestamp of the newest entry, which decides when the whole key may be forgotten.
+    pub fn newest(&self) -> Option<u64> {
+        self.runs.back().map(|&(t, _)| t)
+    }
+
+    /// Milliseconds until the oldest entry leaves the window; `window_ms` when empty.
+    pub fn reset_ms(&self, now: u64, window_ms: u64) -> u64 {
+        match self.runs.front() {
+            Some(&(t, _)) => t.saturating_add(window_ms).saturating_sub(now),
+            None => window_ms,
+        }
+    }
+
+    /// Records `hits` entries at `max(now, newest)`.
+    pub fn record(&mut self, now: u64, hits: u64) {
+        if hits == 0 {
+            return;
+        }
+        let t = self.newest().map_or(now, |newest| newest.max(now));
+        match self.runs.back_mut() {
+            Some(run) if run.0 == t => run.1 = run.1.saturating_add(hits),
+            _ => self.runs.push_back((t, hits)),
+        }
+        self.total = self.total.saturating_add(hits);
+    }
+
+    /// Removes up to `n` of the newest entries.
+    pub fn refund(&mut self, mut n: u64) {
+        while n > 0 {
+            let Some(run) = self.runs.back_mut() else {
+                break;
+            };
+            let take = run.1.min(n);
+            run.1 -= take;
+            n -= take;
+            self.total -= take;
+            if run.1 == 0 {
+                self.runs.pop_back();
+            }
+        }
+    }
+}
+
+/// Whether a `Consume`/`Shadow` item passes, given the key's count in the window and the hits
+/// earlier items of the same batch would record on the same key. Checked arithmetic: `hits` may
+/// be `u64::MAX`, and an overflow simply means "over the limit".
+pub fn check(count: u64, earlier: u64, hits: u64, limit: u64) -> bool {
+    let Some(seen) = count.checked_add(earlier) else {
+        return false;
+    };
+    if hits == 0 {
+        seen < limit
+    } else {
+        seen.checked_add(hits).is_some_and(|total| total <= limit)
+    }
+}
+
+/// Decides `batch` at `now` over `logs`, mutating them only as the decision requires.
+///
+/// `slots[i]` is the index in `logs` of item `i`'s key; items with the same key must share a
+/// slot (that is how "the same key twice in one batch" is cumulative). Steps:
+/// 1. for each item in order: evict its key; `Refund` passes; `Consume`/`Shadow` pass by
+///    [`check`] with the hits that earlier items on the key would record (`Consume` always
+///    counts, since an admitted batch records all of them; `Shadow` only if it passed);
+/// 2. admitted iff every `Consume` passed; only then, in batch order, `Consume` and passed
+///    `Shadow` items record their hits and `Refund` items remove newest entries;
+/// 3. every item reports its key's count and reset after the decision.
+///
+/// A rejected batch only evicts expired entries, which changes nothing observable.
+pub fn decide_batch(batch: &[Hit], slots: &[usize], logs: &mut [Log], now: u64) -> BatchOutcome {
+    let mut earlier = vec![0u64; logs.len()];
+    let mut passed = Vec::with_capacity(batch.len());
+    let mut admitted = true;
+
+    for (hit, &slot) in batch.iter().zip(slots) {
+        let log = &mut logs[slot];
+        log.evict(now, hit.window_ms);
+        let ok = match hit.kind {
+            HitKind::Refund => true,
+            HitKind::Consume | HitKind::Shadow => {
+                check(log.count(), earlier[slot], hit.hits, hit.limit)
+            }
+        };
+        let records = match hit.kind {
+            HitKind::Consume => {
+                admitted &= ok;
+                true
+            }
+            HitKind::Shadow => ok,
+            HitKind::Refund => false,
+        };
+        if records {
+            earlier[slot] = earlier[slot].saturating_add(hit.hits);
+        }
+        passed.push(ok);
+    }
+
+    if admitted {
+        for ((hit, &slot), &ok) in batch.iter().zip(slots).zip(&passed) {
+            let log = &mut logs[slot];
+            match hit.kind {
+                HitKind::Consume => log.record(now, hit.hits),
+                HitKind::Shadow if ok => log.record(now, hit.hits),
+                HitKind::Shadow => {}
+                HitKind::Refund => log.refund(hit.hits),
+            }
+        }
+    }
+
+    let items = batch
+        .iter()
+        .zip(slots)
+        .zip(passed)
+        .map(|((hit, &slot), passed)| KeyOutcome {
+            passed,
+            count: logs[slot].count(),
+            reset_ms: logs[slot].reset_ms(now, hit.window_ms),
+        })
+        .collect();
+    BatchOutcome { admitted, items }
+}
+
+/// Maps each batch item to a slot, one slot per distinct key, in order of first appearance.
+/// Quadratic on purpose: batches are a handful of descriptors, and this allocates nothing but
+/// the result.
+pub fn slots_for(batch: &[Hit]) -> (Vec<usize>, usize) {
+    let mut slots = Vec::with_capacity(batch.len());
+    let mut distinct = 0;
+    for (i, hit) in batch.iter().enumerate() {
+        let same = batch[..i].iter().position(|h| h.key == hit.key);
+        match same {
+            Some(j) => slots.push(slots[j]),
+            None => {
+                slots.push(distinct);
+                distinct += 1;
+            }
+        }
+    }
+    (slots, distinct)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(key: &str, limit: u64, hits: u64, kind: HitKind) -> Hit {
+        Hit {
+            key: key.to_string(),
+            limit,
+            window_ms: 1000,
+            hits,
+            kind,
+        }
+    }
+
+    /// Keeps logs by key across batches, like the memory backend does.
+    fn run(
+        batch: &[Hit],
+        store: &mut std::collections::HashMap<String, Log>,
+        now: u64,
+    ) -> BatchOutcome {
+        let (slots, n) = slots_for(batch);
+        let mut keys = vec![String::new(); n];
+        for (hit, &slot) in batch.iter().zip(&slots) {
+            keys[slot] = hit.key.clone();
+        }
+        let mut logs: Vec<Log> = keys
+            .iter()
+            .map(|k| store.remove(k).unwrap_or_default())
+            .collect();
+        let out = decide_batch(batch, &slots, &mut logs, now);
+        store.extend(keys.into_iter().zip(logs));
+        out
+    }
+
+    #[test]
+    fn entry_leaves_at_exactly_t_plus_window() {
+        let mut log = Log::new();
+        log.record(1000, 2);
+        log.evict(1999, 1000);
+        assert_eq!(log.count(), 2);
+        assert_eq!(log.reset_ms(1999, 1000), 1);
+        log.evict(2000, 1000);
+        assert_eq!(log.count(), 0);
+        assert!(log.is_empty());
+        assert_eq!(log.reset_ms(2000, 1000), 1000);
+    }
+
+    #[test]
+    fn record_never_goes_back_in_time() {
+        let mut log = Log::new();
+        log.record(500, 1);
+        log.record(400, 1);
+        assert_eq!(log.newest(), Some(500));
+        assert_eq!(log.runs.len(), 1);
+        log.evict(1499, 1000);
+        assert_eq!(log.count(), 2);
+        log.evict(1500, 1000);
+        assert_eq!(log.count(), 0);
+    }
+
+    #[test]
+    fn refund_removes_newest_across_runs() {
+        let mut log = Log::new();
+        log.record(100, 2);
+        log.record(200, 3);
+        log.refund(4);
+        assert_eq!(log.count(), 1);
+        assert_eq!(log.newest(), Some(100));
+        log.refund(10);
+        assert!(log.is_empty());
+        assert_eq!(log.newest(), None);
+    }
+
+    #[test]
+    fn check_edges() {
+        assert!(check(0, 0, 10, 10));
+        assert!(!check(0, 0, 11, 10));
+        assert!(!check(0, 0, u64::MAX, 10));
+        assert!(!check(u64::MAX, 1, 1, u64::MAX));
+        assert!(check(9, 0, 0, 10));
+        assert!(!check(10, 0, 0, 10));
+        assert!(!check(0, 0, 0, 0));
+        assert!(check(4, 3, 3, 10));
+        assert!(!check(4, 3, 4, 10));
+    }
+
+    #[test]
+    fn sliding_not_fixed_window() {
+        let mut logs = std::collections::HashMap::new();
+        let a = run(&[hit("k", 5, 5, HitKind::Consume)], &mut logs, 999);
+        assert!(a.admitted);
+        let b = run(&[hit("k", 5, 5, HitKind::Consume)], &mut logs, 1001);
+        assert!(!b.admitted);
+        assert_eq!(b.items[0].count, 5);
+        assert_eq!(b.items[0].reset_ms, 998);
+        let c = run(&[hit("k", 5, 5, HitKind::Consume)], &mut logs, 1999);
+        assert!(c.admitted);
+    }
+
+    #[test]
+    fn rejected_batch_records_nothing_anywhere() {
+        let mut logs = std::collections::HashMap::new();
+        run(&[hit("full", 1, 1, HitKind::Consume)], &mut logs, 0);
+        let out = run(
+            &[
+                hit("free", 5, 1, HitKind::Consume),
+                hit("full", 1, 1, HitKind::Consume),
+                hit("full", 1, 1, HitKind::Refund),
+            ],
+            &mut logs,
+            10,
+        );
+        assert!(!out.admitted);
+        assert!(out.items[0].passed);
+        assert_eq!(out.items[0].count, 0);
+        assert_eq!(out.items[0].reset_ms, 1000);
+        assert!(!out.items[1].passed);
+        assert_eq!(out.items[1].count, 1);
+        assert_eq!(out.items[1].reset_ms, 990);
+        assert!(out.items[2].passed);
+    }
+
+    #[test]
+    fn same_key_twice_is_cumulative() {
+        let mut logs = std::collections::HashMap::new();
+        run(&[hit("k", 10, 4, HitKind::Consume)], &mut logs, 0);
+        let out = run(
+            &[
+                hit("k", 10, 3, HitKind::Consume),
+                hit("k", 10, 3, HitKind::Consume),
+            ],
+            &mut logs,
+            1,
+        );
+        assert!(out.admitted);
+        assert_eq!(out.items[0].count, 10);
+        assert_eq!(out.items[1].count, 10);
+        let out = run(
+            &[
+                hit("k", 12, 1, HitKind::Consume),
+                hit("k", 12, 2, HitKind::Consume),
+            ],
+            &mut logs,
+            2,
+        );
+        assert!(!out.admitted);
+        assert!(out.items[0].passed);
+        assert!(!out.items[1].passed);
+        assert_eq!(logs["k"].count(), 10);
+    }
+
+    #[test]
+    fn shadow_never_vetoes_and_records_only_if_passed() {
+        let mut logs = std::collections::HashMap::new();
+        let out = run(
+            &[
+                hit("c", 5, 1, HitKind::Consume),
+                hit("s", 1, 2, HitKind::Shadow),
+            ],
+            &mut logs,
+            0,
+        );
+        assert!(out.admitted);
+        assert!(!out.items[1].passed);
+        assert_eq!(out.items[0].count, 1);
+        assert_eq!(out.items[1].count, 0);
+        let out = run(&[hit("s", 3, 2, HitKind::Shadow)], &mut logs, 1);
+        assert!(out.admitted);
+        assert!(out.items[0].passed);
+        assert_eq!(out.items[0].count, 2);
+    }
+
+    #[test]
+    fn check_only_probe_records_nothing() {
+        let mut logs = std::collections::HashMap::new();
+        let out = run(&[hit("k", 1, 0, HitKind::Consume)], &mut logs, 0);
+        assert!(out.admitted);
+        assert_eq!(out.items[0].count, 0);
+        run(&[hit("k", 1, 1, HitKind::Consume)], &mut logs, 0);
+        let out = run(&[hit("k", 1, 0, HitKind::Consume)], &mut logs, 1);
+        assert!(!out.admitted);
+        assert_eq!(out.items[0].count, 1);
+    }
+
+    #[test]
+    fn huge_hits_are_cheap() {
+        let mut logs = std::collections::HashMap::new();
+        let out = run(&[hit("k", 10, u64::MAX, HitKind::Consume)], &mut logs, 0);
+        assert!(!out.admitted);
+        let out = run(
+            &[hit("k", u64::MAX, u64::MAX, HitKind::Consume)],
+            &mut logs,
+            0,
+        );
+        assert!(out.admitted);
+        assert_eq!(out.items[0].count, u64::MAX);
+        assert_eq!(logs["k"].runs.len(), 1);
+    }
+}

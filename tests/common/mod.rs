@@ -1,0 +1,170 @@
+//! Shared test harness: a throwaway `redis-server` per test.
+//!
+//! Why a real server and not a mock: the Redis backend's correctness lives in a Lua script and in
+//! Redis semantics (sorted-set tie-breaks, TTLs, NOSCRIPT), which only a real server exercises.
+//! Each [`RedisServer`] runs in its own temp dir on its own loopback port, persists nothing, and
+//! is killed on drop, so tests run in parallel without sharing state. A missing `redis-server`
+//! is a hard failure, never a skip: a silently skipped backend is an untested backend.
+#![allow(dead_code)] // Each test crate uses a different subset of these helpers.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(10);
+const PORT_ATTEMPTS: usize = 10;
+
+pub struct RedisServer {
+    child: Option<Child>,
+    dir: TempDir,
+    port: u16,
+}
+
+impl RedisServer {
+    /// Starts a fresh server on a free loopback port; panics if that is impossible.
+    pub fn start() -> RedisServer {
+        let dir = tempfile::tempdir().expect("create temp dir for redis-server");
+        let mut last_error = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port();
+            match spawn(port, &dir) {
+                Ok(child) => {
+                    return RedisServer {
+                        child: Some(child),
+                        dir,
+                        port,
+                    }
+                }
+                // Another test may have grabbed the port between our probe and the spawn.
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("could not start redis-server after {PORT_ATTEMPTS} ports: {last_error}");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The child's process id (while running), for signals.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server; the port stays reserved for [`RedisServer::start_again`] by convention.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Restarts a stopped server on the same port (empty: nothing is persisted).
+    pub fn start_again(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            match spawn(self.port, &self.dir) {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return;
+                }
+                Err(e) if Instant::now() > deadline => {
+                    panic!("could not restart redis-server on port {}: {e}", self.port)
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open but nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("redis-server is not running");
+        let status = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid} failed");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // SIGKILL also ends a SIGSTOPped server, so a test that panics while paused leaks nothing.
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0 to find a free port")
+}
+
+/// Spawns redis-server on `port` and waits until it answers PING.
+fn spawn(port: u16, dir: &TempDir) -> Result<Child, String> {
+    let mut child = match Command::new("redis-server")
+        .args(["--port", &port.to_string()])
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!("redis-server not found: run scripts/test.sh, which installs it")
+        }
+        Err(e) => panic!("could not spawn redis-server: {e}"),
+    };
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("redis-server on port {port} exited: {status}"));
+        }
+        if answers_ping(port) {
+            return Ok(child);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "redis-server on port {port} did not answer PING in time"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn answers_ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}

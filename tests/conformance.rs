@@ -1,0 +1,618 @@
+//! One conformance suite for every limiter backend.
+//!
+//! Why: the trait's semantics (src/limiter/mod.rs) are only worth something if both backends
+//! implement them identically. Each check below is written once against `Arc<dyn Limiter>` and
+//! instantiated per backend by `conformance!`; the Redis instances each get their own
+//! `redis-server` from `tests/common`. Checks use `decide_at` with explicit times so window edges
+//! are exact; only `real_clock` and `concurrent_single_key` use the backend's own clock.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::limiter::redis::RedisLimiter;
+use sluice::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+
+fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
+    Hit {
+        key: key.to_string(),
+        limit,
+        window_ms,
+        hits,
+        kind,
+    }
+}
+
+/// A `Consume` hit on a 1 s window.
+fn c(key: &str, limit: u64, hits: u64) -> Hit {
+    hit(key, limit, 1000, hits, HitKind::Consume)
+}
+
+async fn at(l: &Arc<dyn Limiter>, batch: &[Hit], now: u64) -> BatchOutcome {
+    l.decide_at(batch, now)
+        .await
+        .unwrap_or_else(|e| panic!("decide_at({now}) failed: {e}"))
+}
+
+/// The key's count in the window at `now`, via a check-only probe with an unreachable limit.
+async fn count_at(l: &Arc<dyn Limiter>, key: &str, window_ms: u64, now: u64) -> u64 {
+    let out = at(
+        l,
+        &[hit(key, u64::MAX, window_ms, 0, HitKind::Consume)],
+        now,
+    )
+    .await;
+    out.items[0].count
+}
+
+fn ko(passed: bool, count: u64, reset_ms: u64) -> KeyOutcome {
+    KeyOutcome {
+        passed,
+        count,
+        reset_ms,
+    }
+}
+
+// Base time for virtual clocks: realistic epoch milliseconds, so Redis members take the same
+// shape as in production.
+const T: u64 = 1_700_000_000_000;
+
+async fn admits_up_to_limit_then_rejects(l: Arc<dyn Limiter>) {
+    for i in 0..3 {
+        let out = at(&l, &[c("k", 3, 1)], T + i).await;
+        assert!(out.admitted, "hit {i}");
+        assert_eq!(out.items[0], ko(true, i + 1, 1000 - i));
+    }
+    let out = at(&l, &[c("k", 3, 1)], T + 10).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 3, 990));
+}
+
+async fn window_edge_is_exact(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 1, 1)], T).await.admitted);
+    assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
+    let out = at(&l, &[c("k", 1, 1)], T + 999).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].reset_ms, 1);
+    // Gone at exactly t + window.
+    assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
+    let out = at(&l, &[c("k", 1, 1)], T + 1000).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0], ko(true, 1, 1000));
+}
+
+async fn sliding_not_fixed_window(l: Arc<dyn Limiter>) {
+    // A fixed window aligned on 1000 would admit the second burst.
+    assert!(at(&l, &[c("k", 5, 5)], 999).await.admitted);
+    let out = at(&l, &[c("k", 5, 5)], 1001).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 5, 998));
+    assert!(at(&l, &[c("k", 5, 5)], 1999).await.admitted);
+}
+
+async fn hits_addend_counts_each_hit(l: Arc<dyn Limiter>) {
+    let out = at(&l, &[c("k", 10, 4)], T).await;
+    assert_eq!(out.items[0], ko(true, 4, 1000));
+    let out = at(&l, &[c("k", 10, 6)], T + 100).await;
+    assert_eq!(out.items[0], ko(true, 10, 900));
+    let out = at(&l, &[c("k", 10, 1)], T + 200).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].count, 10);
+}
+
+async fn hits_over_limit_rejected_quickly(l: Arc<dyn Limiter>) {
+    let out = at(&l, &[c("k", 10, 11)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 0, 1000));
+    let started = Instant::now();
+    let out = at(&l, &[c("k", 10, u64::MAX)], T).await;
+    assert!(!out.admitted);
+    let out = at(&l, &[c("k", u64::MAX - 1, u64::MAX)], T).await;
+    assert!(!out.admitted);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert_eq!(count_at(&l, "k", 1000, T).await, 0);
+}
+
+async fn large_hits_are_recorded_exactly(l: Arc<dyn Limiter>) {
+    // More members than one ZADD chunk in the Redis script.
+    let out = at(&l, &[c("k", 5000, 2500)], T).await;
+    assert_eq!(out.items[0], ko(true, 2500, 1000));
+    let out = at(&l, &[c("k", 5000, 2500)], T + 1).await;
+    assert_eq!(out.items[0], ko(true, 5000, 999));
+    assert!(!at(&l, &[c("k", 5000, 1)], T + 2).await.admitted);
+}
+
+async fn check_only_records_nothing(l: Arc<dyn Limiter>) {
+    for _ in 0..5 {
+        let out = at(&l, &[c("k", 2, 0)], T).await;
+        assert!(out.admitted);
+        assert_eq!(out.items[0], ko(true, 0, 1000));
+    }
+    assert!(at(&l, &[c("k", 2, 2)], T).await.admitted);
+    let out = at(&l, &[c("k", 2, 0)], T + 1).await;
+    assert!(!out.admitted, "a full key reports over even for a probe");
+    assert_eq!(out.items[0], ko(false, 2, 999));
+    assert_eq!(count_at(&l, "k", 1000, T + 1).await, 2);
+    // One below the limit: the probe passes.
+    assert!(at(&l, &[c("j", 2, 1)], T).await.admitted);
+    assert!(at(&l, &[c("j", 2, 0)], T).await.admitted);
+}
+
+async fn all_or_nothing_across_keys(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("full", 1, 1)], T).await.admitted);
+    let out = at(&l, &[c("free", 5, 1), c("full", 1, 1)], T + 1).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 1, 999)]);
+    assert_eq!(count_at(&l, "free", 1000, T + 1).await, 0);
+    assert_eq!(count_at(&l, "full", 1000, T + 1).await, 1);
+    let out = at(&l, &[c("free", 5, 1), c("other", 5, 2)], T + 2).await;
+    assert!(out.admitted);
+    assert_eq!(out.items, vec![ko(true, 1, 1000), ko(true, 2, 1000)]);
+}
+
+async fn rejected_batch_changes_nothing(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("a", 3, 2), c("b", 1, 1)], T).await.admitted);
+    let batch = [
+        c("a", 3, 1),
+        hit("a", 3, 1000, 2, HitKind::Refund),
+        hit("s", 9, 1000, 1, HitKind::Shadow),
+        c("b", 1, 1),
+    ];
+    let out = at(&l, &batch, T + 5).await;
+    assert!(!out.admitted);
+    assert_eq!(
+        out.items,
+        vec![
+            ko(true, 2, 995),
+            ko(true, 2, 995),
+            ko(true, 0, 1000),
+            ko(false, 1, 995)
+        ]
+    );
+    assert_eq!(count_at(&l, "a", 1000, T + 5).await, 2);
+    assert_eq!(count_at(&l, "s", 1000, T + 5).await, 0);
+}
+
+async fn same_key_twice_is_cumulative(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 10, 4)], T).await.admitted);
+    let out = at(&l, &[c("k", 10, 3), c("k", 10, 3)], T + 1).await;
+    assert!(out.admitted);
+    assert_eq!(out.items, vec![ko(true, 10, 999), ko(true, 10, 999)]);
+    // Room for one, two items of one hit: the second sees the first's hit and fails, so the
+    // whole batch records nothing.
+    let out = at(&l, &[c("j", 1, 1), c("j", 1, 1)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 0, 1000)]);
+    assert_eq!(count_at(&l, "j", 1000, T).await, 0);
+}
+
+async fn shadow_never_vetoes(l: Arc<dyn Limiter>) {
+    let batch = [
+        c("c", 5, 1),
+        hit("s", 1, 1000, 2, HitKind::Shadow),
+        hit("p", 5, 1000, 2, HitKind::Shadow),
+    ];
+    let out = at(&l, &batch, T).await;
+    assert!(out.admitted);
+    assert_eq!(
+        out.items,
+        vec![ko(true, 1, 1000), ko(false, 0, 1000), ko(true, 2, 1000)]
+    );
+    // A shadow item on a rejected batch records nothing even when it passed.
+    let out = at(
+        &l,
+        &[hit("p", 5, 1000, 1, HitKind::Shadow), c("c", 1, 1)],
+        T + 1,
+    )
+    .await;
+    assert!(!out.admitted);
+    assert_eq!(count_at(&l, "p", 1000, T + 1).await, 2);
+}
+
+async fn refund_removes_newest(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 10, 2)], T).await.admitted);
+    assert!(at(&l, &[c("k", 10, 3)], T + 500).await.admitted);
+    let out = at(&l, &[hit("k", 10, 1000, 4, HitKind::Refund)], T + 600).await;
+    assert!(out.admitted);
+    // The 3 at T+500 and one at T went; one entry at T is left.
+    assert_eq!(out.items[0], ko(true, 1, 400));
+    assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
+    assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
+    // Refunding more than there is empties the key; refunds never reject.
+    assert!(at(&l, &[c("r", 10, 2)], T).await.admitted);
+    let out = at(&l, &[hit("r", 10, 1000, 99, HitKind::Refund)], T).await;
+    assert_eq!(out.items[0], ko(true, 0, 1000));
+    let out = at(&l, &[hit("none", 1, 1000, 5, HitKind::Refund)], T).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0], ko(true, 0, 1000));
+}
+
+async fn reset_ms_tracks_oldest_entry(l: Arc<dyn Limiter>) {
+    assert_eq!(at(&l, &[c("k", 9, 1)], T).await.items[0].reset_ms, 1000);
+    assert_eq!(
+        at(&l, &[c("k", 9, 1)], T + 300).await.items[0].reset_ms,
+        700
+    );
+    assert_eq!(
+        at(&l, &[c("k", 9, 1)], T + 900).await.items[0].reset_ms,
+        100
+    );
+    // The T entry left; the oldest is now the one at T+300.
+    let out = at(&l, &[c("k", 9, 0)], T + 1000).await;
+    assert_eq!(out.items[0], ko(true, 2, 300));
+    let out = at(&l, &[hit("w", 9, 60_000, 1, HitKind::Consume)], T).await;
+    assert_eq!(out.items[0].reset_ms, 60_000);
+}
+
+async fn clock_step_back_does_not_shorten_entries(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 5, 1)], T + 1000).await.admitted);
+    // An earlier `now` (another instance's clock, a clock step) records at the newest time.
+    assert!(at(&l, &[c("k", 5, 1)], T + 500).await.admitted);
+    assert_eq!(count_at(&l, "k", 1000, T + 1999).await, 2);
+    assert_eq!(count_at(&l, "k", 1000, T + 2000).await, 0);
+}
+
+async fn real_clock(l: Arc<dyn Limiter>) {
+    let batch = [hit("rt", 2, 300, 1, HitKind::Consume)];
+    let decide = |l: &Arc<dyn Limiter>| {
+        let l = Arc::clone(l);
+        let batch = batch.clone();
+        async move { l.decide(&batch).await.expect("decide") }
+    };
+    assert!(decide(&l).await.admitted);
+    assert!(decide(&l).await.admitted);
+    let out = decide(&l).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].count, 2);
+    assert!(out.items[0].reset_ms <= 300 && out.items[0].reset_ms > 0);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let out = decide(&l).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0].count, 1);
+}
+
+async fn concurrent_single_key(l: Arc<dyn Limiter>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let l = Arc::clone(&l);
+        tasks.spawn(async move {
+            let batch = [hit("hot", 10, 60_000, 1, HitKind::Consume)];
+            l.decide(&batch).await.expect("decide").admitted
+        });
+    }
+    let mut admitted = 0;
+    while let Some(res) = tasks.join_next().await {
+        admitted += usize::from(res.expect("task"));
+    }
+    assert_eq!(admitted, 10);
+}
+
+/// Instantiates every check above for one backend: `$make` is an async block yielding
+/// `(guard, Arc<dyn Limiter>)`, where the guard (e.g. a Redis server) must outlive the test.
+macro_rules! conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            conformance!(@tests $make;
+                admits_up_to_limit_then_rejects,
+                window_edge_is_exact,
+                sliding_not_fixed_window,
+                hits_addend_counts_each_hit,
+                hits_over_limit_rejected_quickly,
+                large_hits_are_recorded_exactly,
+                check_only_records_nothing,
+                all_or_nothing_across_keys,
+                rejected_batch_changes_nothing,
+                same_key_twice_is_cumulative,
+                shadow_never_vetoes,
+                refund_removes_newest,
+                reset_ms_tracks_oldest_entry,
+                clock_step_back_does_not_shorten_entries,
+                real_clock,
+                concurrent_single_key
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (_guard, limiter) = $make.await;
+                super::$name(limiter).await;
+            }
+        )*
+    };
+}
+
+conformance!(memory, async {
+    let limiter: Arc<dyn Limiter> = Arc::new(sluice::limiter::memory::MemoryLimiter::new(
+        Arc::new(sluice::limiter::SystemClock),
+    ));
+    ((), limiter)
+});
+
+async fn redis_limiter(server: &common::RedisServer) -> Arc<dyn Limiter> {
+    let limiter = RedisLimiter::connect(&server.url(), 4)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", server.url()));
+    Arc::new(limiter)
+}
+
+conformance!(redis, async {
+    let server = common::RedisServer::start();
+    let limiter = redis_limiter(&server).await;
+    (server, limiter)
+});
+
+/// Checks that only make sense for Redis: what the script leaves in the server, and failures.
+mod redis_only {
+    use super::*;
+    use deadpool_redis::redis;
+    use redis::AsyncCommands;
+
+    async fn raw(server: &common::RedisServer) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(server.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection")
+    }
+
+    #[tokio::test]
+    async fn keys_expire_within_the_window() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let mut conn = raw(&server).await;
+        assert!(
+            at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T)
+                .await
+                .admitted
+        );
+        let ttl: i64 = conn.pttl("k").await.expect("pttl");
+        assert!(ttl > 0 && ttl <= 2000, "pttl {ttl}");
+        // A later hit extends the TTL to the newest entry's exit: 1500 + 2000 - 1600.
+        assert!(
+            at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T + 1500)
+                .await
+                .admitted
+        );
+        let _ = at(&l, &[hit("k", 5, 2000, 0, HitKind::Consume)], T + 1600).await;
+        let ttl: i64 = conn.pttl("k").await.expect("pttl");
+        assert!(ttl > 1900 && ttl <= 2000, "pttl {ttl} after a later hit");
+        // A rejected batch does not touch the TTL.
+        assert!(
+            !at(&l, &[hit("k", 2, 2000, 1, HitKind::Consume)], T + 1600)
+                .await
+                .admitted
+        );
+        let after: i64 = conn.pttl("k").await.expect("pttl");
+        assert!(after <= ttl, "pttl grew from {ttl} to {after}");
+        // Check-only batches create nothing.
+        let _ = at(&l, &[hit("probe", 5, 2000, 0, HitKind::Consume)], T).await;
+        let exists: bool = conn.exists("probe").await.expect("exists");
+        assert!(!exists);
+    }
+
+    #[tokio::test]
+    async fn members_are_short_increasing_integers() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let mut conn = raw(&server).await;
+        // A tiny explicit clock (tests) and the real TIME (production) give the same shape.
+        assert!(at(&l, &[c("small", 100, 3)], 5).await.admitted);
+        assert!(at(&l, &[c("small", 100, 2)], 5).await.admitted);
+        let real = [hit("real", 100, 60_000, 2, HitKind::Consume)];
+        for _ in 0..2 {
+            assert!(l.decide(&real).await.expect("decide").admitted);
+        }
+        for (key, expected) in [("small", 5), ("real", 4)] {
+            let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("zrange");
+            assert_eq!(members.len(), expected, "{key}: {members:?}");
+            let numbers: Vec<u64> = members
+                .iter()
+                .map(|m| {
+                    assert_eq!(m.len(), 16, "member {m}");
+                    m.parse().expect("integer member")
+                })
+                .collect();
+            assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .expect("object encoding");
+            assert_eq!(encoding, "listpack");
+        }
+    }
+
+    #[tokio::test]
+    async fn script_survives_script_flush() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let mut conn = raw(&server).await;
+        assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .expect("script flush");
+        let out = at(&l, &[c("k", 3, 1)], T + 1).await;
+        assert!(out.admitted);
+        assert_eq!(out.items[0].count, 2);
+    }
+
+    #[tokio::test]
+    async fn ping_follows_the_server() {
+        let mut server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        l.ping().await.expect("ping while up");
+        server.stop();
+        assert!(l.ping().await.is_err(), "ping while stopped");
+        match l.decide(&[c("k", 1, 1)]).await {
+            Err(LimiterError::Unavailable(_)) | Err(LimiterError::Timeout(_)) => {}
+            other => panic!("decide while stopped: {other:?}"),
+        }
+        server.start_again();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while l.ping().await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "ping did not recover after restart"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let out = at(&l, &[c("k", 1, 1)], T).await;
+        assert!(out.admitted);
+    }
+
+    #[tokio::test]
+    async fn paused_server_times_out() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        server.pause();
+        let started = Instant::now();
+        assert!(l.ping().await.is_err());
+        assert!(started.elapsed() < Duration::from_secs(2));
+        server.resume();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while l.ping().await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "ping did not recover after SIGCONT"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn unreachable_at_connect_is_unavailable() {
+        let mut server = common::RedisServer::start();
+        let url = server.url();
+        server.stop();
+        match RedisLimiter::connect(&url, 2).await {
+            Err(LimiterError::Unavailable(_)) => {}
+            other => panic!("connect to a stopped server: {other:?}"),
+        }
+        // The lazy constructor starts anyway and reports through ping.
+        let l = RedisLimiter::open(&url, 2).expect("open");
+        assert!(l.ping().await.is_err());
+    }
+}
+
+/// Differential check: random batch sequences give identical outcomes on both backends.
+/// The memory backend's logic is the pure reference in `window.rs`, so this pins the Lua
+/// transcription to it, including cases nobody thought to write by hand.
+mod differential {
+    use super::*;
+    use deadpool_redis::redis;
+    use proptest::prelude::*;
+    use sluice::limiter::memory::MemoryLimiter;
+    use sluice::limiter::SystemClock;
+
+    fn arb_hit() -> impl Strategy<Value = Hit> {
+        let kind = prop_oneof![
+            4 => Just(HitKind::Consume),
+            2 => Just(HitKind::Shadow),
+            1 => Just(HitKind::Refund),
+        ];
+        let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 1 => 5u64..2000];
+        (
+            prop::sample::select(vec!["a", "b", "c"]),
+            0u64..6,
+            hits,
+            kind,
+        )
+            .prop_map(|(key, limit, hits, kind)| hit(key, limit, 1000, hits, kind))
+    }
+
+    /// (time step in ms, may be negative: clocks of other instances lag; batch)
+    fn arb_steps() -> impl Strategy<Value = Vec<(i64, Vec<Hit>)>> {
+        prop::collection::vec(
+            (-100i64..700, prop::collection::vec(arb_hit(), 0..4)),
+            1..12,
+        )
+    }
+
+    #[test]
+    fn memory_and_redis_agree() {
+        let server = common::RedisServer::start();
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let redis_limiter = rt.block_on(redis_limiter(&server));
+        let raw = rt
+            .block_on(
+                redis::Client::open(server.url())
+                    .expect("client")
+                    .get_multiplexed_async_connection(),
+            )
+            .expect("raw connection");
+        let config = ProptestConfig {
+            cases: 300,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(steps in arb_steps())| {
+            let mut raw = raw.clone();
+            let _: () = rt
+                .block_on(redis::cmd("FLUSHALL").query_async(&mut raw))
+                .expect("flushall");
+            let memory: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
+            let mut now = T;
+            for (step, batch) in steps {
+                now = now.saturating_add_signed(step);
+                let m = rt.block_on(at(&memory, &batch, now));
+                let r = rt.block_on(at(&redis_limiter, &batch, now));
+                prop_assert_eq!(m, r, "batch {:?} at {}", batch, now);
+            }
+        });
+    }
+}
+
+/// Rough cost of one decision; not a benchmark suite, just a figure to sanity-check the design
+/// (one round trip per batch, no checkout ping). Run with `--ignored --nocapture` in release.
+mod measure {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    #[ignore]
+    async fn redis_decision_cost() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let batch = |i: u64| {
+            vec![
+                hit(
+                    &format!("k{}", i % 1000),
+                    1_000_000,
+                    60_000,
+                    1,
+                    HitKind::Consume,
+                ),
+                hit("global", 1_000_000, 60_000, 1, HitKind::Consume),
+            ]
+        };
+        let n = 5000u64;
+        let started = Instant::now();
+        for i in 0..n {
+            l.decide(&batch(i)).await.expect("decide");
+        }
+        let sequential = started.elapsed() / n as u32;
+
+        let tasks = 64u64;
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for t in 0..tasks {
+            let l = Arc::clone(&l);
+            set.spawn(async move {
+                for i in 0..n / 10 {
+                    l.decide(&batch(t * 1000 + i)).await.expect("decide");
+                }
+            });
+        }
+        while let Some(res) = set.join_next().await {
+            res.expect("task");
+        }
+        let total = tasks * (n / 10);
+        let rate = total as f64 / started.elapsed().as_secs_f64();
+        println!("redis: sequential {sequential:?}/decision (2 keys); {tasks} tasks: {rate:.0} decisions/s");
+    }
+}
