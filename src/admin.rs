@@ -1,1 +1,93 @@
-//! placeholder
+//! The admin HTTP server: `/healthz` (the process answers), `/readyz` (config loaded, backend
+//! reachable, not draining) and `/metrics` (Prometheus text).
+//!
+//! Why separate from gRPC: Kubernetes probes and Prometheus scrapes speak HTTP/1.1, and an SRE
+//! must be able to curl them; keeping them off the data-plane port keeps the RLS port minimal.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+/// Readiness as the admin server and gRPC health both report it.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    backend_up: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    pub fn new() -> Self {
+        Readiness {
+            backend_up: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// Records the latest backend probe; returns true when the state changed.
+    pub fn set_backend_up(&self, up: bool) -> bool {
+        self.backend_up.swap(up, Ordering::SeqCst) != up
+    }
+
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn backend_up(&self) -> bool {
+        self.backend_up.load(Ordering::SeqCst)
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.backend_up() && !self.draining()
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    readiness: Arc<Readiness>,
+    metrics: Option<PrometheusHandle>,
+}
+
+pub fn router(readiness: Arc<Readiness>, metrics: Option<PrometheusHandle>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .with_state(AdminState { readiness, metrics })
+}
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    let r = &state.readiness;
+    if r.draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+    } else if !r.backend_up() {
+        (StatusCode::SERVICE_UNAVAILABLE, "backend unreachable\n")
+    } else {
+        (StatusCode::OK, "ready\n")
+    }
+}
+
+async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    match &state.metrics {
+        Some(handle) => (
+            StatusCode::OK,
+            [("content-type", "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "metrics recorder not installed in this process\n",
+        )
+            .into_response(),
+    }
+}

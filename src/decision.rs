@@ -1,1 +1,383 @@
-//! placeholder
+//! The decision engine: one rate-limit request -> rules -> one limiter batch -> a verdict per
+//! descriptor.
+//!
+//! Why here and not in the gRPC adapter: this is where envoyproxy/ratelimit's semantics live
+//! (limit overrides, `replaces`, `unlimited`, shadow mode, hits_addend), and they must not depend
+//! on tonic or on which backend keeps the log. The engine reads one config snapshot per request,
+//! so a request never sees two config generations, and sends every limited descriptor of the
+//! request to the limiter in ONE batch, so the request is admitted all-or-nothing.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::{Config, LimitSpec, Lookup, Rule, Unit};
+use crate::descriptor::{limiter_key, Entry};
+use crate::limiter::{Hit, HitKind, Limiter, LimiterError};
+
+/// A limit Envoy sends inside a descriptor; it wins over the configured one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    pub entries: Vec<Entry>,
+    pub limit_override: Option<LimitOverride>,
+    /// Descriptor-level hits; `Some(0)` is a check-only probe that records nothing.
+    pub hits_addend: Option<u64>,
+    /// Give hits back instead of spending them.
+    pub negative: bool,
+}
+
+impl Descriptor {
+    pub fn new(entries: Vec<Entry>) -> Self {
+        Descriptor {
+            entries,
+            limit_override: None,
+            hits_addend: None,
+            negative: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub domain: String,
+    pub descriptors: Vec<Descriptor>,
+    /// Request-level hits; 0 means 1.
+    pub hits_addend: u32,
+}
+
+/// A request that cannot be decided as sent. `field` names the offending field the way the
+/// proto spells it, so the caller can find it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidRequest {
+    pub field: String,
+    pub reason: &'static str,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecisionError {
+    #[error("invalid request: {0}")]
+    Invalid(#[from] InvalidRequest),
+    #[error(transparent)]
+    Backend(#[from] LimiterError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// Why a descriptor got its verdict; the metrics' `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Unknown domain, no rule, a whitelisting rule, or a limit removed by `replaces`.
+    NoRule,
+    Unlimited,
+    Admitted,
+    Rejected,
+    /// Within its own limit, but the request was rejected by another descriptor, so nothing
+    /// was recorded.
+    NotRecorded,
+    /// Over its limit in shadow mode: reported OK.
+    ShadowRejected,
+    /// A refund (is_negative_hits) applied.
+    Refunded,
+}
+
+impl Outcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::NoRule => "no_rule",
+            Outcome::Unlimited => "unlimited",
+            Outcome::Admitted => "admitted",
+            Outcome::Rejected => "rejected",
+            Outcome::NotRecorded => "not_recorded",
+            Outcome::ShadowRejected => "shadow_rejected",
+            Outcome::Refunded => "refunded",
+        }
+    }
+}
+
+/// The limit reported back to Envoy as `current_limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub code: Code,
+    pub outcome: Outcome,
+    pub limit: Option<CurrentLimit>,
+    pub remaining: u32,
+    /// Milliseconds until a slot frees (the oldest entry leaves the window).
+    pub reset_ms: u64,
+    /// Config path of the rule that matched, when one did.
+    pub rule: Option<String>,
+    /// Entries in the key's window after the decision (0 when no backend was asked).
+    pub window_count: u64,
+}
+
+impl Verdict {
+    fn unlimited_or_none(outcome: Outcome, rule: Option<&Rule>) -> Self {
+        Verdict {
+            code: Code::Ok,
+            outcome,
+            limit: None,
+            remaining: 0,
+            reset_ms: 0,
+            rule: rule.map(|r| r.path.clone()),
+            window_count: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub overall: Code,
+    pub verdicts: Vec<Verdict>,
+    /// Sum of the hits the request asked for across limited descriptors.
+    pub hits: u64,
+    /// The domain is in the config (metrics label it by name only then, so random domains
+    /// from clients cannot grow the series count).
+    pub known_domain: bool,
+}
+
+/// The rule-driven part of one descriptor, before the backend is asked.
+enum Plan<'c> {
+    Done(Verdict),
+    Limited {
+        rule: Option<&'c Rule>,
+        limit: CurrentLimit,
+        hit: Hit,
+    },
+}
+
+/// Shared by every gRPC call; holds the current config generation and the limiter.
+pub struct Engine {
+    config: ArcSwap<Config>,
+    limiter: Arc<dyn Limiter>,
+}
+
+impl Engine {
+    pub fn new(config: Config, limiter: Arc<dyn Limiter>) -> Self {
+        Engine {
+            config: ArcSwap::from_pointee(config),
+            limiter,
+        }
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Swaps in a new config generation atomically; in-flight requests finish on the old one.
+    pub fn replace_config(&self, config: Config) {
+        self.config.store(Arc::new(config));
+    }
+
+    pub fn limiter(&self) -> &Arc<dyn Limiter> {
+        &self.limiter
+    }
+
+    pub async fn decide(&self, request: &Request) -> Result<Decision, DecisionError> {
+        validate(request)?;
+        let config = self.config.load_full();
+        let known_domain = config.has_domain(&request.domain);
+        let plans = plan(&config, request);
+
+        let batch: Vec<Hit> = plans
+            .iter()
+            .filter_map(|p| match p {
+                Plan::Limited { hit, .. } => Some(hit.clone()),
+                Plan::Done(_) => None,
+            })
+            .collect();
+        let hits = batch
+            .iter()
+            .filter(|h| h.kind != HitKind::Refund)
+            .fold(0u64, |acc, h| acc.saturating_add(h.hits));
+        let outcome = if batch.is_empty() {
+            None
+        } else {
+            Some(self.limiter.decide(&batch).await?)
+        };
+
+        let mut items = outcome.iter().flat_map(|o| o.items.iter());
+        let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
+        let mut verdicts = Vec::with_capacity(plans.len());
+        for p in plans {
+            let verdict = match p {
+                Plan::Done(v) => v,
+                Plan::Limited { rule, limit, hit } => {
+                    let item = items.next().ok_or_else(|| {
+                        LimiterError::Protocol("fewer outcomes than batch items".into())
+                    })?;
+                    let (code, outcome) = match (hit.kind, item.passed, admitted) {
+                        (HitKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
+                        (HitKind::Refund, _, false) => (Code::Ok, Outcome::NotRecorded),
+                        (HitKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
+                        (_, false, _) => (Code::OverLimit, Outcome::Rejected),
+                        (_, true, true) => (Code::Ok, Outcome::Admitted),
+                        (_, true, false) => (Code::Ok, Outcome::NotRecorded),
+                    };
+                    let remaining = hit.limit.saturating_sub(item.count);
+                    Verdict {
+                        code,
+                        outcome,
+                        remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                        reset_ms: item.reset_ms,
+                        rule: rule.map(|r| r.path.clone()),
+                        window_count: item.count,
+                        limit: Some(limit),
+                    }
+                }
+            };
+            verdicts.push(verdict);
+        }
+        let overall = if verdicts.iter().any(|v| v.code == Code::OverLimit) {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        };
+        Ok(Decision {
+            overall,
+            verdicts,
+            hits,
+            known_domain,
+        })
+    }
+}
+
+/// Rejects requests Envoy would never send and that cannot be decided: nothing is recorded.
+pub fn validate(request: &Request) -> Result<(), InvalidRequest> {
+    if request.domain.is_empty() {
+        return Err(InvalidRequest {
+            field: "domain".into(),
+            reason: "must not be empty",
+        });
+    }
+    if request.descriptors.is_empty() {
+        return Err(InvalidRequest {
+            field: "descriptors".into(),
+            reason: "must hold at least one descriptor",
+        });
+    }
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.is_empty() {
+            return Err(InvalidRequest {
+                field: format!("descriptors[{i}].entries"),
+                reason: "must hold at least one entry",
+            });
+        }
+        if let Some(j) = descriptor.entries.iter().position(|e| e.key.is_empty()) {
+            return Err(InvalidRequest {
+                field: format!("descriptors[{i}].entries[{j}].key"),
+                reason: "must not be empty",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Resolves every descriptor against one config snapshot: overrides, `unlimited`, whitelists and
+/// `replaces` are settled here, so only real limits reach the backend.
+fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
+    let request_hits = if request.hits_addend == 0 {
+        1
+    } else {
+        u64::from(request.hits_addend)
+    };
+    let known_domain = config.has_domain(&request.domain);
+
+    let mut plans: Vec<Plan<'c>> = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            if !known_domain {
+                return Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, None));
+            }
+            let rule = match config.lookup(&request.domain, &descriptor.entries) {
+                Lookup::Rule { rule, .. } => Some(rule),
+                Lookup::NoRule | Lookup::UnknownDomain => None,
+            };
+            let (requests_per_unit, unit, name) = match (descriptor.limit_override, rule) {
+                (Some(o), _) => (o.requests_per_unit, o.unit, None),
+                (None, Some(r)) => match r.limit {
+                    Some(LimitSpec::PerUnit {
+                        requests_per_unit,
+                        unit,
+                    }) => (requests_per_unit, unit, r.name.clone()),
+                    Some(LimitSpec::Unlimited) => {
+                        return Plan::Done(Verdict::unlimited_or_none(Outcome::Unlimited, rule))
+                    }
+                    None => return Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, rule)),
+                },
+                (None, None) => {
+                    return Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, None))
+                }
+            };
+            let kind = if descriptor.negative {
+                HitKind::Refund
+            } else if rule.is_some_and(|r| r.shadow_mode) {
+                HitKind::Shadow
+            } else {
+                HitKind::Consume
+            };
+            let window_ms = unit.window_ms();
+            Plan::Limited {
+                rule,
+                limit: CurrentLimit {
+                    requests_per_unit,
+                    unit,
+                    name,
+                },
+                hit: Hit {
+                    key: limiter_key(&request.domain, &descriptor.entries, window_ms),
+                    limit: u64::from(requests_per_unit),
+                    window_ms,
+                    hits: descriptor.hits_addend.unwrap_or(request_hits),
+                    kind,
+                },
+            }
+        })
+        .collect();
+
+    // `replaces`: a limit named by another matched rule of this request is dropped.
+    let replaced: HashSet<&str> = plans
+        .iter()
+        .filter_map(|p| match p {
+            Plan::Limited {
+                rule: Some(rule), ..
+            } => Some(rule.replaces.iter().map(String::as_str)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if !replaced.is_empty() {
+        for p in plans.iter_mut() {
+            if let Plan::Limited {
+                rule: Some(rule),
+                limit,
+                ..
+            } = p
+            {
+                if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
+                    let rule = *rule;
+                    *p = Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, Some(rule)));
+                }
+            }
+        }
+    }
+    plans
+}

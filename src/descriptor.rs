@@ -124,18 +124,19 @@ mod tests {
 
     #[test]
     fn window_separates_logs() {
-        assert_ne!(key("d", &[("k", "v")], 1000), key("d", &[("k", "v")], 60_000));
+        assert_ne!(
+            key("d", &[("k", "v")], 1000),
+            key("d", &[("k", "v")], 60_000)
+        );
     }
 
     fn arb_part() -> impl Strategy<Value = String> {
-        prop_oneof![
-            "[a-z|=%#{}:_\\n]{0,6}",
-            any::<String>(),
-            "[a-z]{90,200}",
-        ]
+        prop_oneof!["[a-z|=%#{}:_\\n]{0,6}", any::<String>(), "[a-z]{90,200}",]
     }
 
-    fn arb_descriptor() -> impl Strategy<Value = (String, Vec<(String, String)>, u64)> {
+    type Descriptor = (String, Vec<(String, String)>, u64);
+
+    fn arb_descriptor() -> impl Strategy<Value = Descriptor> {
         (
             arb_part(),
             proptest::collection::vec((arb_part(), arb_part()), 0..4),
@@ -148,7 +149,7 @@ mod tests {
         /// Distinct descriptors never share a key, and every key stays short and single-slot.
         #[test]
         fn no_collisions(descs in proptest::collection::vec(arb_descriptor(), 2..40)) {
-            let mut seen: HashMap<String, (String, Vec<(String, String)>, u64)> = HashMap::new();
+            let mut seen: HashMap<String, Descriptor> = HashMap::new();
             for d in descs {
                 let entries: Vec<Entry> = d.1.iter().map(|(k, v)| Entry::new(k.clone(), v.clone())).collect();
                 let k = limiter_key(&d.0, &entries, d.2);
@@ -169,7 +170,7 @@ mod tests {
             escape_into(&mut ea, &a);
             escape_into(&mut eb, &b);
             prop_assert_eq!(a == b, ea == eb);
-            prop_assert!(!ea.contains(['|', '=', '{', '}', '#']));
+            prop_assert!(!ea.contains(['|', '=', '{', '}', '#']), "separator leaked into {}", ea);
         }
     }
 }

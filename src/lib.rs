@@ -15,8 +15,9 @@ pub mod config;
 pub mod decision;
 pub mod descriptor;
 pub mod limiter;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod service;
 
-// pub use server::{run, ServerSettings};
+pub use server::{run, ServerSettings};

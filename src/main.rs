@@ -1,1 +1,225 @@
-fn main() {}
+//! The `sluice` command: parses flags (each also read from a `SLUICE_*` variable), loads the
+//! config, builds the backend, binds the listeners and hands them to [`sluice::run`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice::config::Config;
+use sluice::limiter::memory::MemoryLimiter;
+use sluice::limiter::redis::RedisLimiter;
+use sluice::limiter::{Limiter, SystemClock};
+use sluice::{run, ServerSettings};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Envoy rate-limit service with an exact sliding-window log"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve Envoy's RateLimitService over gRPC.
+    Serve(ServeArgs),
+    /// Validate a config file or directory; prints every error and exits non-zero on any.
+    CheckConfig {
+        /// A limits YAML file or a directory of *.yaml files.
+        path: PathBuf,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A limits YAML file or a directory of *.yaml files (envoyproxy/ratelimit's format).
+    #[arg(long, env = "SLUICE_CONFIG")]
+    config: PathBuf,
+    /// Address of the gRPC server (RLS, health, reflection). Loopback: a sidecar serves its pod.
+    #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
+    grpc_addr: SocketAddr,
+    /// Address of the admin HTTP server (/healthz, /readyz, /metrics).
+    #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
+    admin_addr: SocketAddr,
+    /// Redis URL (redis://[user:password@]host:port[/db]). Without it the embedded in-memory
+    /// backend serves (one instance only: instances do not share it).
+    #[arg(long, env = "SLUICE_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Redis connections kept open.
+    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 8)]
+    redis_pool_size: usize,
+    /// Seconds between backend readiness probes.
+    #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = 1)]
+    probe_interval_secs: u64,
+    /// Log format on stderr.
+    #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { path } => check_config(&path),
+        Command::Serve(args) => {
+            init_logging(args.log_format);
+            match serve(args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    tracing::error!("{err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn check_config(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            let domains: Vec<&str> = config.domains().collect();
+            println!(
+                "{}: ok ({} domain(s): {}; {} limit(s))",
+                path.display(),
+                domains.len(),
+                domains.join(", "),
+                config.rule_count()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args.config)
+        .map_err(|errors| anyhow::anyhow!("{errors}"))
+        .with_context(|| format!("loading config from {}", args.config.display()))?;
+    tracing::info!(
+        path = %args.config.display(),
+        domains = config.domains().count(),
+        limits = config.rule_count(),
+        "config loaded"
+    );
+
+    let limiter: Arc<dyn Limiter> = match &args.redis_url {
+        Some(url) => {
+            let limiter = RedisLimiter::open(url, args.redis_pool_size)
+                .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
+            tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
+            Arc::new(limiter)
+        }
+        None => {
+            tracing::info!("backend: embedded memory (no --redis-url given)");
+            Arc::new(MemoryLimiter::new(Arc::new(SystemClock)))
+        }
+    };
+
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(sluice::metrics::LATENCY_BUCKETS)
+        .context("configuring metric buckets")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    sluice::metrics::describe();
+
+    let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
+        .await
+        .with_context(|| format!("binding gRPC address {}", args.grpc_addr))?;
+    let admin = tokio::net::TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding admin address {}", args.admin_addr))?;
+    tracing::info!(
+        grpc_addr = %grpc.local_addr()?,
+        admin_addr = %admin.local_addr()?,
+        "listening"
+    );
+
+    let settings = ServerSettings {
+        config,
+        limiter,
+        metrics: Some(metrics),
+        probe_interval: Duration::from_secs(args.probe_interval_secs.max(1)),
+    };
+    run(settings, grpc, admin, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM (Kubernetes) or ctrl-c.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Hides the password of a Redis URL: logs must never carry secrets.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(redact_url("redis://:s3cret@h:6379"), "redis://:***@h:6379");
+        assert_eq!(
+            redact_url("rediss://app:p@ss@h:6379/0"),
+            "rediss://app:***@h:6379/0"
+        );
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+    }
+}

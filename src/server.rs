@@ -1,1 +1,170 @@
-//! placeholder
+//! Wiring: the gRPC server (RLS, health, reflection), the admin HTTP server, the backend
+//! readiness probe and graceful shutdown.
+//!
+//! Why `run` takes bound listeners and a shutdown future: tests bind port 0 and stop the server
+//! when they like; `main` binds the configured addresses and passes SIGTERM/ctrl-c.
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use crate::admin::{self, Readiness};
+use crate::config::Config;
+use crate::decision::Engine;
+use crate::limiter::Limiter;
+use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
+
+pub struct ServerSettings {
+    pub config: Config,
+    pub limiter: Arc<dyn Limiter>,
+    /// Renders `/metrics`; `None` when no recorder is installed (e.g. in-process tests).
+    pub metrics: Option<PrometheusHandle>,
+    /// How often readiness re-probes the backend.
+    pub probe_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("admin server failed: {0}")]
+    Admin(#[source] std::io::Error),
+    #[error("reflection service could not be built: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves until `shutdown` completes, then reports NOT_SERVING, stops accepting, lets in-flight
+/// calls finish and returns.
+pub async fn run(
+    settings: ServerSettings,
+    grpc_listener: TcpListener,
+    admin_listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let limiter = settings.limiter.clone();
+    let engine = Arc::new(Engine::new(settings.config, settings.limiter));
+    let readiness = Arc::new(Readiness::new());
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+
+    probe_backend(&*limiter, &readiness, &health_reporter, true).await;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let prober = tokio::spawn(probe_loop(
+        limiter,
+        readiness.clone(),
+        health_reporter.clone(),
+        settings.probe_interval,
+        stop_rx.clone(),
+    ));
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    // Decisions are tiny request/response pairs: Nagle would only add latency.
+    let incoming = TcpListenerStream::new(grpc_listener).map(|conn| {
+        conn.inspect(|stream| {
+            let _ = stream.set_nodelay(true);
+        })
+    });
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(RateLimitServiceServer::new(RateLimiter::new(engine)))
+        .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
+
+    let admin_app = admin::router(readiness.clone(), settings.metrics);
+    let admin = axum::serve(admin_listener, admin_app)
+        .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
+        .into_future();
+
+    let drain = async {
+        shutdown.await;
+        tracing::info!("shutdown requested: reporting NOT_SERVING and draining in-flight calls");
+        readiness.set_draining();
+        set_health(&health_reporter, ServingStatus::NotServing).await;
+        let _ = stop_tx.send(true);
+    };
+
+    let (grpc_result, admin_result, ()) = tokio::join!(grpc, admin, drain);
+    prober.abort();
+    grpc_result?;
+    admin_result.map_err(ServerError::Admin)?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_stop(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    reporter.set_service_status("", status).await;
+    reporter.set_service_status(SERVICE_NAME, status).await;
+}
+
+/// Probes the backend and publishes readiness; logs only the first result and changes, so a
+/// long outage is one line, not one per probe.
+async fn probe_backend(
+    limiter: &dyn Limiter,
+    readiness: &Readiness,
+    reporter: &HealthReporter,
+    first: bool,
+) {
+    if readiness.draining() {
+        return;
+    }
+    let result = limiter.ping().await;
+    let up = result.is_ok();
+    if readiness.set_backend_up(up) || first {
+        match &result {
+            Ok(()) => tracing::info!(backend = limiter.backend(), "backend reachable: serving"),
+            Err(err) => tracing::warn!(
+                backend = limiter.backend(),
+                error = %err,
+                "backend unreachable: not serving"
+            ),
+        }
+    }
+    let status = if up {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    set_health(reporter, status).await;
+}
+
+async fn probe_loop(
+    limiter: Arc<dyn Limiter>,
+    readiness: Arc<Readiness>,
+    reporter: HealthReporter,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => probe_backend(&*limiter, &readiness, &reporter, false).await,
+            _ = stop.changed() => return,
+        }
+    }
+}

@@ -348,8 +348,8 @@ conformance!(redis, async {
 /// Checks that only make sense for Redis: what the script leaves in the server, and failures.
 mod redis_only {
     use super::*;
-    use deadpool_redis::redis;
-    use redis::AsyncCommands;
+    use ::redis;
+    use ::redis::AsyncCommands;
 
     async fn raw(server: &common::RedisServer) -> redis::aio::MultiplexedConnection {
         redis::Client::open(server.url())
@@ -506,8 +506,8 @@ mod redis_only {
 /// transcription to it, including cases nobody thought to write by hand.
 mod differential {
     use super::*;
-    use deadpool_redis::redis;
     use proptest::prelude::*;
+    use ::redis;
     use sluice::limiter::memory::MemoryLimiter;
     use sluice::limiter::SystemClock;
 

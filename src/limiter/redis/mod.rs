@@ -25,8 +25,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{
+use redis::aio::MultiplexedConnection;
+use redis::{
     self, AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind, Value,
 };
 

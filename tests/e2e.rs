@@ -1,0 +1,626 @@
+//! End-to-end: the built `sluice` binary over real gRPC on loopback, against both backends
+//! (embedded memory, and a real `redis-server` the test starts).
+
+mod common;
+#[path = "support/sluice_process.rs"]
+mod sluice_process;
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::RedisServer;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_process::{descriptor, request, Sluice};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Redis,
+}
+
+struct Env {
+    sluice: Sluice,
+    _redis: Option<RedisServer>,
+}
+
+fn limits() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/e2e/limits")
+}
+
+fn start(backend: Backend) -> Env {
+    match backend {
+        Backend::Memory => Env {
+            sluice: Sluice::start(&limits(), None),
+            _redis: None,
+        },
+        Backend::Redis => {
+            let redis = RedisServer::start();
+            Env {
+                sluice: Sluice::start(&limits(), Some(&redis.url())),
+                _redis: Some(redis),
+            }
+        }
+    }
+}
+
+async fn call(env: &Env, req: RateLimitRequest) -> RateLimitResponse {
+    env.sluice
+        .client()
+        .await
+        .should_rate_limit(req)
+        .await
+        .expect("ShouldRateLimit succeeds")
+        .into_inner()
+}
+
+fn code(c: Code) -> i32 {
+    c as i32
+}
+
+/// Runs one scenario against each backend.
+macro_rules! on_both_backends {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$scenario(super::Backend::Memory).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$scenario(super::Backend::Redis).await
+            }
+        }
+    )*};
+}
+
+on_both_backends!(
+    ok_then_over_limit,
+    unknown_domain_and_unmatched_descriptors_are_ok_without_limit,
+    invalid_requests_name_the_field_and_record_nothing,
+    all_or_nothing_across_descriptors,
+    replaces_drops_the_named_limit,
+    unlimited_whitelist_wildcard_and_shadow,
+    limit_override_wins_over_config,
+    hits_addend_check_only_and_refund,
+    whole_second_boundary_does_not_double_the_limit,
+    health_reports_serving_and_sigterm_drains,
+);
+
+async fn ok_then_over_limit(backend: Backend) {
+    let env = start(backend);
+    let demo = || request("edge", vec![descriptor(&[("generic_key", "demo")])]);
+    for expected_remaining in [2u32, 1, 0] {
+        let resp = call(&env, demo()).await;
+        assert_eq!(resp.overall_code, code(Code::Ok));
+        let status = &resp.statuses[0];
+        assert_eq!(status.code, code(Code::Ok));
+        assert_eq!(status.limit_remaining, expected_remaining);
+        let limit = status.current_limit.as_ref().expect("current_limit");
+        assert_eq!(limit.requests_per_unit, 3);
+        assert_eq!(limit.unit, Unit::Minute as i32);
+        let reset = status
+            .duration_until_reset
+            .as_ref()
+            .expect("duration_until_reset");
+        assert!((59..=60).contains(&reset.seconds), "reset {reset:?}");
+    }
+    let resp = call(&env, demo()).await;
+    assert_eq!(resp.overall_code, code(Code::OverLimit));
+    assert_eq!(resp.statuses[0].code, code(Code::OverLimit));
+    assert_eq!(resp.statuses[0].limit_remaining, 0);
+    let reset = resp.statuses[0].duration_until_reset.as_ref().unwrap();
+    assert!(reset.seconds >= 1, "never 0 while limited: {reset:?}");
+}
+
+async fn unknown_domain_and_unmatched_descriptors_are_ok_without_limit(backend: Backend) {
+    let env = start(backend);
+    let resp = call(&env, request("nope", vec![descriptor(&[("user", "a")])])).await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+    assert_eq!(resp.statuses.len(), 1);
+    assert!(resp.statuses[0].current_limit.is_none());
+
+    // No rule for `color`; `user` has a limit only as the LAST entry, so a deeper request
+    // gets none; both are OK without current_limit.
+    let resp = call(
+        &env,
+        request(
+            "edge",
+            vec![
+                descriptor(&[("color", "red")]),
+                descriptor(&[("user", "a"), ("extra", "x")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+    assert_eq!(resp.statuses.len(), 2);
+    assert!(resp
+        .statuses
+        .iter()
+        .all(|s| s.current_limit.is_none() && s.code == code(Code::Ok)));
+}
+
+async fn invalid_requests_name_the_field_and_record_nothing(backend: Backend) {
+    let env = start(backend);
+    let mut client = env.sluice.client().await;
+    let cases = [
+        (request("", vec![descriptor(&[("user", "u1")])]), "domain"),
+        (request("edge", vec![]), "descriptors"),
+        (
+            request(
+                "edge",
+                vec![descriptor(&[("user", "u1")]), descriptor(&[("", "x")])],
+            ),
+            "descriptors[1].entries[0].key",
+        ),
+        (
+            request("edge", vec![descriptor(&[("user", "u1")]), descriptor(&[])]),
+            "descriptors[1].entries",
+        ),
+    ];
+    for (req, field) in cases {
+        let err = client.should_rate_limit(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(
+            err.message().starts_with(&format!("{field}:")),
+            "message {:?} should name {field}",
+            err.message()
+        );
+    }
+    // None of the rejected calls spent user u1's quota (limit 5).
+    let resp = call(&env, request("edge", vec![descriptor(&[("user", "u1")])])).await;
+    assert_eq!(resp.statuses[0].limit_remaining, 4);
+}
+
+async fn all_or_nothing_across_descriptors(backend: Backend) {
+    let env = start(backend);
+    // Exhaust the per-endpoint limit (4) using four different users.
+    for i in 0..4 {
+        let user = format!("u{i}");
+        let resp = call(
+            &env,
+            request(
+                "edge",
+                vec![
+                    descriptor(&[("endpoint", "checkout")]),
+                    descriptor(&[("user", &user)]),
+                ],
+            ),
+        )
+        .await;
+        assert_eq!(resp.overall_code, code(Code::Ok));
+    }
+    // The endpoint is full: the request is rejected and user "fresh" records nothing.
+    for _ in 0..3 {
+        let resp = call(
+            &env,
+            request(
+                "edge",
+                vec![
+                    descriptor(&[("endpoint", "checkout")]),
+                    descriptor(&[("user", "fresh")]),
+                ],
+            ),
+        )
+        .await;
+        assert_eq!(resp.overall_code, code(Code::OverLimit));
+        assert_eq!(resp.statuses[0].code, code(Code::OverLimit));
+        assert_eq!(resp.statuses[1].code, code(Code::Ok));
+        assert_eq!(
+            resp.statuses[1].limit_remaining, 5,
+            "nothing recorded for the user"
+        );
+    }
+    let resp = call(
+        &env,
+        request("edge", vec![descriptor(&[("user", "fresh")])]),
+    )
+    .await;
+    assert_eq!(resp.statuses[0].limit_remaining, 4);
+}
+
+async fn replaces_drops_the_named_limit(backend: Backend) {
+    let env = start(backend);
+    for i in 0..4 {
+        let user = format!("r{i}");
+        call(
+            &env,
+            request(
+                "edge",
+                vec![
+                    descriptor(&[("endpoint", "checkout")]),
+                    descriptor(&[("user", &user)]),
+                ],
+            ),
+        )
+        .await;
+    }
+    // A premium user's rule replaces `checkout_global`: the full endpoint limit no longer applies.
+    let resp = call(
+        &env,
+        request(
+            "edge",
+            vec![
+                descriptor(&[("endpoint", "checkout")]),
+                descriptor(&[("tier", "premium"), ("user", "vip")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+    assert!(
+        resp.statuses[0].current_limit.is_none(),
+        "replaced limit is dropped"
+    );
+    assert_eq!(
+        resp.statuses[1]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        50
+    );
+    assert_eq!(resp.statuses[1].limit_remaining, 49);
+}
+
+async fn unlimited_whitelist_wildcard_and_shadow(backend: Backend) {
+    let env = start(backend);
+    for _ in 0..5 {
+        let resp = call(
+            &env,
+            request(
+                "edge",
+                vec![
+                    descriptor(&[("bot", "crawler")]),
+                    descriptor(&[("remote_address", "10.0.0.1")]),
+                ],
+            ),
+        )
+        .await;
+        assert_eq!(resp.overall_code, code(Code::Ok));
+        assert!(resp.statuses.iter().all(|s| s.current_limit.is_none()));
+    }
+    // Wildcard value: /api/* matches both paths, one counter per runtime value.
+    for path in ["/api/a", "/api/b"] {
+        for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+            let resp = call(&env, request("edge", vec![descriptor(&[("path", path)])])).await;
+            assert_eq!(resp.overall_code, code(expected), "{path}");
+        }
+    }
+    // Shadow mode: over its limit of 1 yet reported OK.
+    for _ in 0..3 {
+        let resp = call(&env, request("edge", vec![descriptor(&[("shadow", "s")])])).await;
+        assert_eq!(resp.overall_code, code(Code::Ok));
+        assert_eq!(resp.statuses[0].code, code(Code::Ok));
+    }
+}
+
+async fn limit_override_wins_over_config(backend: Backend) {
+    let env = start(backend);
+    let mut d = descriptor(&[("user", "o1")]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: sluice::proto::envoy::r#type::v3::RateLimitUnit::Hour as i32,
+    });
+    let resp = call(&env, request("edge", vec![d.clone()])).await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+    let limit = resp.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Hour as i32)
+    );
+    let resp = call(&env, request("edge", vec![d])).await;
+    assert_eq!(resp.overall_code, code(Code::OverLimit));
+}
+
+async fn hits_addend_check_only_and_refund(backend: Backend) {
+    let env = start(backend);
+    // Request-level hits_addend 3 of user h1's 5.
+    let mut req = request("edge", vec![descriptor(&[("user", "h1")])]);
+    req.hits_addend = 3;
+    let resp = call(&env, req.clone()).await;
+    assert_eq!(resp.statuses[0].limit_remaining, 2);
+    // 3 more do not fit: rejected, nothing recorded.
+    let resp = call(&env, req).await;
+    assert_eq!(resp.overall_code, code(Code::OverLimit));
+    assert_eq!(resp.statuses[0].limit_remaining, 2);
+    // Descriptor-level 0: check-only, records nothing.
+    let mut probe = descriptor(&[("user", "h1")]);
+    probe.hits_addend = Some(0);
+    let resp = call(&env, request("edge", vec![probe.clone()])).await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+    assert_eq!(resp.statuses[0].limit_remaining, 2);
+    // Descriptor-level 2 overrides request-level 0 (=1): fills the window.
+    let mut two = descriptor(&[("user", "h1")]);
+    two.hits_addend = Some(2);
+    let resp = call(&env, request("edge", vec![two])).await;
+    assert_eq!(resp.statuses[0].limit_remaining, 0);
+    let resp = call(&env, request("edge", vec![probe])).await;
+    assert_eq!(
+        resp.overall_code,
+        code(Code::OverLimit),
+        "check-only sees a full window"
+    );
+    // Refund 4: frees four slots.
+    let mut refund = descriptor(&[("user", "h1")]);
+    refund.hits_addend = Some(4);
+    refund.is_negative_hits = true;
+    let resp = call(&env, request("edge", vec![refund])).await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+    assert_eq!(resp.statuses[0].limit_remaining, 4);
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `limit` hits just before a whole-second boundary and `limit` just after: a fixed window
+/// resets at the boundary and admits the second batch; the sliding log rejects it.
+async fn whole_second_boundary_does_not_double_the_limit(backend: Backend) {
+    let env = start(backend);
+    let mut client = env.sluice.client().await;
+    let req = || request("edge", vec![descriptor(&[("per_second", "edge-client")])]);
+    // Warm the connection so the batch below fits in the last ~150 ms of a second.
+    call(
+        &env,
+        request("edge", vec![descriptor(&[("per_second", "warmup")])]),
+    )
+    .await;
+    loop {
+        let ms = now_ms() % 1000;
+        if (800..850).contains(&ms) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let first_second = now_ms() / 1000;
+    for _ in 0..5 {
+        let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
+        assert_eq!(resp.overall_code, code(Code::Ok));
+    }
+    assert_eq!(
+        now_ms() / 1000,
+        first_second,
+        "first batch must end before the boundary"
+    );
+    while now_ms() / 1000 == first_second {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for _ in 0..5 {
+        let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
+        assert_eq!(
+            resp.overall_code,
+            code(Code::OverLimit),
+            "a fixed window would admit this second batch"
+        );
+    }
+    // Once the first batch is a full window old, slots free again.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
+    assert_eq!(resp.overall_code, code(Code::Ok));
+}
+
+async fn health_reports_serving_and_sigterm_drains(backend: Backend) {
+    let mut env = start(backend);
+    let mut health = HealthClient::new(env.sluice.channel().await);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .expect("health check")
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
+    }
+    let status = env.sluice.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(env.sluice.log_text().contains("shutdown requested"));
+}
+
+/// Three instances share one Redis and hammer one key concurrently: the admitted count equals
+/// the limit, never more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_one_redis_exactly() {
+    let redis = RedisServer::start();
+    let instances: Vec<Sluice> = (0..3)
+        .map(|_| Sluice::start(&limits(), Some(&redis.url())))
+        .collect();
+    let mut tasks = Vec::new();
+    for instance in &instances {
+        for _ in 0..4 {
+            let mut client = instance.client().await;
+            tasks.push(tokio::spawn(async move {
+                let mut admitted = 0u32;
+                for _ in 0..25 {
+                    let resp = client
+                        .should_rate_limit(request("edge", vec![descriptor(&[("hammer", "k")])]))
+                        .await
+                        .expect("call")
+                        .into_inner();
+                    if resp.overall_code == Code::Ok as i32 {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert_eq!(admitted, 20, "300 calls against a limit of 20 per hour");
+}
+
+#[test]
+fn check_config_accepts_good_and_rejects_bad() {
+    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check-config")
+        .arg(limits())
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("edge"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("check-config")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.yaml"), "{stderr}");
+    assert!(stderr.contains("fortnight"), "{stderr}");
+}
+
+#[test]
+fn serve_refuses_a_bad_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("x.yaml"), "domain: [unclosed\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("x.yaml"));
+}
+
+/// A plain HTTP/1.1 GET over loopback; returns (status, body).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read response");
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_follow_the_backend() {
+    let mut redis = RedisServer::start();
+    let env = Env {
+        sluice: Sluice::start(&limits(), Some(&redis.url())),
+        _redis: None,
+    };
+    let admin = env.sluice.admin_addr;
+    assert_eq!(http_get(admin, "/healthz").0, 200);
+    assert_eq!(http_get(admin, "/readyz").0, 200);
+    call(
+        &env,
+        request("edge", vec![descriptor(&[("generic_key", "demo")])]),
+    )
+    .await;
+    let (status, metrics) = http_get(admin, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains(
+            r#"sluice_decisions_total{domain="edge",rule="generic_key_demo",outcome="admitted"} 1"#
+        ),
+        "{metrics}"
+    );
+
+    // Redis goes away: readiness and gRPC health follow within a few probe periods, and a
+    // decision is an UNAVAILABLE error, never an OK or an UNKNOWN code.
+    redis.stop();
+    let mut health = HealthClient::new(env.sluice.channel().await);
+    let not_serving = wait_until(Duration::from_secs(5), || async {
+        http_get(admin, "/readyz").0 == 503
+    })
+    .await;
+    assert!(not_serving, "/readyz still 200 with Redis down");
+    let status = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::NotServing as i32);
+    let err = env
+        .sluice
+        .client()
+        .await
+        .should_rate_limit(request(
+            "edge",
+            vec![descriptor(&[("generic_key", "demo")])],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+
+    redis.start_again();
+    let serving = wait_until(Duration::from_secs(5), || async {
+        http_get(admin, "/readyz").0 == 200
+    })
+    .await;
+    assert!(serving, "/readyz did not recover after Redis came back");
+    let resp = call(
+        &env,
+        request("edge", vec![descriptor(&[("generic_key", "demo")])]),
+    )
+    .await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+}
+
+async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}

@@ -1,0 +1,158 @@
+//! Runs the built `sluice` binary as a child process on ephemeral loopback ports, the way an
+//! operator runs it, and gives tests a gRPC client to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use tonic::transport::Channel;
+
+pub struct Sluice {
+    child: Child,
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sluice {
+    /// Starts `sluice serve` on port 0 for both servers and waits for its "listening" line.
+    pub fn start(config: &Path, redis_url: Option<&str>) -> Sluice {
+        Self::start_with(config, redis_url, &[])
+    }
+
+    pub fn start_with(config: &Path, redis_url: Option<&str>, extra: &[&str]) -> Sluice {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(extra)
+            .env_remove("SLUICE_REDIS_URL")
+            .env("SLUICE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(url) = redis_url {
+            cmd.args(["--redis-url", url]);
+        }
+        let mut child = cmd.spawn().expect("spawn sluice binary");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("listening") {
+                    let _ = tx.send(line.clone());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "sluice did not start listening; its log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        let field = |name: &str| -> SocketAddr {
+            let start = line.find(name).expect("address field") + name.len();
+            line[start..]
+                .split_whitespace()
+                .next()
+                .expect("address value")
+                .parse()
+                .expect("socket address")
+        };
+        Sluice {
+            grpc_addr: field("grpc_addr="),
+            admin_addr: field("admin_addr="),
+            child,
+            log,
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Channel::from_shared(format!("http://{}", self.grpc_addr))
+                .expect("uri")
+                .connect()
+                .await
+            {
+                Ok(channel) => return channel,
+                Err(err) if Instant::now() > deadline => panic!("cannot connect to sluice: {err}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::new(self.channel().await)
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait sluice") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A descriptor from `key=value` pairs.
+pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
