@@ -506,8 +506,8 @@ mod redis_only {
 /// transcription to it, including cases nobody thought to write by hand.
 mod differential {
     use super::*;
-    use proptest::prelude::*;
     use ::redis;
+    use proptest::prelude::*;
     use sluice::limiter::memory::MemoryLimiter;
     use sluice::limiter::SystemClock;
 
