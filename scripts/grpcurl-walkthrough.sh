@@ -17,14 +17,16 @@ trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# Starts sluice on ephemeral ports; prints its gRPC address.
+# Starts sluice on ephemeral ports and sets $addr to its gRPC address. Runs in this shell (not
+# in a command substitution) so the child is tracked for cleanup and holds no pipe open.
 start_sluice() {
   local log=$1; shift
-  "$bin" serve --config examples/limits --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 "$@" 2>"$log" &
+  "$bin" serve --config examples/limits --grpc-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 "$@" \
+    </dev/null >/dev/null 2>"$log" &
   pids+=($!)
   for _ in $(seq 1 200); do
     if grep -q 'listening' "$log"; then
-      grep -o 'grpc_addr=[^ ]*' "$log" | head -1 | cut -d= -f2
+      addr=$(grep -o 'grpc_addr=[^ ]*' "$log" | head -1 | cut -d= -f2)
       return 0
     fi
     sleep 0.05
@@ -52,15 +54,16 @@ walkthrough() {
   done
 }
 
-addr=$(start_sluice "$work/memory.log")
+start_sluice "$work/memory.log"
 walkthrough memory "$addr"
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 mkdir "$work/redis"
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work/redis" >"$work/redis.log" 2>&1 &
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work/redis" \
+  </dev/null >"$work/redis.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
-addr=$(start_sluice "$work/redis-sluice.log" --redis-url "redis://127.0.0.1:$port")
+start_sluice "$work/redis-sluice.log" --redis-url "redis://127.0.0.1:$port"
 walkthrough redis "$addr"
 keys=$(redis-cli -p "$port" --scan --pattern 'sluice:*' | wc -l)
 [ "$keys" -ge 1 ] || fail "redis: no sluice key written"

@@ -381,3 +381,172 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
     }
     plans
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::memory::MemoryLimiter;
+    use crate::limiter::{BatchOutcome, Clock};
+    use async_trait::async_trait;
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    struct FixedClock(u64);
+    impl Clock for FixedClock {
+        fn now_ms(&self) -> u64 {
+            self.0
+        }
+    }
+
+    /// The memory backend, with every batch it receives kept for inspection.
+    struct Recording {
+        inner: MemoryLimiter,
+        batches: Mutex<Vec<Vec<Hit>>>,
+    }
+
+    #[async_trait]
+    impl Limiter for Recording {
+        async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+            self.batches.lock().unwrap().push(batch.to_vec());
+            self.inner.decide(batch).await
+        }
+        async fn decide_at(&self, batch: &[Hit], now: u64) -> Result<BatchOutcome, LimiterError> {
+            self.inner.decide_at(batch, now).await
+        }
+        async fn ping(&self) -> Result<(), LimiterError> {
+            Ok(())
+        }
+        fn backend(&self) -> &'static str {
+            "recording"
+        }
+    }
+
+    const YAML: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}
+  - key: user
+    value: trusted
+  - key: bot
+    rate_limit: {unlimited: true}
+  - key: vip
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+      replaces: [{name: per_user}]
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+    fn engine() -> (Engine, Arc<Recording>) {
+        let config = Config::from_yaml_str(Path::new("test.yaml"), YAML).unwrap();
+        let limiter = Arc::new(Recording {
+            inner: MemoryLimiter::new(Arc::new(FixedClock(1_000_000))),
+            batches: Mutex::new(Vec::new()),
+        });
+        (Engine::new(config, limiter.clone()), limiter)
+    }
+
+    fn req(descriptors: &[&[(&str, &str)]]) -> Request {
+        Request {
+            domain: "d".into(),
+            descriptors: descriptors
+                .iter()
+                .map(|pairs| {
+                    Descriptor::new(pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect())
+                })
+                .collect(),
+            hits_addend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn unlimited_whitelisted_and_unknown_never_reach_the_backend() {
+        let (engine, backend) = engine();
+        let d = engine
+            .decide(&req(&[
+                &[("bot", "x")],
+                &[("user", "trusted")],
+                &[("nope", "x")],
+            ]))
+            .await
+            .unwrap();
+        assert_eq!(d.overall, Code::Ok);
+        let outcomes: Vec<_> = d.verdicts.iter().map(|v| v.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [Outcome::Unlimited, Outcome::NoRule, Outcome::NoRule]
+        );
+        let mut other = req(&[&[("user", "a")]]);
+        other.domain = "unknown".into();
+        assert!(!engine.decide(&other).await.unwrap().known_domain);
+        assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn one_batch_per_request_with_every_limited_descriptor() {
+        let (engine, backend) = engine();
+        engine
+            .decide(&req(&[
+                &[("user", "a")],
+                &[("bot", "b")],
+                &[("shadow", "s")],
+            ]))
+            .await
+            .unwrap();
+        let batches = backend.batches.lock().unwrap();
+        assert_eq!(batches.len(), 1);
+        let kinds: Vec<_> = batches[0]
+            .iter()
+            .map(|h| (h.kind, h.limit, h.window_ms))
+            .collect();
+        assert_eq!(
+            kinds,
+            [(HitKind::Consume, 2, 60_000), (HitKind::Shadow, 1, 60_000)]
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_requests_never_reach_the_backend() {
+        let (engine, backend) = engine();
+        let mut bad = req(&[&[("user", "a")], &[("", "x")]]);
+        let err = engine.decide(&bad).await.unwrap_err();
+        assert!(
+            matches!(err, DecisionError::Invalid(ref e) if e.field == "descriptors[1].entries[0].key")
+        );
+        bad.domain.clear();
+        assert!(engine.decide(&bad).await.is_err());
+        assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn replaced_limit_is_not_sent() {
+        let (engine, backend) = engine();
+        let d = engine
+            .decide(&req(&[&[("user", "a")], &[("vip", "v")]]))
+            .await
+            .unwrap();
+        assert_eq!(d.verdicts[0].outcome, Outcome::NoRule);
+        assert!(d.verdicts[0].limit.is_none());
+        assert_eq!(d.verdicts[1].limit.as_ref().unwrap().requests_per_unit, 10);
+        assert_eq!(backend.batches.lock().unwrap()[0].len(), 1);
+    }
+
+    #[tokio::test]
+    async fn verdicts_report_remaining_and_rejection() {
+        let (engine, _) = engine();
+        let one = req(&[&[("user", "a")]]);
+        let first = engine.decide(&one).await.unwrap();
+        assert_eq!(
+            (first.verdicts[0].remaining, first.verdicts[0].reset_ms),
+            (1, 60_000)
+        );
+        engine.decide(&one).await.unwrap();
+        let third = engine.decide(&one).await.unwrap();
+        assert_eq!(third.overall, Code::OverLimit);
+        assert_eq!(third.verdicts[0].outcome, Outcome::Rejected);
+        assert_eq!(third.hits, 1);
+    }
+}
