@@ -1,0 +1,426 @@
+//! `sluice-bench`: a load generator that speaks Envoy RLS v3 over gRPC.
+//!
+//! Why its own binary: performance claims must come from figures measured in one run on one
+//! machine. Every report first measures the generator's own ceiling against a built-in no-op
+//! RLS server (same process, same connections, same load shape), then the target, and prints both
+//! with their ratio. Load is bounded by duration and an optional request cap, and targets only the
+//! address given (loopback in every script of this project).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::Channel;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "sluice-bench",
+    about = "Envoy RLS v3 load generator with a no-op ceiling"
+)]
+struct Args {
+    /// gRPC address of the server under test (host:port). Without it only the no-op ceiling runs.
+    #[arg(long)]
+    target: Option<String>,
+    /// Concurrent callers (closed loop) or the cap on requests in flight (open loop).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// HTTP/2 connections shared by the callers.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Seconds of load per phase.
+    #[arg(long, default_value_t = 5.0)]
+    duration_secs: f64,
+    /// Stop a phase after this many requests even if time remains.
+    #[arg(long)]
+    max_requests: Option<u64>,
+    /// Distinct values per descriptor key.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// Descriptor keys, one descriptor per key per request (e.g. `endpoint,user`).
+    #[arg(long, value_delimiter = ',', default_value = "user")]
+    descriptor_keys: Vec<String>,
+    /// hits_addend of each request (0 means 1 for the server).
+    #[arg(long, default_value_t = 0)]
+    hits: u32,
+    /// Open-loop target rate in requests per second; 0 runs closed loop.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Domain sent in every request.
+    #[arg(long, default_value = "bench")]
+    domain: String,
+    /// Processes whose CPU seconds to report, as NAME=PID (repeatable).
+    #[arg(long = "pid", value_parser = parse_pid)]
+    pids: Vec<(String, u32)>,
+    /// Skip the no-op ceiling phase.
+    #[arg(long)]
+    no_ceiling: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_pid(s: &str) -> Result<(String, u32), String> {
+    let (name, pid) = s.split_once('=').ok_or("expected NAME=PID")?;
+    Ok((name.to_owned(), pid.parse().map_err(|e| format!("{e}"))?))
+}
+
+#[derive(Debug, Default)]
+struct Phase {
+    name: String,
+    requests: u64,
+    ok: u64,
+    over_limit: u64,
+    errors: u64,
+    elapsed: Duration,
+    latency_us: Option<Histogram<u64>>,
+    cpu_secs: BTreeMap<String, f64>,
+}
+
+impl Phase {
+    fn rate(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    fn percentile_ms(&self, q: f64) -> f64 {
+        self.latency_us
+            .as_ref()
+            .map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "requests": self.requests,
+            "decisions_per_sec": self.rate(),
+            "ok": self.ok,
+            "over_limit": self.over_limit,
+            "errors": self.errors,
+            "p50_ms": self.percentile_ms(0.50),
+            "p90_ms": self.percentile_ms(0.90),
+            "p99_ms": self.percentile_ms(0.99),
+            "p999_ms": self.percentile_ms(0.999),
+            "elapsed_secs": self.elapsed.as_secs_f64(),
+            "cpu_secs": self.cpu_secs,
+        })
+    }
+
+    fn print(&self) {
+        println!(
+            "{:<8} {:>10.0}/s  p50 {:>7.3} ms  p90 {:>7.3} ms  p99 {:>7.3} ms  p99.9 {:>7.3} ms  ok {} over_limit {} errors {}",
+            self.name,
+            self.rate(),
+            self.percentile_ms(0.50),
+            self.percentile_ms(0.90),
+            self.percentile_ms(0.99),
+            self.percentile_ms(0.999),
+            self.ok,
+            self.over_limit,
+            self.errors
+        );
+        for (name, secs) in &self.cpu_secs {
+            let per = secs * 1e6 / self.requests.max(1) as f64;
+            println!("         cpu {name}: {secs:.2} s ({per:.1} µs per decision)");
+        }
+    }
+}
+
+/// Answers OK to everything: the generator's ceiling.
+struct Noop;
+
+#[tonic::async_trait]
+impl RateLimitService for Noop {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let n = request.get_ref().descriptors.len();
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: vec![
+                DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                };
+                n
+            ],
+            ..Default::default()
+        }))
+    }
+}
+
+async fn start_noop() -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(Noop))
+            .serve_with_incoming(incoming),
+    );
+    Ok(addr)
+}
+
+/// CPU seconds (user + system) a process has used so far, from /proc.
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on Linux for every architecture this project targets.
+    Some((utime + stime) / 100.0)
+}
+
+/// A small xorshift: per-task, deterministic, no shared state on the hot path.
+fn next_random(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+fn build_request(args: &Args, rng: &mut u64) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: args.domain.clone(),
+        descriptors: args
+            .descriptor_keys
+            .iter()
+            .map(|key| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: key.clone(),
+                    value: format!("v{}", next_random(rng) % args.keys.max(1)),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: args.hits,
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    ok: AtomicU64,
+    over_limit: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl Counters {
+    fn record(&self, result: &Result<tonic::Response<RateLimitResponse>, tonic::Status>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let counter = match result {
+            Ok(r) if r.get_ref().overall_code == Code::OverLimit as i32 => &self.over_limit,
+            Ok(_) => &self.ok,
+            Err(_) => &self.errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+async fn run_phase(name: &str, addr: &str, args: &Args) -> anyhow::Result<Phase> {
+    let mut clients = Vec::new();
+    for _ in 0..args.connections.max(1) {
+        let channel = Channel::from_shared(format!("http://{addr}"))?
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        clients.push(RateLimitServiceClient::new(channel));
+    }
+    let counters = Arc::new(Counters::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let budget = Arc::new(AtomicU64::new(args.max_requests.unwrap_or(u64::MAX)));
+    let cpu_before: Vec<(String, Option<f64>)> = args
+        .pids
+        .iter()
+        .map(|(n, p)| (n.clone(), cpu_secs(*p)))
+        .collect();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(args.duration_secs);
+
+    let take = |budget: &AtomicU64| {
+        budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
+            .is_ok()
+    };
+
+    let mut tasks = Vec::new();
+    if args.rate > 0.0 {
+        // Open loop: requests are issued on a schedule; latency counts from the scheduled
+        // instant, so a stalled server cannot hide its queueing (no coordinated omission).
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
+        let interval = Duration::from_secs_f64(1.0 / args.rate);
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut histogram = new_histogram()?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let mut i = 0usize;
+        let mut scheduled = Instant::now();
+        while scheduled < deadline && take(&budget) {
+            tokio::time::sleep_until(scheduled.into()).await;
+            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                // Over the in-flight cap: counted as an error instead of queueing unboundedly.
+                counters.requests.fetch_add(1, Ordering::Relaxed);
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                scheduled += interval;
+                continue;
+            };
+            let mut client = clients[i % clients.len()].clone();
+            i += 1;
+            let request = build_request(args, &mut rng);
+            let counters = counters.clone();
+            let tx = tx.clone();
+            let at = scheduled;
+            tokio::spawn(async move {
+                let result = client.should_rate_limit(request).await;
+                counters.record(&result);
+                let _ = tx.send(at.elapsed().as_micros() as u64);
+                drop(permit);
+            });
+            scheduled += interval;
+            while let Ok(us) = rx.try_recv() {
+                let _ = histogram.record(us.max(1));
+            }
+        }
+        drop(tx);
+        while let Some(us) = rx.recv().await {
+            let _ = histogram.record(us.max(1));
+        }
+        return finish(name, started, counters, Some(histogram), &cpu_before, args);
+    }
+
+    for task in 0..args.concurrency.max(1) {
+        let mut client = clients[task % clients.len()].clone();
+        let args = args.clone();
+        let counters = counters.clone();
+        let stop = stop.clone();
+        let budget = budget.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut histogram = new_histogram()?;
+            let mut rng =
+                0x9E37_79B9_7F4A_7C15u64 ^ (task as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline && take(&budget) {
+                let request = build_request(&args, &mut rng);
+                let sent = Instant::now();
+                let result = client.should_rate_limit(request).await;
+                let _ = histogram.record((sent.elapsed().as_micros() as u64).max(1));
+                counters.record(&result);
+            }
+            anyhow::Ok(histogram)
+        }));
+    }
+    let mut merged = new_histogram()?;
+    for task in tasks {
+        let histogram = task.await??;
+        merged.add(&histogram)?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    finish(name, started, counters, Some(merged), &cpu_before, args)
+}
+
+fn finish(
+    name: &str,
+    started: Instant,
+    counters: Arc<Counters>,
+    histogram: Option<Histogram<u64>>,
+    cpu_before: &[(String, Option<f64>)],
+    args: &Args,
+) -> anyhow::Result<Phase> {
+    let elapsed = started.elapsed();
+    let mut cpu = BTreeMap::new();
+    for ((name, before), (_, pid)) in cpu_before.iter().zip(&args.pids) {
+        if let (Some(before), Some(after)) = (before, cpu_secs(*pid)) {
+            cpu.insert(name.clone(), after - before);
+        }
+    }
+    Ok(Phase {
+        name: name.to_owned(),
+        requests: counters.requests.load(Ordering::Relaxed),
+        ok: counters.ok.load(Ordering::Relaxed),
+        over_limit: counters.over_limit.load(Ordering::Relaxed),
+        errors: counters.errors.load(Ordering::Relaxed),
+        elapsed,
+        latency_us: histogram,
+        cpu_secs: cpu,
+    })
+}
+
+fn new_histogram() -> anyhow::Result<Histogram<u64>> {
+    Ok(Histogram::new_with_bounds(1, 60_000_000, 3)?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    anyhow::ensure!(args.duration_secs > 0.0, "--duration-secs must be positive");
+    anyhow::ensure!(
+        !args.descriptor_keys.is_empty(),
+        "--descriptor-keys is empty"
+    );
+    let bench_pid = std::process::id();
+    args.pids.push(("sluice-bench".into(), bench_pid));
+
+    let mut phases = Vec::new();
+    if !args.no_ceiling {
+        let noop = start_noop().await?;
+        phases.push(run_phase("noop", &noop.to_string(), &args).await?);
+    }
+    if let Some(target) = args.target.clone() {
+        phases.push(run_phase("target", &target, &args).await?);
+    }
+    anyhow::ensure!(
+        !phases.is_empty(),
+        "nothing to run: give --target or drop --no-ceiling"
+    );
+
+    let ratio = match (phases.first(), phases.get(1)) {
+        (Some(noop), Some(target)) if noop.name == "noop" => Some(target.rate() / noop.rate()),
+        _ => None,
+    };
+    if args.json {
+        let report = serde_json::json!({
+            "concurrency": args.concurrency,
+            "connections": args.connections,
+            "duration_secs": args.duration_secs,
+            "keys": args.keys,
+            "descriptor_keys": args.descriptor_keys,
+            "hits": args.hits,
+            "rate": args.rate,
+            "phases": phases.iter().map(Phase::json).collect::<Vec<_>>(),
+            "target_to_noop_ratio": ratio,
+        });
+        println!("{report}");
+    } else {
+        println!(
+            "concurrency {} connections {} duration {}s keys {} descriptors {:?} hits {} {}",
+            args.concurrency,
+            args.connections,
+            args.duration_secs,
+            args.keys,
+            args.descriptor_keys,
+            args.hits,
+            if args.rate > 0.0 {
+                format!("open loop at {}/s", args.rate)
+            } else {
+                "closed loop".into()
+            }
+        );
+        for phase in &phases {
+            phase.print();
+        }
+        if let Some(ratio) = ratio {
+            println!("target / noop: {ratio:.2}");
+        }
+    }
+    Ok(())
+}
