@@ -153,8 +153,9 @@ pub struct Decision {
     pub known_domain: bool,
 }
 
-/// The rule-driven part of one descriptor, before the backend is asked.
-enum Plan<'c> {
+/// The rule-driven part of one descriptor, before the backend is asked: either settled without
+/// the backend, or the limit and the limiter item it needs.
+pub enum Resolution<'c> {
     Done(Verdict),
     Limited {
         rule: Option<&'c Rule>,
@@ -194,13 +195,13 @@ impl Engine {
         validate(request)?;
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
-        let plans = plan(&config, request);
+        let plans = resolve(&config, request);
 
         let batch: Vec<Hit> = plans
             .iter()
             .filter_map(|p| match p {
-                Plan::Limited { hit, .. } => Some(hit.clone()),
-                Plan::Done(_) => None,
+                Resolution::Limited { hit, .. } => Some(hit.clone()),
+                Resolution::Done(_) => None,
             })
             .collect();
         let hits = batch
@@ -218,8 +219,8 @@ impl Engine {
         let mut verdicts = Vec::with_capacity(plans.len());
         for p in plans {
             let verdict = match p {
-                Plan::Done(v) => v,
-                Plan::Limited { rule, limit, hit } => {
+                Resolution::Done(v) => v,
+                Resolution::Limited { rule, limit, hit } => {
                     let item = items.next().ok_or_else(|| {
                         LimiterError::Protocol("fewer outcomes than batch items".into())
                     })?;
@@ -292,7 +293,7 @@ pub fn validate(request: &Request) -> Result<(), InvalidRequest> {
 
 /// Resolves every descriptor against one config snapshot: overrides, `unlimited`, whitelists and
 /// `replaces` are settled here, so only real limits reach the backend.
-fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
+pub fn resolve<'c>(config: &'c Config, request: &Request) -> Vec<Resolution<'c>> {
     let request_hits = if request.hits_addend == 0 {
         1
     } else {
@@ -300,12 +301,12 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
     };
     let known_domain = config.has_domain(&request.domain);
 
-    let mut plans: Vec<Plan<'c>> = request
+    let mut plans: Vec<Resolution<'c>> = request
         .descriptors
         .iter()
         .map(|descriptor| {
             if !known_domain {
-                return Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, None));
+                return Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, None));
             }
             let rule = match config.lookup(&request.domain, &descriptor.entries) {
                 Lookup::Rule { rule, .. } => Some(rule),
@@ -319,12 +320,17 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
                         unit,
                     }) => (requests_per_unit, unit, r.name.clone()),
                     Some(LimitSpec::Unlimited) => {
-                        return Plan::Done(Verdict::unlimited_or_none(Outcome::Unlimited, rule))
+                        return Resolution::Done(Verdict::unlimited_or_none(
+                            Outcome::Unlimited,
+                            rule,
+                        ))
                     }
-                    None => return Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, rule)),
+                    None => {
+                        return Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, rule))
+                    }
                 },
                 (None, None) => {
-                    return Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, None))
+                    return Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, None))
                 }
             };
             let kind = if descriptor.negative {
@@ -335,7 +341,7 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
                 HitKind::Consume
             };
             let window_ms = unit.window_ms();
-            Plan::Limited {
+            Resolution::Limited {
                 rule,
                 limit: CurrentLimit {
                     requests_per_unit,
@@ -357,7 +363,7 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
     let replaced: HashSet<&str> = plans
         .iter()
         .filter_map(|p| match p {
-            Plan::Limited {
+            Resolution::Limited {
                 rule: Some(rule), ..
             } => Some(rule.replaces.iter().map(String::as_str)),
             _ => None,
@@ -366,7 +372,7 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
         .collect();
     if !replaced.is_empty() {
         for p in plans.iter_mut() {
-            if let Plan::Limited {
+            if let Resolution::Limited {
                 rule: Some(rule),
                 limit,
                 ..
@@ -374,7 +380,7 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
             {
                 if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
                     let rule = *rule;
-                    *p = Plan::Done(Verdict::unlimited_or_none(Outcome::NoRule, Some(rule)));
+                    *p = Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, Some(rule)));
                 }
             }
         }

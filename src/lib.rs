@@ -14,6 +14,7 @@ pub mod admin;
 pub mod config;
 pub mod decision;
 pub mod descriptor;
+pub mod explain;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;

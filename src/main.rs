@@ -35,6 +35,19 @@ enum Command {
         /// A limits YAML file or a directory of *.yaml files.
         path: PathBuf,
     },
+    /// Show which rule governs each descriptor of a request and why, and the limiter key it
+    /// would use, without touching any backend.
+    Explain {
+        /// A limits YAML file or a directory of *.yaml files.
+        #[arg(long, env = "SLUICE_CONFIG")]
+        config: PathBuf,
+        /// The request's domain.
+        #[arg(long)]
+        domain: String,
+        /// One descriptor per argument, as key=value[,key=value...].
+        #[arg(required = true)]
+        descriptors: Vec<String>,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -73,6 +86,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { path } => check_config(&path),
+        Command::Explain {
+            config,
+            domain,
+            descriptors,
+        } => explain(&config, &domain, &descriptors),
         Command::Serve(args) => {
             init_logging(args.log_format);
             match serve(args) {
@@ -104,6 +122,28 @@ fn check_config(path: &Path) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn explain(path: &Path, domain: &str, descriptors: &[String]) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut parsed = Vec::with_capacity(descriptors.len());
+    for (i, text) in descriptors.iter().enumerate() {
+        match sluice::explain::parse_descriptor(text) {
+            Ok(entries) => parsed.push(entries),
+            Err(err) => {
+                eprintln!("descriptor {i} `{text}`: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    print!("{}", sluice::explain::explain(&config, domain, &parsed));
+    ExitCode::SUCCESS
 }
 
 fn init_logging(format: LogFormat) {

@@ -262,6 +262,46 @@ impl Config {
         Lookup::NoRule
     }
 
+    /// [`Config::lookup`] with its reasons, for `sluice explain`: which node each entry matched
+    /// and why the walk ended where it did. Allocates; never on the request path.
+    pub fn trace(&self, domain: &str, entries: &[Entry]) -> Trace<'_> {
+        let Some(domain) = self.by_name.get(domain).and_then(|&i| self.domains.get(i)) else {
+            return Trace {
+                steps: Vec::new(),
+                end: TraceEnd::UnknownDomain,
+            };
+        };
+        let mut steps = Vec::new();
+        let mut level = &domain.root;
+        let last = entries.len().saturating_sub(1);
+        for (i, entry) in entries.iter().enumerate() {
+            let Some((node, kind)) = level.find(&entry.key, &entry.value) else {
+                return Trace {
+                    steps,
+                    end: TraceEnd::NoMatch { entry: i },
+                };
+            };
+            steps.push((&node.rule, kind));
+            if i == last {
+                return Trace {
+                    steps,
+                    end: TraceEnd::Matched,
+                };
+            }
+            if node.children.is_empty() {
+                return Trace {
+                    steps,
+                    end: TraceEnd::DeeperThanConfig { entry: i + 1 },
+                };
+            }
+            level = &node.children;
+        }
+        Trace {
+            steps,
+            end: TraceEnd::NoMatch { entry: 0 },
+        }
+    }
+
     /// Domain names, in load order.
     pub fn domains(&self) -> impl Iterator<Item = &str> {
         self.domains.iter().map(|d| d.name.as_str())
@@ -276,6 +316,30 @@ impl Config {
     pub fn sources(&self) -> &[PathBuf] {
         &self.sources
     }
+}
+
+/// How [`Config::trace`] walked a descriptor: the rule matched at each entry, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace<'a> {
+    pub steps: Vec<(&'a Rule, MatchKind)>,
+    pub end: TraceEnd,
+}
+
+/// Why a [`Trace`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceEnd {
+    UnknownDomain,
+    /// Entry `entry` matched no descriptor at its level.
+    NoMatch {
+        entry: usize,
+    },
+    /// The node matched at `entry - 1` has no nested descriptors, so entry `entry` and any
+    /// later ones are deeper than the config.
+    DeeperThanConfig {
+        entry: usize,
+    },
+    /// Every entry matched; the last step's rule governs the descriptor.
+    Matched,
 }
 
 /// The `*.yaml` / `*.yml` regular files (symlinks followed) directly in `dir`, sorted by name,

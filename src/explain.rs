@@ -1,0 +1,221 @@
+//! `sluice explain`: which rule governs each descriptor of a request, and why, without touching
+//! any backend.
+//!
+//! Why: envoyproxy/ratelimit's matching (exact, then wildcard, then key-only; a limit only at the
+//! last entry; `replaces` across descriptors) surprises people, and the only way to find out what
+//! a descriptor gets is usually to send traffic. This reuses the engine's own resolution
+//! ([`crate::decision::resolve`]) so the explanation cannot drift from what is served.
+
+use std::fmt::Write as _;
+
+use crate::config::{Config, LimitSpec, MatchKind, TraceEnd};
+use crate::decision::{self, Descriptor, Outcome, Request, Resolution};
+use crate::descriptor::Entry;
+
+/// Parses one descriptor written as `key=value[,key=value...]`. A value may contain `=`; keys
+/// and values cannot contain `,` in this syntax.
+pub fn parse_descriptor(text: &str) -> Result<Vec<Entry>, String> {
+    text.split(',')
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.is_empty() => Err(format!("empty key in `{pair}`")),
+            Some((key, value)) => Ok(Entry::new(key, value)),
+            None => Err(format!("`{pair}` is not key=value")),
+        })
+        .collect()
+}
+
+fn kind_text(kind: MatchKind) -> &'static str {
+    match kind {
+        MatchKind::Exact => "exact",
+        MatchKind::Wildcard => "wildcard",
+        MatchKind::KeyOnly => "key-only",
+    }
+}
+
+fn entries_text(entries: &[Entry]) -> String {
+    entries
+        .iter()
+        .map(|e| format!("{}={}", e.key, e.value))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Renders the explanation of a request made of `descriptors` in `domain`.
+pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> String {
+    let request = Request {
+        domain: domain.to_owned(),
+        descriptors: descriptors.iter().cloned().map(Descriptor::new).collect(),
+        hits_addend: 0,
+    };
+    let mut out = String::new();
+    if !config.has_domain(domain) {
+        let known: Vec<&str> = config.domains().collect();
+        let _ = writeln!(
+            out,
+            "domain `{domain}` is not in the config (domains: {}): every descriptor is OK without a limit",
+            known.join(", ")
+        );
+        return out;
+    }
+    let resolutions = decision::resolve(config, &request);
+    for (i, (entries, resolution)) in descriptors.iter().zip(&resolutions).enumerate() {
+        let _ = writeln!(out, "descriptor {i}: {}", entries_text(entries));
+        let trace = config.trace(domain, entries);
+        for (j, (rule, kind)) in trace.steps.iter().enumerate() {
+            let entry = &entries[j];
+            let limit = match rule.limit {
+                Some(LimitSpec::Unlimited) => " (unlimited)".to_owned(),
+                Some(LimitSpec::PerUnit {
+                    requests_per_unit,
+                    unit,
+                }) => format!(" (limit {requests_per_unit} per {unit})"),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  entry {j} {}={}: {} match of `{}`{limit}",
+                entry.key,
+                entry.value,
+                kind_text(*kind),
+                rule.path
+            );
+        }
+        let why = match trace.end {
+            TraceEnd::UnknownDomain => "unknown domain".to_owned(),
+            TraceEnd::NoMatch { entry } => format!(
+                "entry {entry} ({}) matches no descriptor at its level",
+                entries
+                    .get(entry)
+                    .map_or(String::new(), |e| format!("{}={}", e.key, e.value))
+            ),
+            TraceEnd::DeeperThanConfig { entry } => format!(
+                "deeper than config: `{}` has no nested descriptors for entry {entry}; a limit \
+                 applies only at the request's last entry",
+                trace.steps.last().map_or("", |(r, _)| r.path.as_str())
+            ),
+            TraceEnd::Matched => String::new(),
+        };
+        match resolution {
+            Resolution::Done(verdict) => {
+                let reason = match (verdict.outcome, trace.end) {
+                    (Outcome::Unlimited, _) => "unlimited: always OK, never counted".to_owned(),
+                    (_, TraceEnd::Matched) => match trace.steps.last().and_then(|(r, _)| r.limit) {
+                        Some(_) => "replaced: another descriptor of this request matched a rule \
+                                    whose `replaces` names this limit"
+                            .to_owned(),
+                        None => "whitelisted: the matched descriptor has no rate_limit".to_owned(),
+                    },
+                    _ => format!("no rule: {why}"),
+                };
+                let _ = writeln!(out, "  result: OK without a limit ({reason})");
+            }
+            Resolution::Limited { rule, limit, hit } => {
+                let rule_text = rule.map_or("(no rule)".to_owned(), |r| format!("`{}`", r.path));
+                let name = limit
+                    .name
+                    .as_deref()
+                    .map_or(String::new(), |n| format!(", name `{n}`"));
+                let mode = if rule.is_some_and(|r| r.shadow_mode) {
+                    ", shadow mode: over-limit reported OK"
+                } else {
+                    ""
+                };
+                let _ = writeln!(
+                    out,
+                    "  result: limit {} per {}{name} from rule {rule_text}{mode}",
+                    limit.requests_per_unit, limit.unit
+                );
+                let _ = writeln!(out, "  limiter key: {}", hit.key);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const YAML: &str = "
+domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per_user}
+  - key: user
+    value: ops
+  - key: path
+    value: /api/*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: tier
+    value: gold
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: per_user}]}
+  - key: bot
+    rate_limit: {unlimited: true}
+";
+
+    fn run(descriptors: &[&str]) -> String {
+        let config = Config::from_yaml_str(Path::new("edge.yaml"), YAML).unwrap();
+        let parsed: Vec<Vec<Entry>> = descriptors
+            .iter()
+            .map(|d| parse_descriptor(d).unwrap())
+            .collect();
+        explain(&config, "edge", &parsed)
+    }
+
+    #[test]
+    fn explains_each_kind_of_match() {
+        let text = run(&[
+            "user=alice",
+            "path=/api/x",
+            "user=ops",
+            "bot=b",
+            "color=red",
+        ]);
+        assert!(
+            text.contains("entry 0 user=alice: key-only match of `user` (limit 5 per minute)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("limiter key: sluice:{edge|user=alice|60000}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("entry 0 path=/api/x: wildcard match of `path_/api/*`"),
+            "{text}"
+        );
+        assert!(text.contains("whitelisted"), "{text}");
+        assert!(text.contains("unlimited: always OK"), "{text}");
+        assert!(
+            text.contains("entry 0 (color=red) matches no descriptor"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn explains_replaced_and_deeper_than_config() {
+        let text = run(&["user=alice", "tier=gold,user=alice", "user=bob,extra=1"]);
+        assert!(text.contains("replaced: another descriptor"), "{text}");
+        assert!(text.contains("limit 100 per hour"), "{text}");
+        assert!(
+            text.contains("deeper than config: `user` has no nested descriptors"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn unknown_domain_is_said() {
+        let config = Config::from_yaml_str(Path::new("edge.yaml"), YAML).unwrap();
+        let text = explain(&config, "other", &[vec![Entry::new("a", "b")]]);
+        assert!(text.contains("domain `other` is not in the config (domains: edge)"));
+    }
+
+    #[test]
+    fn descriptor_syntax_errors_are_clear() {
+        assert_eq!(parse_descriptor("a=b,c=d=e").unwrap()[1].value, "d=e");
+        assert!(parse_descriptor("a").unwrap_err().contains("not key=value"));
+        assert!(parse_descriptor("=x").unwrap_err().contains("empty key"));
+    }
+}
