@@ -17,7 +17,7 @@ use crate::descriptor::Entry;
 pub fn parse_descriptor(text: &str) -> Result<Vec<Entry>, String> {
     text.split(',')
         .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if key.is_empty() => Err(format!("empty key in `{pair}`")),
+            Some(("", _)) => Err(format!("empty key in `{pair}`")),
             Some((key, value)) => Ok(Entry::new(key, value)),
             None => Err(format!("`{pair}` is not key=value")),
         })
