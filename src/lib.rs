@@ -7,6 +7,8 @@
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
+//! - [`http_api`]: envoyproxy/ratelimit's HTTP face on the admin port: POST /json, GET /rlconfig.
+//! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`server`]: wiring: `run(config, listeners, shutdown)`.
 #![forbid(unsafe_code)]
 
@@ -15,6 +17,7 @@ pub mod config;
 pub mod decision;
 pub mod descriptor;
 pub mod explain;
+pub mod http_api;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;

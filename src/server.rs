@@ -19,6 +19,7 @@ use tonic_health::ServingStatus;
 use crate::admin::{self, Readiness};
 use crate::config::Config;
 use crate::decision::Engine;
+use crate::http_api;
 use crate::limiter::Limiter;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
@@ -84,10 +85,13 @@ pub async fn run(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(engine)))
+        .add_service(RateLimitServiceServer::new(RateLimiter::new(
+            engine.clone(),
+        )))
         .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
 
-    let admin_app = admin::router(readiness.clone(), settings.metrics);
+    let admin_app =
+        admin::router(readiness.clone(), settings.metrics).merge(http_api::router(engine));
     let admin = axum::serve(admin_listener, admin_app)
         .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
         .into_future();

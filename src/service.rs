@@ -70,7 +70,8 @@ fn invalid_argument(invalid: InvalidRequest) -> Status {
     Status::invalid_argument(invalid.to_string())
 }
 
-fn to_domain(request: RateLimitRequest) -> Result<decision::Request, InvalidRequest> {
+/// Proto request -> domain request, naming the first field that cannot be mapped.
+pub(crate) fn to_domain(request: RateLimitRequest) -> Result<decision::Request, InvalidRequest> {
     let descriptors = request
         .descriptors
         .into_iter()
@@ -154,7 +155,8 @@ fn reset_duration(reset_ms: u64) -> prost_types::Duration {
     }
 }
 
-fn to_proto(decision: Decision) -> RateLimitResponse {
+/// Domain decision -> proto response.
+pub(crate) fn to_proto(decision: Decision) -> RateLimitResponse {
     let statuses = decision
         .verdicts
         .into_iter()

@@ -90,7 +90,53 @@ on_both_backends!(
     hits_addend_check_only_and_refund,
     whole_second_boundary_does_not_double_the_limit,
     health_reports_serving_and_sigterm_drains,
+    json_api_mirrors_grpc,
 );
+
+/// envoyproxy/ratelimit's HTTP face: POST /json answers 200, then 429 when over the limit,
+/// 400 naming the field for bad input (recording nothing); GET /rlconfig lists the rules.
+async fn json_api_mirrors_grpc(backend: Backend) {
+    let env = start(backend);
+    let admin = env.sluice.admin_addr;
+    let body =
+        r#"{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"demo"}]}]}"#;
+    let (status, text) = http_request(admin, "POST", "/json", body);
+    assert_eq!(status, 200, "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["overallCode"], "OK");
+    assert_eq!(json["statuses"][0]["currentLimit"]["requestsPerUnit"], 3);
+    assert_eq!(json["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    assert_eq!(json["statuses"][0]["limitRemaining"], 2);
+    assert_eq!(json["statuses"][0]["durationUntilReset"], "60s");
+
+    let (status, text) = http_request(admin, "POST", "/json", r#"{"domain":"","descriptors":[]}"#);
+    assert_eq!(status, 400);
+    assert!(text.contains("domain"), "{text}");
+    let bad_unit = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"demo"}],"limit":{"requestsPerUnit":1,"unit":"FORTNIGHT"}}]}"#;
+    let (status, text) = http_request(admin, "POST", "/json", bad_unit);
+    assert_eq!(status, 400);
+    assert!(text.contains("descriptors[0].limit.unit"), "{text}");
+
+    // Shared with gRPC: the same window.
+    call(
+        &env,
+        request("edge", vec![descriptor(&[("generic_key", "demo")])]),
+    )
+    .await;
+    let (status, text) = http_request(admin, "POST", "/json", body);
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = http_request(admin, "POST", "/json", body);
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains(r#""overallCode":"OVER_LIMIT""#), "{text}");
+
+    let (status, rules) = http_get(admin, "/rlconfig");
+    assert_eq!(status, 200);
+    assert!(
+        rules.contains("edge.generic_key_demo: unit=MINUTE requests_per_unit=3"),
+        "{rules}"
+    );
+    assert!(rules.contains("edge.bot: unlimited"), "{rules}");
+}
 
 async fn ok_then_over_limit(backend: Backend) {
     let env = start(backend);
@@ -518,6 +564,11 @@ fn serve_refuses_a_bad_config() {
 
 /// A plain HTTP/1.1 GET over loopback; returns (status, body).
 fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path, "")
+}
+
+/// A plain HTTP/1.1 request over loopback; returns (status, body).
+fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
     stream
@@ -525,7 +576,8 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .unwrap();
     let mut text = String::new();

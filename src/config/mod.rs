@@ -302,6 +302,43 @@ impl Config {
         }
     }
 
+    /// The loaded rules as text, one per line (`/rlconfig`): `domain.path: limit`.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for domain in &self.domains {
+            let mut rules = Vec::new();
+            domain.root.collect_rules(&mut rules);
+            for rule in rules {
+                let limit = match rule.limit {
+                    None => "no limit (whitelist)".to_owned(),
+                    Some(LimitSpec::Unlimited) => "unlimited".to_owned(),
+                    Some(LimitSpec::PerUnit {
+                        requests_per_unit,
+                        unit,
+                    }) => format!(
+                        "unit={} requests_per_unit={requests_per_unit}",
+                        unit.as_str().to_ascii_uppercase()
+                    ),
+                };
+                out.push_str(&format!("{}.{}: {limit}", domain.name, rule.path));
+                if let Some(name) = &rule.name {
+                    out.push_str(&format!(", name={name}"));
+                }
+                if !rule.replaces.is_empty() {
+                    out.push_str(&format!(", replaces={}", rule.replaces.join(",")));
+                }
+                if rule.shadow_mode {
+                    out.push_str(", shadow_mode=true");
+                }
+                if rule.detailed_metric {
+                    out.push_str(", detailed_metric=true");
+                }
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     /// Domain names, in load order.
     pub fn domains(&self) -> impl Iterator<Item = &str> {
         self.domains.iter().map(|d| d.name.as_str())

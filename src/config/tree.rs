@@ -125,6 +125,14 @@ impl Level {
         self.nodes.get(index).map(|node| (node, kind))
     }
 
+    /// Every rule at this level and below, depth first in config order.
+    pub fn collect_rules<'a>(&'a self, out: &mut Vec<&'a Rule>) {
+        for node in &self.nodes {
+            out.push(&node.rule);
+            node.children.collect_rules(out);
+        }
+    }
+
     /// Number of nodes with a rate_limit, at this level and below.
     pub fn rule_count(&self) -> usize {
         self.nodes

@@ -1,0 +1,332 @@
+//! The HTTP/JSON face of the rate-limit service on the admin port, as envoyproxy/ratelimit's:
+//! `POST /json` takes a `RateLimitRequest` in protobuf's JSON mapping and answers the
+//! `RateLimitResponse` with status 200 (OK), 429 (OVER_LIMIT), 400 (bad request) or 503
+//! (backend unavailable); `GET /rlconfig` lists the loaded rules as text.
+//!
+//! Why JSON -> proto -> domain: the gRPC adapter already owns the proto <-> domain mapping and
+//! its validation; going through the same proto types keeps one mapping, so a request means the
+//! same thing on both faces. Both lowerCamelCase and the proto's snake_case field names are
+//! accepted, and 64-bit numbers as JSON numbers or strings, as protobuf's JSON mapping allows.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::{Deserialize, Deserializer};
+use serde_json::{json, Value};
+
+use crate::decision::{DecisionError, Engine};
+use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::proto::envoy::r#type::v3::RateLimitUnit;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::service;
+
+/// Bodies above this are refused before parsing; a RateLimitRequest is tiny.
+const MAX_BODY_BYTES: usize = 1 << 20;
+
+pub fn router(engine: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/json", post(json_decision))
+        .route("/rlconfig", get(rlconfig))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(engine)
+}
+
+async fn rlconfig(State(engine): State<Arc<Engine>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        engine.config().describe(),
+    )
+}
+
+async fn json_decision(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+    let request: JsonRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(err) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("invalid JSON body: {err}"),
+            )
+        }
+    };
+    let proto = match request.into_proto() {
+        Ok(p) => p,
+        Err(err) => return error(StatusCode::BAD_REQUEST, &err),
+    };
+    let domain_request = match service::to_domain(proto) {
+        Ok(r) => r,
+        Err(invalid) => return error(StatusCode::BAD_REQUEST, &invalid.to_string()),
+    };
+    match engine.decide(&domain_request).await {
+        Ok(decision) => {
+            let response = service::to_proto(decision);
+            let status = if response.overall_code == Code::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(response_json(&response))).into_response()
+        }
+        Err(DecisionError::Invalid(invalid)) => {
+            error(StatusCode::BAD_REQUEST, &invalid.to_string())
+        }
+        Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, &err.to_string()),
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(
+        default,
+        alias = "hits_addend",
+        rename = "hitsAddend",
+        deserialize_with = "number"
+    )]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+    #[serde(
+        default,
+        alias = "hits_addend",
+        rename = "hitsAddend",
+        deserialize_with = "number"
+    )]
+    hits_addend: Option<u64>,
+    #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
+    is_negative_hits: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(
+        default,
+        alias = "requests_per_unit",
+        rename = "requestsPerUnit",
+        deserialize_with = "number"
+    )]
+    requests_per_unit: Option<u64>,
+    #[serde(default)]
+    unit: Option<Value>,
+}
+
+/// A protobuf JSON integer: a number or a decimal string.
+fn number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    match Option::<Value>::deserialize(deserializer)? {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| serde::de::Error::custom(format!("{n} is not a non-negative integer"))),
+        Some(Value::String(s)) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("`{s}` is not a non-negative integer"))),
+        Some(other) => Err(serde::de::Error::custom(format!(
+            "{other} is not an integer"
+        ))),
+    }
+}
+
+impl JsonRequest {
+    fn into_proto(self) -> Result<RateLimitRequest, String> {
+        let hits_addend = match self.hits_addend {
+            None => 0,
+            Some(h) => u32::try_from(h).map_err(|_| "hitsAddend: exceeds 2^32-1".to_owned())?,
+        };
+        let descriptors = self
+            .descriptors
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| d.into_proto(i))
+            .collect::<Result<_, _>>()?;
+        Ok(RateLimitRequest {
+            domain: self.domain,
+            descriptors,
+            hits_addend,
+        })
+    }
+}
+
+impl JsonDescriptor {
+    fn into_proto(self, index: usize) -> Result<RateLimitDescriptor, String> {
+        let limit = match self.limit {
+            None => None,
+            Some(o) => {
+                let requests_per_unit =
+                    u32::try_from(o.requests_per_unit.unwrap_or(0)).map_err(|_| {
+                        format!("descriptors[{index}].limit.requestsPerUnit: exceeds 2^32-1")
+                    })?;
+                let unit = match &o.unit {
+                    None => 0,
+                    Some(Value::String(name)) => RateLimitUnit::from_str_name(name)
+                        .map(|u| u as i32)
+                        .ok_or_else(|| {
+                            format!("descriptors[{index}].limit.unit: unknown unit `{name}`")
+                        })?,
+                    Some(Value::Number(n)) => n
+                        .as_i64()
+                        .and_then(|n| i32::try_from(n).ok())
+                        .ok_or_else(|| {
+                            format!("descriptors[{index}].limit.unit: {n} is not a unit")
+                        })?,
+                    Some(other) => {
+                        return Err(format!(
+                            "descriptors[{index}].limit.unit: {other} is not a unit"
+                        ))
+                    }
+                };
+                Some(RateLimitOverride {
+                    requests_per_unit,
+                    unit,
+                })
+            }
+        };
+        Ok(RateLimitDescriptor {
+            entries: self
+                .entries
+                .into_iter()
+                .map(|e| Entry {
+                    key: e.key,
+                    value: e.value,
+                })
+                .collect(),
+            limit,
+            hits_addend: self.hits_addend,
+            is_negative_hits: self.is_negative_hits,
+        })
+    }
+}
+
+fn code_name(code: i32) -> &'static str {
+    Code::try_from(code).map_or("UNKNOWN", |c| c.as_str_name())
+}
+
+/// The response in protobuf's JSON mapping (lowerCamelCase, enums by name, zero values omitted,
+/// durations as `"<seconds>s"`).
+fn response_json(response: &RateLimitResponse) -> Value {
+    let statuses: Vec<Value> = response
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut status = serde_json::Map::new();
+            status.insert("code".into(), json!(code_name(s.code)));
+            if let Some(limit) = &s.current_limit {
+                let mut l = serde_json::Map::new();
+                if !limit.name.is_empty() {
+                    l.insert("name".into(), json!(limit.name));
+                }
+                l.insert("requestsPerUnit".into(), json!(limit.requests_per_unit));
+                l.insert(
+                    "unit".into(),
+                    json!(Unit::try_from(limit.unit).map_or("UNKNOWN", |u| u.as_str_name())),
+                );
+                status.insert("currentLimit".into(), Value::Object(l));
+            }
+            if s.limit_remaining != 0 {
+                status.insert("limitRemaining".into(), json!(s.limit_remaining));
+            }
+            if let Some(d) = &s.duration_until_reset {
+                status.insert(
+                    "durationUntilReset".into(),
+                    json!(format!("{}s", d.seconds)),
+                );
+            }
+            Value::Object(status)
+        })
+        .collect();
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "overallCode".into(),
+        json!(code_name(response.overall_code)),
+    );
+    out.insert("statuses".into(), Value::Array(statuses));
+    if !response.response_headers_to_add.is_empty() {
+        let headers: Vec<Value> = response
+            .response_headers_to_add
+            .iter()
+            .map(|h| json!({"key": h.key, "value": h.value}))
+            .collect();
+        out.insert("responseHeadersToAdd".into(), Value::Array(headers));
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_both_field_spellings_and_string_numbers() {
+        let camel: JsonRequest = serde_json::from_str(
+            r#"{"domain":"d","hitsAddend":2,"descriptors":[{"entries":[{"key":"k","value":"v"}],
+                "hitsAddend":"5","isNegativeHits":true,"limit":{"requestsPerUnit":3,"unit":"HOUR"}}]}"#,
+        )
+        .unwrap();
+        let snake: JsonRequest = serde_json::from_str(
+            r#"{"domain":"d","hits_addend":2,"descriptors":[{"entries":[{"key":"k","value":"v"}],
+                "hits_addend":5,"is_negative_hits":true,"limit":{"requests_per_unit":"3","unit":3}}]}"#,
+        )
+        .unwrap();
+        let (a, b) = (camel.into_proto().unwrap(), snake.into_proto().unwrap());
+        assert_eq!(a, b);
+        assert_eq!(a.hits_addend, 2);
+        assert_eq!(a.descriptors[0].hits_addend, Some(5));
+        assert!(a.descriptors[0].is_negative_hits);
+        let limit = a.descriptors[0].limit.unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, RateLimitUnit::Hour as i32)
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let err = serde_json::from_str::<JsonRequest>(r#"{"domain":"d","bogus":1}"#)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("bogus"));
+        let req: JsonRequest = serde_json::from_str(
+            r#"{"domain":"d","descriptors":[{"entries":[]},{"limit":{"unit":"FORTNIGHT"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            req.into_proto().unwrap_err(),
+            "descriptors[1].limit.unit: unknown unit `FORTNIGHT`"
+        );
+    }
+}
