@@ -13,7 +13,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, LimitSpec, Lookup, Rule, Unit};
-use crate::descriptor::{limiter_key, Entry};
+use crate::descriptor::{limiter_key_with_prefix, Entry, KEY_PREFIX};
 use crate::limiter::{Hit, HitKind, Limiter, LimiterError};
 
 /// A limit Envoy sends inside a descriptor; it wins over the configured one.
@@ -164,17 +164,43 @@ pub enum Resolution<'c> {
     },
 }
 
+/// Process-wide switches of the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): every limit is evaluated and its
+    /// status reported as usual, but the overall code is always OK, and each limit records the
+    /// hits it would have admitted on its own.
+    pub shadow_mode: bool,
+    /// Prefix of every limiter key (`CACHE_KEY_PREFIX`).
+    pub key_prefix: String,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            shadow_mode: false,
+            key_prefix: KEY_PREFIX.to_owned(),
+        }
+    }
+}
+
 /// Shared by every gRPC call; holds the current config generation and the limiter.
 pub struct Engine {
     config: ArcSwap<Config>,
     limiter: Arc<dyn Limiter>,
+    options: EngineOptions,
 }
 
 impl Engine {
     pub fn new(config: Config, limiter: Arc<dyn Limiter>) -> Self {
+        Self::with_options(config, limiter, EngineOptions::default())
+    }
+
+    pub fn with_options(config: Config, limiter: Arc<dyn Limiter>, options: EngineOptions) -> Self {
         Engine {
             config: ArcSwap::from_pointee(config),
             limiter,
+            options,
         }
     }
 
@@ -195,7 +221,7 @@ impl Engine {
         validate(request)?;
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
-        let plans = resolve(&config, request);
+        let plans = resolve(&config, request, &self.options);
 
         let batch: Vec<Hit> = plans
             .iter()
@@ -227,6 +253,9 @@ impl Engine {
                     let (code, outcome) = match (hit.kind, item.passed, admitted) {
                         (HitKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
                         (HitKind::Refund, _, false) => (Code::Ok, Outcome::NotRecorded),
+                        (HitKind::Shadow, false, _) if self.options.shadow_mode => {
+                            (Code::OverLimit, Outcome::ShadowRejected)
+                        }
                         (HitKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
                         (_, false, _) => (Code::OverLimit, Outcome::Rejected),
                         (_, true, true) => (Code::Ok, Outcome::Admitted),
@@ -246,11 +275,12 @@ impl Engine {
             };
             verdicts.push(verdict);
         }
-        let overall = if verdicts.iter().any(|v| v.code == Code::OverLimit) {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
+        let overall =
+            if !self.options.shadow_mode && verdicts.iter().any(|v| v.code == Code::OverLimit) {
+                Code::OverLimit
+            } else {
+                Code::Ok
+            };
         Ok(Decision {
             overall,
             verdicts,
@@ -258,6 +288,33 @@ impl Engine {
             known_domain,
         })
     }
+}
+
+/// The limiter key of a limited descriptor: its own entries, except that values matched by a
+/// `share_threshold` wildcard are replaced by the wildcard, so all of them share one counter.
+fn key_for(
+    options: &EngineOptions,
+    domain: &str,
+    descriptor: &Descriptor,
+    rule: Option<&Rule>,
+    window_ms: u64,
+) -> String {
+    let shared = rule.map_or(&[][..], |r| r.shared_values.as_slice());
+    if shared.is_empty() {
+        return limiter_key_with_prefix(
+            &options.key_prefix,
+            domain,
+            &descriptor.entries,
+            window_ms,
+        );
+    }
+    let mut entries = descriptor.entries.clone();
+    for (depth, pattern) in shared {
+        if let Some(entry) = entries.get_mut(*depth) {
+            entry.value.clone_from(pattern);
+        }
+    }
+    limiter_key_with_prefix(&options.key_prefix, domain, &entries, window_ms)
 }
 
 /// Rejects requests Envoy would never send and that cannot be decided: nothing is recorded.
@@ -293,7 +350,11 @@ pub fn validate(request: &Request) -> Result<(), InvalidRequest> {
 
 /// Resolves every descriptor against one config snapshot: overrides, `unlimited`, whitelists and
 /// `replaces` are settled here, so only real limits reach the backend.
-pub fn resolve<'c>(config: &'c Config, request: &Request) -> Vec<Resolution<'c>> {
+pub fn resolve<'c>(
+    config: &'c Config,
+    request: &Request,
+    options: &EngineOptions,
+) -> Vec<Resolution<'c>> {
     let request_hits = if request.hits_addend == 0 {
         1
     } else {
@@ -335,7 +396,7 @@ pub fn resolve<'c>(config: &'c Config, request: &Request) -> Vec<Resolution<'c>>
             };
             let kind = if descriptor.negative {
                 HitKind::Refund
-            } else if rule.is_some_and(|r| r.shadow_mode) {
+            } else if options.shadow_mode || rule.is_some_and(|r| r.shadow_mode) {
                 HitKind::Shadow
             } else {
                 HitKind::Consume
@@ -349,7 +410,7 @@ pub fn resolve<'c>(config: &'c Config, request: &Request) -> Vec<Resolution<'c>>
                     name,
                 },
                 hit: Hit {
-                    key: limiter_key(&request.domain, &descriptor.entries, window_ms),
+                    key: key_for(options, &request.domain, descriptor, rule, window_ms),
                     limit: u64::from(requests_per_unit),
                     window_ms,
                     hits: descriptor.hits_addend.unwrap_or(request_hits),
@@ -444,15 +505,93 @@ descriptors:
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /web/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
 ";
 
     fn engine() -> (Engine, Arc<Recording>) {
+        engine_with(EngineOptions::default())
+    }
+
+    fn engine_with(options: EngineOptions) -> (Engine, Arc<Recording>) {
         let config = Config::from_yaml_str(Path::new("test.yaml"), YAML).unwrap();
         let limiter = Arc::new(Recording {
             inner: MemoryLimiter::new(Arc::new(FixedClock(1_000_000))),
             batches: Mutex::new(Vec::new()),
         });
-        (Engine::new(config, limiter.clone()), limiter)
+        (
+            Engine::with_options(config, limiter.clone(), options),
+            limiter,
+        )
+    }
+
+    #[tokio::test]
+    async fn share_threshold_values_share_one_counter() {
+        let (engine, backend) = engine();
+        for (path, expected) in [
+            ("/api/a", Code::Ok),
+            ("/api/b", Code::Ok),
+            ("/api/c", Code::OverLimit),
+        ] {
+            let d = engine.decide(&req(&[&[("path", path)]])).await.unwrap();
+            assert_eq!(d.overall, expected, "{path}");
+        }
+        // Without share_threshold each value has its own counter.
+        for path in ["/web/a", "/web/b", "/web/c"] {
+            let d = engine.decide(&req(&[&[("path", path)]])).await.unwrap();
+            assert_eq!(d.overall, Code::Ok, "{path}");
+        }
+        let batches = backend.batches.lock().unwrap();
+        assert_eq!(batches[0][0].key, "sluice:{d|path=/api/*|60000}");
+        assert_eq!(batches[1][0].key, batches[0][0].key);
+        assert_ne!(batches[3][0].key, batches[4][0].key);
+    }
+
+    #[tokio::test]
+    async fn global_shadow_mode_keeps_statuses_and_answers_ok() {
+        let (engine, _) = engine_with(EngineOptions {
+            shadow_mode: true,
+            ..EngineOptions::default()
+        });
+        let one = req(&[&[("user", "a")], &[("user", "b")]]);
+        for _ in 0..2 {
+            assert_eq!(engine.decide(&one).await.unwrap().overall, Code::Ok);
+        }
+        let third = engine.decide(&one).await.unwrap();
+        assert_eq!(third.overall, Code::Ok, "global shadow mode never rejects");
+        assert_eq!(third.verdicts[0].code, Code::OverLimit, "statuses are kept");
+        assert_eq!(third.verdicts[0].outcome, Outcome::ShadowRejected);
+        assert_eq!(third.verdicts[0].remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn key_prefix_is_applied() {
+        let (engine, backend) = engine_with(EngineOptions {
+            key_prefix: "rl_".into(),
+            ..EngineOptions::default()
+        });
+        engine.decide(&req(&[&[("user", "a")]])).await.unwrap();
+        assert_eq!(
+            backend.batches.lock().unwrap()[0][0].key,
+            "rl_{d|user=a|60000}"
+        );
+    }
+
+    #[tokio::test]
+    async fn zero_requests_per_unit_is_always_over() {
+        let (engine, _) = engine();
+        let mut r = req(&[&[("user", "z")]]);
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: Unit::Second,
+        });
+        let d = engine.decide(&r).await.unwrap();
+        assert_eq!(d.overall, Code::OverLimit);
     }
 
     fn req(descriptors: &[&[(&str, &str)]]) -> Request {

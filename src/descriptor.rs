@@ -39,6 +39,30 @@ const MAX_BODY_LEN: usize = 96;
 /// log of its own instead of reading one kept for another window length; a change of
 /// `requests_per_unit` alone keeps the log.
 pub fn limiter_key(domain: &str, entries: &[Entry], window_ms: u64) -> String {
+    limiter_key_with_prefix(KEY_PREFIX, domain, entries, window_ms)
+}
+
+/// Checks an operator-chosen key prefix (`CACHE_KEY_PREFIX`): it sits before the hash tag, so
+/// braces would move the tag; a long one would waste memory in every key.
+pub fn validate_key_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.contains(['{', '}']) {
+        return Err(format!(
+            "key prefix `{prefix}` must not contain `{{` or `}}` (they would move the Redis Cluster hash tag)"
+        ));
+    }
+    if prefix.len() > 64 {
+        return Err(format!("key prefix is {} bytes; at most 64", prefix.len()));
+    }
+    Ok(())
+}
+
+/// [`limiter_key`] under another prefix (validated by [`validate_key_prefix`]).
+pub fn limiter_key_with_prefix(
+    prefix: &str,
+    domain: &str,
+    entries: &[Entry],
+    window_ms: u64,
+) -> String {
     let mut body = String::with_capacity(64);
     escape_into(&mut body, domain);
     for entry in entries {
@@ -49,8 +73,8 @@ pub fn limiter_key(domain: &str, entries: &[Entry], window_ms: u64) -> String {
     }
     let _ = write!(body, "|{window_ms}");
 
-    let mut key = String::with_capacity(KEY_PREFIX.len() + 2 + MAX_BODY_LEN.min(body.len()) + 2);
-    key.push_str(KEY_PREFIX);
+    let mut key = String::with_capacity(prefix.len() + 2 + MAX_BODY_LEN.min(body.len()) + 2);
+    key.push_str(prefix);
     key.push('{');
     if body.len() > MAX_BODY_LEN {
         // `#` is escaped inside parts, so a digest body never equals a plain one.
@@ -120,6 +144,15 @@ mod tests {
         let k = key("d", &[("user", &long)], 1000);
         assert!(k.len() <= KEY_PREFIX.len() + 2 + 1 + 32, "{k}");
         assert_ne!(k, key("d", &[("user", &"x".repeat(10_001))], 1000));
+    }
+
+    #[test]
+    fn prefixes_are_checked_and_applied() {
+        assert!(validate_key_prefix("rl_").is_ok());
+        assert!(validate_key_prefix("a{b").is_err());
+        assert!(validate_key_prefix(&"p".repeat(65)).is_err());
+        let k = limiter_key_with_prefix("rl_", "d", &[Entry::new("k", "v")], 1000);
+        assert_eq!(k, "rl_{d|k=v|1000}");
     }
 
     #[test]

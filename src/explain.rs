@@ -57,7 +57,7 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
         );
         return out;
     }
-    let resolutions = decision::resolve(config, &request);
+    let resolutions = decision::resolve(config, &request, &decision::EngineOptions::default());
     for (i, (entries, resolution)) in descriptors.iter().zip(&resolutions).enumerate() {
         let _ = writeln!(out, "descriptor {i}: {}", entries_text(entries));
         let trace = config.trace(domain, entries);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::Config;
+use sluice::config::{Config, LoadOptions};
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::{Limiter, SystemClock};
@@ -34,6 +34,9 @@ enum Command {
     CheckConfig {
         /// A limits YAML file or a directory of *.yaml files.
         path: PathBuf,
+        /// Merge files that name the same domain instead of rejecting them.
+        #[arg(long, env = "SLUICE_MERGE_DOMAIN_CONFIG")]
+        merge_domain_config: bool,
     },
     /// Show which rule governs each descriptor of a request and why, and the limiter key it
     /// would use, without touching any backend.
@@ -77,6 +80,17 @@ struct ServeArgs {
     /// Seconds between backend readiness probes.
     #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = 1)]
     probe_interval_secs: u64,
+    /// Merge config files that name the same domain (a top-level descriptor repeated across
+    /// them is still an error) instead of rejecting the duplicate domain.
+    #[arg(long, env = "SLUICE_MERGE_DOMAIN_CONFIG")]
+    merge_domain_config: bool,
+    /// Global shadow mode: every limit is evaluated and reported, but every request is
+    /// answered OK overall.
+    #[arg(long, env = "SLUICE_SHADOW_MODE")]
+    shadow_mode: bool,
+    /// Prefix of every limiter key (no braces, at most 64 bytes).
+    #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = sluice::descriptor::KEY_PREFIX)]
+    key_prefix: String,
     /// Log format on stderr.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -85,7 +99,10 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { path } => check_config(&path),
+        Command::CheckConfig {
+            path,
+            merge_domain_config,
+        } => check_config(&path, load_options(merge_domain_config)),
         Command::Explain {
             config,
             domain,
@@ -104,8 +121,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn check_config(path: &Path) -> ExitCode {
-    match Config::load(path) {
+fn load_options(merge_domains: bool) -> LoadOptions {
+    LoadOptions { merge_domains }
+}
+
+fn check_config(path: &Path, options: LoadOptions) -> ExitCode {
+    match Config::load_with(path, options) {
         Ok(config) => {
             let domains: Vec<&str> = config.domains().collect();
             println!(
@@ -161,7 +182,9 @@ fn init_logging(format: LogFormat) {
 
 #[tokio::main]
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::load(&args.config)
+    sluice::descriptor::validate_key_prefix(&args.key_prefix)
+        .map_err(|e| anyhow::anyhow!("--key-prefix: {e}"))?;
+    let config = Config::load_with(&args.config, load_options(args.merge_domain_config))
         .map_err(|errors| anyhow::anyhow!("{errors}"))
         .with_context(|| format!("loading config from {}", args.config.display()))?;
     tracing::info!(
@@ -208,7 +231,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limiter,
         metrics: Some(metrics),
         probe_interval: Duration::from_secs(args.probe_interval_secs.max(1)),
+        engine: sluice::decision::EngineOptions {
+            shadow_mode: args.shadow_mode,
+            key_prefix: args.key_prefix.clone(),
+        },
     };
+    if args.shadow_mode {
+        tracing::warn!("global shadow mode: every request is answered OK overall");
+    }
     run(settings, grpc, admin, shutdown_signal()).await?;
     Ok(())
 }

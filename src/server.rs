@@ -18,7 +18,7 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
-use crate::decision::Engine;
+use crate::decision::{Engine, EngineOptions};
 use crate::http_api;
 use crate::limiter::Limiter;
 use crate::proto::FILE_DESCRIPTOR_SET;
@@ -31,6 +31,7 @@ pub struct ServerSettings {
     pub metrics: Option<PrometheusHandle>,
     /// How often readiness re-probes the backend.
     pub probe_interval: Duration,
+    pub engine: EngineOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +53,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let limiter = settings.limiter.clone();
-    let engine = Arc::new(Engine::new(settings.config, settings.limiter));
+    let engine = Arc::new(Engine::with_options(
+        settings.config,
+        settings.limiter,
+        settings.engine,
+    ));
     let readiness = Arc::new(Readiness::new());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 

@@ -152,9 +152,16 @@ fn unknown_field() {
 }
 
 #[test]
-fn unsupported_field() {
-    let msg = single_error("bad/unsupported_field.yaml", Some(5), "path_/files/*");
-    assert_eq!(msg, "`share_threshold` is not supported yet");
+fn share_threshold_without_wildcard() {
+    let msg = single_error(
+        "bad/share_threshold_without_wildcard.yaml",
+        Some(5),
+        "path_/files/index.html",
+    );
+    assert_eq!(
+        msg,
+        "`share_threshold` applies only to a descriptor whose `value` holds a `*` wildcard"
+    );
 }
 
 #[test]
@@ -321,4 +328,38 @@ fn example_config_loads() {
         ),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn merge_domain_config_merges_one_domain_across_files() {
+    use sluice::config::{LoadOptions, Lookup};
+    use sluice::descriptor::Entry;
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let config = Config::load_with(&fixture("bad/duplicate_domain"), merge).expect("merged");
+    assert_eq!(config.domains().collect::<Vec<_>>(), ["edge"]);
+    assert_eq!(config.rule_count(), 2);
+    for value in ["a", "b"] {
+        let found = config.lookup("edge", &[Entry::new("generic_key", value)]);
+        assert!(matches!(found, Lookup::Rule { .. }), "{value}: {found:?}");
+    }
+}
+
+#[test]
+fn merge_domain_config_rejects_a_repeated_top_level_descriptor() {
+    use sluice::config::LoadOptions;
+    let merge = LoadOptions {
+        merge_domains: true,
+    };
+    let errors = Config::load_with(&fixture("bad/merge_conflict"), merge)
+        .err()
+        .expect("conflict")
+        .0;
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    let e = &errors[0];
+    assert_eq!(e.file, fixture("bad/merge_conflict/b_edge_conflict.yaml"));
+    assert_eq!(e.rule, "generic_key_a");
+    assert!(e.message.contains("also defined in"), "{e}");
+    assert!(e.message.contains("a_edge.yaml"), "{e}");
 }

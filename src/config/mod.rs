@@ -126,6 +126,11 @@ impl Config {
     ///
     /// Returns every problem found in every file, not only the first.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        Self::load_with(path, LoadOptions::default())
+    }
+
+    /// [`Config::load`] with options (merging one domain across files).
+    pub fn load_with(path: &Path, options: LoadOptions) -> Result<Config, ConfigErrors> {
         let meta = std::fs::metadata(path).map_err(|e| {
             ConfigErrors(vec![ConfigError::new(
                 path,
@@ -173,17 +178,23 @@ impl Config {
         Self::build(
             sources.iter().map(|(f, t)| (f.as_path(), t.as_str())),
             errors,
+            options,
         )
     }
 
     /// Compiles one file's text (one domain). `file` only names the source in errors.
     pub fn from_yaml_str(file: &Path, text: &str) -> Result<Config, ConfigErrors> {
-        Self::build(std::iter::once((file, text)), Vec::new())
+        Self::build(
+            std::iter::once((file, text)),
+            Vec::new(),
+            LoadOptions::default(),
+        )
     }
 
     fn build<'a>(
         sources: impl Iterator<Item = (&'a Path, &'a str)>,
         mut errors: Vec<ConfigError>,
+        options: LoadOptions,
     ) -> Result<Config, ConfigErrors> {
         let mut domains: Vec<Domain> = Vec::new();
         let mut by_name: HashMap<String, usize> = HashMap::new();
@@ -197,6 +208,27 @@ impl Config {
             let Some((name, line)) = compiled.domain else {
                 continue;
             };
+            if let (true, Some(first), Some(&index)) = (
+                options.merge_domains,
+                defined_in.get(&name),
+                by_name.get(&name),
+            ) {
+                if errors.len() == before {
+                    for path in domains[index].root.merge(compiled.root) {
+                        errors.push(ConfigError::new(
+                            file,
+                            line,
+                            &path,
+                            format!(
+                                "descriptor `{path}` of domain `{name}` is also defined in {}; \
+                                 merged domains must not repeat a top-level descriptor",
+                                first.display()
+                            ),
+                        ));
+                    }
+                }
+                continue;
+            }
             if let Some(first) = defined_in.get(&name) {
                 errors.push(ConfigError::new(
                     file,
@@ -353,6 +385,14 @@ impl Config {
     pub fn sources(&self) -> &[PathBuf] {
         &self.sources
     }
+}
+
+/// How files are combined into one config.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Files naming the same domain are merged (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`)
+    /// instead of being an error; a top-level descriptor defined in two of them still is.
+    pub merge_domains: bool,
 }
 
 /// How [`Config::trace`] walked a descriptor: the rule matched at each entry, in order.

@@ -48,6 +48,8 @@ pub(crate) struct RawDescriptor {
     pub descriptors: Option<Vec<Spanned<RawDescriptor>>>,
     pub shadow_mode: Option<bool>,
     pub detailed_metric: Option<bool>,
+    pub value_to_metric: Option<bool>,
+    pub share_threshold: Option<Spanned<bool>>,
     pub extra: Vec<Extra>,
 }
 
@@ -163,6 +165,13 @@ impl Fields for RawDescriptor {
             "descriptors" => self.descriptors = map.next_value()?,
             "shadow_mode" => self.shadow_mode = map.next_value()?,
             "detailed_metric" => self.detailed_metric = map.next_value()?,
+            "value_to_metric" => self.value_to_metric = map.next_value()?,
+            "share_threshold" => self.share_threshold = map.next_value()?,
+            // Accepted for compatibility with configs that annotate descriptors; sluice keys
+            // and limits do not depend on it.
+            "metadata" => {
+                map.next_value::<IgnoredAny>()?;
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -228,15 +237,18 @@ pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "descriptors",
     "shadow_mode",
     "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
 ];
 pub(crate) const RATE_LIMIT_FIELDS: &[&str] =
     &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
 pub(crate) const REPLACE_FIELDS: &[&str] = &["name"];
 
 /// Descriptor fields envoyproxy/ratelimit accepts that sluice does not implement yet. They are
-/// rejected with their own message rather than silently ignored: each changes behaviour
-/// (metric names, shared counters), so accepting the file without it would mislead.
-pub(crate) const UNSUPPORTED_DESCRIPTOR_FIELDS: &[&str] = &["value_to_metric", "share_threshold"];
+/// rejected with their own message rather than silently ignored: accepting the file without
+/// their behaviour would mislead.
+pub(crate) const UNSUPPORTED_DESCRIPTOR_FIELDS: &[&str] = &[];
 
 /// Deepest YAML nesting accepted. Deserialization recurses once per level, and in debug builds
 /// a level costs tens of KB of stack: serde-saphyr's default (64) overflows a 2 MiB thread

@@ -33,6 +33,11 @@ pub struct Rule {
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
+    /// `value_to_metric`: metrics name this rule with the request's values, not the config's.
+    pub value_to_metric: bool,
+    /// Entries (by depth) matched by a `share_threshold` wildcard, with the wildcard: every
+    /// value matching it shares one counter, so the limiter key uses the wildcard, not the value.
+    pub shared_values: Vec<(usize, String)>,
 }
 
 /// How the node of a request's last entry was matched.
@@ -61,6 +66,9 @@ pub enum Lookup<'a> {
 /// A compiled descriptor and its nested descriptors.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Node {
+    /// The descriptor's key and value as configured (kept for merging levels).
+    pub key: String,
+    pub value: Option<String>,
     pub rule: Rule,
     pub children: Level,
 }
@@ -123,6 +131,29 @@ impl Level {
             (slot.key_only?, MatchKind::KeyOnly)
         };
         self.nodes.get(index).map(|node| (node, kind))
+    }
+
+    /// Whether a node with this key and value is already at this level.
+    pub fn contains(&self, key: &str, value: Option<&str>) -> bool {
+        self.by_key.get(key).is_some_and(|slot| match value {
+            Some(v) => slot.exact.contains_key(v),
+            None => slot.key_only.is_some(),
+        })
+    }
+
+    /// Moves `other`'s top-level nodes into this level (merging one domain across files).
+    /// Returns the config paths of `other`'s nodes already present here; those are left out.
+    pub fn merge(&mut self, other: Level) -> Vec<String> {
+        let mut conflicts = Vec::new();
+        for node in other.nodes {
+            if self.contains(&node.key, node.value.as_deref()) {
+                conflicts.push(node.rule.path);
+            } else {
+                let (key, value) = (node.key.clone(), node.value.clone());
+                self.insert(&key, value.as_deref(), node);
+            }
+        }
+        conflicts
     }
 
     /// Every rule at this level and below, depth first in config order.

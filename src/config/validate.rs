@@ -101,11 +101,19 @@ impl Checker<'_> {
             }
             Some(d) => Some((d.value, line_of(&d.referenced))),
         };
-        let root = self.level(root.descriptors.unwrap_or_default(), "");
+        let root = self.level(root.descriptors.unwrap_or_default(), "", 0, &[]);
         CompiledFile { domain, root }
     }
 
-    fn level(&mut self, descriptors: Vec<Spanned<RawDescriptor>>, parent: &str) -> Level {
+    /// `depth` is this level's entry index in a request; `shared` lists the ancestors'
+    /// `share_threshold` wildcards by depth.
+    fn level(
+        &mut self,
+        descriptors: Vec<Spanned<RawDescriptor>>,
+        parent: &str,
+        depth: usize,
+        shared: &[(usize, String)],
+    ) -> Level {
         let mut level = Level::default();
         // (key, value) -> line of its first definition, for duplicate messages.
         let mut first_line: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
@@ -157,7 +165,27 @@ impl Checker<'_> {
                 }
                 None => (None, None, Vec::new()),
             };
-            let children = self.level(d.descriptors.unwrap_or_default(), &path);
+            let mut shared_here = shared.to_vec();
+            if let Some(share) = &d.share_threshold {
+                match value {
+                    Some(v) if v.contains('*') => {
+                        if share.value {
+                            shared_here.push((depth, v.to_string()));
+                        }
+                    }
+                    _ => self.error(
+                        line_of(&share.referenced),
+                        &path,
+                        "`share_threshold` applies only to a descriptor whose `value` holds a `*` wildcard",
+                    ),
+                }
+            }
+            let children = self.level(
+                d.descriptors.unwrap_or_default(),
+                &path,
+                depth + 1,
+                &shared_here,
+            );
 
             let Some(key) = key else { continue };
             let id = (key.to_string(), value.map(str::to_string));
@@ -175,6 +203,8 @@ impl Checker<'_> {
             }
             first_line.insert(id, line);
             let node = Node {
+                key: key.to_string(),
+                value: value.map(str::to_string),
                 rule: Rule {
                     path,
                     limit,
@@ -182,6 +212,8 @@ impl Checker<'_> {
                     replaces,
                     shadow_mode: d.shadow_mode.unwrap_or(false),
                     detailed_metric: d.detailed_metric.unwrap_or(false),
+                    value_to_metric: d.value_to_metric.unwrap_or(false),
+                    shared_values: shared_here,
                 },
                 children,
             };
