@@ -353,8 +353,7 @@ fn merge_domain_config_rejects_a_repeated_top_level_descriptor() {
         merge_domains: true,
     };
     let errors = Config::load_with(&fixture("bad/merge_conflict"), merge)
-        .err()
-        .expect("conflict")
+        .expect_err("conflict")
         .0;
     assert_eq!(errors.len(), 1, "{errors:#?}");
     let e = &errors[0];
