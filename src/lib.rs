@@ -8,11 +8,13 @@
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
 //! - [`http_api`]: envoyproxy/ratelimit's HTTP face on the admin port: POST /json, GET /rlconfig.
+//! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`server`]: wiring: `run(config, listeners, shutdown)`.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod compat;
 pub mod config;
 pub mod decision;
 pub mod descriptor;

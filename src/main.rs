@@ -97,6 +97,12 @@ struct ServeArgs {
 }
 
 fn main() -> ExitCode {
+    // Before clap reads the environment: envoyproxy/ratelimit's variables become SLUICE_* ones
+    // unless those are set. Single-threaded here, so changing the environment is sound.
+    let compat = sluice::compat::translate(&|name| std::env::var(name).ok());
+    for (name, value) in &compat.set {
+        std::env::set_var(name, value);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig {
@@ -110,6 +116,12 @@ fn main() -> ExitCode {
         } => explain(&config, &domain, &descriptors),
         Command::Serve(args) => {
             init_logging(args.log_format);
+            for name in compat.set.keys() {
+                tracing::info!("{name} set from an envoyproxy/ratelimit variable");
+            }
+            for note in &compat.notes {
+                tracing::warn!("envoyproxy/ratelimit variable: {note}");
+            }
             match serve(args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {

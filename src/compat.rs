@@ -1,0 +1,431 @@
+//! envoyproxy/ratelimit's environment variables, translated into sluice's own settings.
+//!
+//! Why: the promise is that a team swaps the image and keeps its Deployment's environment. This
+//! reads the variables envoyproxy/ratelimit documents, maps those with a sluice equivalent onto
+//! the `SLUICE_*` variable clap reads (only when that variable is not set already; a flag on the
+//! command line wins over both), and reports every other one it recognises once at start-up,
+//! with why it is not applied, instead of ignoring it silently. The translation is a pure
+//! function of the environment so it can be tested without touching the process.
+
+use std::collections::BTreeMap;
+
+/// What the translation decided.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Translation {
+    /// `SLUICE_*` variables to set (none of them was set already).
+    pub set: BTreeMap<String, String>,
+    /// One line per recognised variable that was not applied as is, for the start-up log.
+    pub notes: Vec<String>,
+}
+
+/// Average bytes one local-cache entry costs, to turn `LOCAL_CACHE_SIZE_IN_BYTES` into entries.
+pub const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
+
+/// envoyproxy/ratelimit variables sluice recognises but does not apply, with the reason.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "BACKEND_TYPE",
+        "only Redis (or the embedded memory backend) is supported; memcache is not",
+    ),
+    ("MEMCACHE_HOST_PORT", "memcache is not supported"),
+    ("MEMCACHE_SRV", "memcache is not supported"),
+    (
+        "USE_STATSD",
+        "metrics are Prometheus text on the admin port's /metrics",
+    ),
+    (
+        "STATSD_HOST",
+        "metrics are Prometheus text on the admin port's /metrics",
+    ),
+    (
+        "STATSD_PORT",
+        "metrics are Prometheus text on the admin port's /metrics",
+    ),
+    (
+        "USE_DOG_STATSD",
+        "metrics are Prometheus text on the admin port's /metrics",
+    ),
+    (
+        "EXTRA_TAGS",
+        "metrics are Prometheus text on the admin port's /metrics",
+    ),
+    (
+        "STATS_FLUSH_INTERVAL",
+        "Prometheus scrapes; there is nothing to flush",
+    ),
+    (
+        "DISABLE_STATS",
+        "/metrics is always served on the admin port",
+    ),
+    (
+        "USE_PROMETHEUS",
+        "/metrics is always served on the admin port (--admin-addr)",
+    ),
+    (
+        "PROMETHEUS_ADDR",
+        "/metrics is served on the admin port (--admin-addr)",
+    ),
+    (
+        "PROMETHEUS_PATH",
+        "/metrics is the fixed path on the admin port",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "metric names are sluice's own, see docs/metrics.md",
+    ),
+    ("DEBUG_HOST", "no debug server; use the admin port"),
+    ("DEBUG_PORT", "no debug server; use the admin port"),
+    (
+        "GRPC_UDS",
+        "unix-socket gRPC is not supported; use a loopback address",
+    ),
+    (
+        "GRPC_SERVER_USE_TLS",
+        "gRPC serves plaintext on loopback or inside the mesh",
+    ),
+    ("GRPC_MAX_CONNECTION_AGE", "not configurable"),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", "not configurable"),
+    (
+        "CONFIG_TYPE",
+        "only file configuration is supported (xDS is not)",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "sliding-log keys expire exactly when their newest entry leaves the window",
+    ),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "always on: rejected hits are never recorded",
+    ),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "requests are pipelined on multiplexed connections without a window",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "requests are pipelined on multiplexed connections without a limit",
+    ),
+    ("REDIS_PERSECOND", "one Redis holds every window length"),
+    ("REDIS_PERSECOND_URL", "one Redis holds every window length"),
+    (
+        "REDIS_TLS_CLIENT_CERT",
+        "client certificates are not supported",
+    ),
+    (
+        "REDIS_TLS_CLIENT_KEY",
+        "client certificates are not supported",
+    ),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "hostname verification is always on",
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "always on: readiness follows a Redis PING every second",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "sluice does not start without a valid config",
+    ),
+    ("TRACING_ENABLED", "tracing export is not supported"),
+    (
+        "LIMIT_LIMIT_HEADER",
+        "header names follow the chosen header style",
+    ),
+    (
+        "LIMIT_REMAINING_HEADER",
+        "header names follow the chosen header style",
+    ),
+    (
+        "LIMIT_RESET_HEADER",
+        "header names follow the chosen header style",
+    ),
+];
+
+fn truthy(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" | "yes" | "on" => Some(true),
+        "0" | "f" | "false" | "no" | "off" | "" => Some(false),
+        _ => None,
+    }
+}
+
+/// Translates envoyproxy/ratelimit's variables, read through `get`, into `SLUICE_*` ones.
+pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
+    let mut out = Translation::default();
+    let map = |legacy: &str, sluice: &str, value: String, out: &mut Translation| {
+        if get(sluice).is_some() {
+            out.notes
+                .push(format!("{legacy} ignored: {sluice} is set and wins"));
+        } else {
+            out.set.insert(sluice.to_owned(), value);
+        }
+    };
+    let flag = |name: &str, out: &mut Translation| -> Option<bool> {
+        let raw = get(name)?;
+        let parsed = truthy(&raw);
+        if parsed.is_none() {
+            out.notes
+                .push(format!("{name}={raw:?} ignored: expected true or false"));
+        }
+        parsed
+    };
+
+    if let Some(url) = get("REDIS_URL").filter(|u| !u.is_empty()) {
+        let tls = flag("REDIS_TLS", &mut out).unwrap_or(false);
+        let kind = get("REDIS_TYPE").unwrap_or_else(|| "single".into());
+        let socket = get("REDIS_SOCKET_TYPE").unwrap_or_default();
+        let translated = if url.contains("://") {
+            Some(url)
+        } else {
+            match kind.to_ascii_lowercase().as_str() {
+                "single" | "" if url.starts_with('/') || socket.eq_ignore_ascii_case("unix") => {
+                    Some(format!("redis+unix://{url}"))
+                }
+                "single" | "" => Some(format!("{}://{url}", if tls { "rediss" } else { "redis" })),
+                "cluster" => Some(format!(
+                    "{}+cluster://{url}",
+                    if tls { "rediss" } else { "redis" }
+                )),
+                _ => {
+                    out.notes.push(format!(
+                        "REDIS_TYPE={kind} is not supported (single or cluster): REDIS_URL ignored"
+                    ));
+                    None
+                }
+            }
+        };
+        if let Some(url) = translated {
+            map("REDIS_URL", "SLUICE_REDIS_URL", url, &mut out);
+        }
+    }
+    if let Some(auth) = get("REDIS_AUTH").filter(|a| !a.is_empty()) {
+        // `user:password` or a bare password, as envoyproxy/ratelimit reads it. Never logged.
+        match auth.split_once(':') {
+            Some((user, password)) => {
+                map(
+                    "REDIS_AUTH",
+                    "SLUICE_REDIS_USERNAME",
+                    user.to_owned(),
+                    &mut out,
+                );
+                map(
+                    "REDIS_AUTH",
+                    "SLUICE_REDIS_PASSWORD",
+                    password.to_owned(),
+                    &mut out,
+                );
+            }
+            None => map("REDIS_AUTH", "SLUICE_REDIS_PASSWORD", auth, &mut out),
+        }
+    }
+    if let Some(ca) = get("REDIS_TLS_CACERT").filter(|c| !c.is_empty()) {
+        map("REDIS_TLS_CACERT", "SLUICE_REDIS_CA_FILE", ca, &mut out);
+    }
+    if let Some(size) = get("REDIS_POOL_SIZE") {
+        map("REDIS_POOL_SIZE", "SLUICE_REDIS_POOL_SIZE", size, &mut out);
+    }
+    if let Some(root) = get("RUNTIME_ROOT") {
+        let mut path = std::path::PathBuf::from(root);
+        if let Some(sub) = get("RUNTIME_SUBDIRECTORY").filter(|s| !s.is_empty()) {
+            path.push(sub);
+        }
+        path.push(get("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
+        map(
+            "RUNTIME_ROOT",
+            "SLUICE_CONFIG",
+            path.to_string_lossy().into_owned(),
+            &mut out,
+        );
+    }
+    if let Some(watch) = flag("RUNTIME_WATCH_ROOT", &mut out) {
+        map(
+            "RUNTIME_WATCH_ROOT",
+            "SLUICE_WATCH_CONFIG",
+            watch.to_string(),
+            &mut out,
+        );
+    }
+    if get("RUNTIME_IGNOREDOTFILES").is_some() {
+        out.notes.push(
+            "RUNTIME_IGNOREDOTFILES: always on: entries starting with `.` are never loaded".into(),
+        );
+    }
+    if get("GRPC_PORT").is_some() || get("GRPC_HOST").is_some() {
+        let host = get("GRPC_HOST").unwrap_or_else(|| "0.0.0.0".into());
+        let port = get("GRPC_PORT").unwrap_or_else(|| "8081".into());
+        map(
+            "GRPC_PORT",
+            "SLUICE_GRPC_ADDR",
+            format!("{host}:{port}"),
+            &mut out,
+        );
+    }
+    if get("PORT").is_some() || get("HOST").is_some() {
+        let host = get("HOST").unwrap_or_else(|| "0.0.0.0".into());
+        let port = get("PORT").unwrap_or_else(|| "8080".into());
+        map(
+            "PORT",
+            "SLUICE_ADMIN_ADDR",
+            format!("{host}:{port}"),
+            &mut out,
+        );
+    }
+    for (legacy, sluice) in [
+        ("SHADOW_MODE", "SLUICE_SHADOW_MODE"),
+        ("MERGE_DOMAIN_CONFIG", "SLUICE_MERGE_DOMAIN_CONFIG"),
+    ] {
+        if let Some(on) = flag(legacy, &mut out) {
+            map(legacy, sluice, on.to_string(), &mut out);
+        }
+    }
+    if let Some(ratio) = get("NEAR_LIMIT_RATIO") {
+        map(
+            "NEAR_LIMIT_RATIO",
+            "SLUICE_NEAR_LIMIT_RATIO",
+            ratio,
+            &mut out,
+        );
+    }
+    if let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &mut out) {
+        let style = if on { "draft" } else { "none" };
+        map(
+            "LIMIT_RESPONSE_HEADERS_ENABLED",
+            "SLUICE_RESPONSE_HEADERS",
+            style.to_owned(),
+            &mut out,
+        );
+    }
+    if let Some(bytes) = get("LOCAL_CACHE_SIZE_IN_BYTES") {
+        match bytes.trim().parse::<u64>() {
+            Ok(bytes) => map(
+                "LOCAL_CACHE_SIZE_IN_BYTES",
+                "SLUICE_LOCAL_CACHE_SIZE",
+                (bytes / LOCAL_CACHE_BYTES_PER_ENTRY).to_string(),
+                &mut out,
+            ),
+            Err(_) => out.notes.push(format!(
+                "LOCAL_CACHE_SIZE_IN_BYTES={bytes:?} ignored: expected a number of bytes"
+            )),
+        }
+    }
+    if let Some(prefix) = get("CACHE_KEY_PREFIX") {
+        map("CACHE_KEY_PREFIX", "SLUICE_KEY_PREFIX", prefix, &mut out);
+    }
+    if let Some(level) = get("LOG_LEVEL") {
+        map(
+            "LOG_LEVEL",
+            "SLUICE_LOG",
+            level.to_ascii_lowercase(),
+            &mut out,
+        );
+    }
+    if let Some(format) = get("LOG_FORMAT") {
+        map(
+            "LOG_FORMAT",
+            "SLUICE_LOG_FORMAT",
+            format.to_ascii_lowercase(),
+            &mut out,
+        );
+    }
+    for (name, why) in UNSUPPORTED {
+        if get(name).is_some() {
+            out.notes.push(format!("{name} is not supported: {why}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn run(vars: &[(&str, &str)]) -> Translation {
+        let env: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        translate(&|name| env.get(name).cloned())
+    }
+
+    #[test]
+    fn maps_a_typical_envoyproxy_deployment() {
+        let t = run(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_POOL_SIZE", "20"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("GRPC_PORT", "8081"),
+            ("PORT", "8080"),
+            ("SHADOW_MODE", "true"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+            ("CACHE_KEY_PREFIX", "rl_"),
+            ("USE_STATSD", "false"),
+            ("LOG_LEVEL", "DEBUG"),
+        ]);
+        let expect = [
+            ("SLUICE_REDIS_URL", "redis://redis:6379"),
+            ("SLUICE_REDIS_POOL_SIZE", "20"),
+            ("SLUICE_CONFIG", "/data/ratelimit/config"),
+            ("SLUICE_WATCH_CONFIG", "false"),
+            ("SLUICE_GRPC_ADDR", "0.0.0.0:8081"),
+            ("SLUICE_ADMIN_ADDR", "0.0.0.0:8080"),
+            ("SLUICE_SHADOW_MODE", "true"),
+            ("SLUICE_NEAR_LIMIT_RATIO", "0.9"),
+            ("SLUICE_LOCAL_CACHE_SIZE", "8192"),
+            ("SLUICE_KEY_PREFIX", "rl_"),
+            ("SLUICE_LOG", "debug"),
+        ];
+        for (k, v) in expect {
+            assert_eq!(t.set.get(k).map(String::as_str), Some(v), "{k}: {t:#?}");
+        }
+        assert_eq!(t.set.len(), expect.len(), "{t:#?}");
+        assert_eq!(t.notes.len(), 1, "{t:#?}");
+        assert!(t.notes[0].starts_with("USE_STATSD is not supported"));
+    }
+
+    #[test]
+    fn cluster_tls_auth_and_unix_sockets() {
+        let t = run(&[
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", "h1:7000,h2:7001"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_AUTH", "app:s3cret"),
+        ]);
+        assert_eq!(
+            t.set["SLUICE_REDIS_URL"],
+            "rediss+cluster://h1:7000,h2:7001"
+        );
+        assert_eq!(t.set["SLUICE_REDIS_USERNAME"], "app");
+        assert_eq!(t.set["SLUICE_REDIS_PASSWORD"], "s3cret");
+        let t = run(&[("REDIS_URL", "/var/run/redis.sock"), ("REDIS_AUTH", "pw")]);
+        assert_eq!(
+            t.set["SLUICE_REDIS_URL"],
+            "redis+unix:///var/run/redis.sock"
+        );
+        assert_eq!(t.set["SLUICE_REDIS_PASSWORD"], "pw");
+        let t = run(&[("REDIS_TYPE", "SENTINEL"), ("REDIS_URL", "m,h:1")]);
+        assert!(t.set.is_empty());
+        assert!(t.notes[0].contains("SENTINEL is not supported"), "{t:#?}");
+    }
+
+    #[test]
+    fn sluice_variables_win_and_bad_values_are_reported() {
+        let t = run(&[
+            ("GRPC_PORT", "9000"),
+            ("SLUICE_GRPC_ADDR", "127.0.0.1:8081"),
+            ("SHADOW_MODE", "maybe"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "lots"),
+        ]);
+        assert!(t.set.is_empty(), "{t:#?}");
+        assert_eq!(t.notes.len(), 3, "{t:#?}");
+        assert!(t
+            .notes
+            .iter()
+            .any(|n| n.contains("SLUICE_GRPC_ADDR is set and wins")));
+    }
+}
