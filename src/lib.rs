@@ -6,11 +6,13 @@
 //! - [`limiter`]: the sliding-window log behind a trait; `memory` and `redis` backends.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
+//! - [`metrics`]: every metric family; [`cardinality`]: bounded window-fullness tracking.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
 //! - [`server`]: wiring: `run(config, listeners, shutdown)`.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cardinality;
 pub mod config;
 pub mod decision;
 pub mod descriptor;

@@ -20,6 +20,7 @@ use crate::admin::{self, Readiness};
 use crate::config::Config;
 use crate::decision::Engine;
 use crate::limiter::Limiter;
+use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 
@@ -30,6 +31,8 @@ pub struct ServerSettings {
     pub metrics: Option<PrometheusHandle>,
     /// How often readiness re-probes the backend.
     pub probe_interval: Duration,
+    /// Near-limit ratio and hot-key count.
+    pub metrics_settings: MetricsSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +54,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let limiter = settings.limiter.clone();
-    let engine = Arc::new(Engine::new(settings.config, settings.limiter));
+    let observer = Arc::new(Observer::new(
+        settings.metrics_settings,
+        settings.limiter.clone(),
+    ));
+    let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
+    let engine = Arc::new(Engine::new(settings.config, observed));
     let readiness = Arc::new(Readiness::new());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 
@@ -84,10 +92,13 @@ pub async fn run(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(engine)))
+        .add_service(RateLimitServiceServer::new(RateLimiter::new(
+            engine,
+            observer.clone(),
+        )))
         .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
 
-    let admin_app = admin::router(readiness.clone(), settings.metrics);
+    let admin_app = admin::router(readiness.clone(), settings.metrics, observer);
     let admin = axum::serve(admin_listener, admin_app)
         .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
         .into_future();
@@ -134,6 +145,7 @@ async fn probe_backend(
     }
     let result = limiter.ping().await;
     let up = result.is_ok();
+    metrics::record_backend_up(up);
     if readiness.set_backend_up(up) || first {
         match &result {
             Ok(()) => tracing::info!(backend = limiter.backend(), "backend reachable: serving"),
