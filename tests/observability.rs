@@ -220,6 +220,21 @@ async fn exact_values_after_known_traffic(backend: Backend) {
     assert_eq!(v(r#"sluice_config_loads_total{result="success"}"#), 1.0);
     assert_eq!(v("sluice_config_rules"), 3.0);
     assert!(v("sluice_config_last_success_timestamp_seconds") > 1.7e9);
+    // Every family on the page is documented.
+    let docs =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"))
+            .expect("docs/metrics.md");
+    for line in samples(&page) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        assert!(
+            docs.contains(&format!("`{family}`")),
+            "{family} missing from docs/metrics.md"
+        );
+    }
     match backend {
         Backend::Redis => {
             // Four live keys: c1 (7), c2 (2), c3 (1), alice (3), all listpacks.
