@@ -14,6 +14,8 @@ use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::metrics::Observer;
+
 /// Readiness as the admin server and gRPC health both report it.
 #[derive(Debug, Default)]
 pub struct Readiness {
@@ -55,14 +57,23 @@ impl Readiness {
 struct AdminState {
     readiness: Arc<Readiness>,
     metrics: Option<PrometheusHandle>,
+    observer: Arc<Observer>,
 }
 
-pub fn router(readiness: Arc<Readiness>, metrics: Option<PrometheusHandle>) -> Router {
+pub fn router(
+    readiness: Arc<Readiness>,
+    metrics: Option<PrometheusHandle>,
+    observer: Arc<Observer>,
+) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
-        .with_state(AdminState { readiness, metrics })
+        .with_state(AdminState {
+            readiness,
+            metrics,
+            observer,
+        })
 }
 
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
@@ -78,12 +89,18 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
 
 async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
     match &state.metrics {
-        Some(handle) => (
-            StatusCode::OK,
-            [("content-type", "text/plain; version=0.0.4")],
-            handle.render(),
-        )
-            .into_response(),
+        Some(handle) => {
+            // Scrape-time gauges first, so the rendering below includes them.
+            let hot_keys = state.observer.collect();
+            let mut text = handle.render();
+            text.push_str(&hot_keys);
+            (
+                StatusCode::OK,
+                [("content-type", "text/plain; version=0.0.4")],
+                text,
+            )
+                .into_response()
+        }
         None => (
             StatusCode::NOT_FOUND,
             "metrics recorder not installed in this process\n",

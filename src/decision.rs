@@ -126,6 +126,11 @@ pub struct Verdict {
     pub rule: Option<String>,
     /// Entries in the key's window after the decision (0 when no backend was asked).
     pub window_count: u64,
+    /// The rule sets `detailed_metric` (or `value_to_metric`): metrics may label this verdict
+    /// with the descriptor's values (bounded by the metrics layer).
+    pub detailed_metric: bool,
+    /// The limiter key the backend was asked about, when one was.
+    pub key: Option<String>,
 }
 
 impl Verdict {
@@ -138,6 +143,8 @@ impl Verdict {
             reset_ms: 0,
             rule: rule.map(|r| r.path.clone()),
             window_count: 0,
+            detailed_metric: rule.is_some_and(|r| r.detailed_metric || r.value_to_metric),
+            key: None,
         }
     }
 }
@@ -269,6 +276,9 @@ impl Engine {
                         reset_ms: item.reset_ms,
                         rule: rule.map(|r| r.path.clone()),
                         window_count: item.count,
+                        detailed_metric: rule
+                            .is_some_and(|r| r.detailed_metric || r.value_to_metric),
+                        key: Some(hit.key),
                         limit: Some(limit),
                     }
                 }

@@ -6,6 +6,7 @@
 //! - [`limiter`]: the sliding-window log behind a trait; `memory` and `redis` backends.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
+//! - [`metrics`]: every metric family; [`cardinality`]: bounded window-fullness tracking.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
 //! - [`http_api`]: envoyproxy/ratelimit's HTTP face on the admin port: POST /json, GET /rlconfig.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
@@ -14,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cardinality;
 pub mod compat;
 pub mod config;
 pub mod decision;

@@ -13,6 +13,7 @@ use sluice::config::{Config, LoadOptions};
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::{Limiter, SystemClock};
+use sluice::metrics::MetricsSettings;
 use sluice::{run, ServerSettings};
 
 #[derive(Parser)]
@@ -91,6 +92,13 @@ struct ServeArgs {
     /// Prefix of every limiter key (no braces, at most 64 bytes).
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = sluice::descriptor::KEY_PREFIX)]
     key_prefix: String,
+    /// An admitted decision counts as near the limit (sluice_near_limit_total) when it leaves
+    /// more than floor(ratio x limit) entries in the window.
+    #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
+    near_limit_ratio: f64,
+    /// How many of the hottest keys /metrics shows (sluice_hot_key_entries).
+    #[arg(long, env = "SLUICE_HOT_KEYS", default_value_t = 10)]
+    hot_keys: usize,
     /// Log format on stderr.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -199,12 +207,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load_with(&args.config, load_options(args.merge_domain_config))
         .map_err(|errors| anyhow::anyhow!("{errors}"))
         .with_context(|| format!("loading config from {}", args.config.display()))?;
-    tracing::info!(
-        path = %args.config.display(),
-        domains = config.domains().count(),
-        limits = config.rule_count(),
-        "config loaded"
-    );
 
     let limiter: Arc<dyn Limiter> = match &args.redis_url {
         Some(url) => {
@@ -225,6 +227,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .install_recorder()
         .context("installing the metrics recorder")?;
     sluice::metrics::describe();
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    sluice::metrics::record_config_loaded(&args.config, &config, unix_now);
 
     let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -246,6 +252,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         engine: sluice::decision::EngineOptions {
             shadow_mode: args.shadow_mode,
             key_prefix: args.key_prefix.clone(),
+        },
+        metrics_settings: MetricsSettings {
+            near_limit_ratio: args.near_limit_ratio,
+            hot_keys: args.hot_keys,
         },
     };
     if args.shadow_mode {
@@ -274,6 +284,14 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+    }
+}
+
+/// A ratio in (0, 1].
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!("{text:?} is not a ratio in (0, 1]")),
     }
 }
 

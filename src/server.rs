@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::decision::{Engine, EngineOptions};
 use crate::http_api;
 use crate::limiter::Limiter;
+use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 
@@ -32,6 +33,8 @@ pub struct ServerSettings {
     /// How often readiness re-probes the backend.
     pub probe_interval: Duration,
     pub engine: EngineOptions,
+    /// Near-limit ratio and hot-key count.
+    pub metrics_settings: MetricsSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +56,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let limiter = settings.limiter.clone();
+    let observer = Arc::new(Observer::new(
+        settings.metrics_settings,
+        settings.limiter.clone(),
+    ));
+    let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
     let engine = Arc::new(Engine::with_options(
         settings.config,
-        settings.limiter,
+        observed,
         settings.engine,
     ));
     let readiness = Arc::new(Readiness::new());
@@ -92,11 +100,12 @@ pub async fn run(
         .add_service(reflection_v1alpha)
         .add_service(RateLimitServiceServer::new(RateLimiter::new(
             engine.clone(),
+            observer.clone(),
         )))
         .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
 
-    let admin_app =
-        admin::router(readiness.clone(), settings.metrics).merge(http_api::router(engine));
+    let admin_app = admin::router(readiness.clone(), settings.metrics, observer)
+        .merge(http_api::router(engine));
     let admin = axum::serve(admin_listener, admin_app)
         .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
         .into_future();
@@ -143,6 +152,7 @@ async fn probe_backend(
     }
     let result = limiter.ping().await;
     let up = result.is_ok();
+    metrics::record_backend_up(up);
     if readiness.set_backend_up(up) || first {
         match &result {
             Ok(()) => tracing::info!(backend = limiter.backend(), "backend reachable: serving"),

@@ -13,7 +13,7 @@ use crate::config::Unit;
 use crate::decision::{self, Code, Decision, DecisionError, Engine, InvalidRequest, LimitOverride};
 use crate::descriptor::Entry;
 use crate::limiter::LimiterError;
-use crate::metrics;
+use crate::metrics::Observer;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -29,11 +29,12 @@ pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
 pub struct RateLimiter {
     engine: Arc<Engine>,
+    observer: Arc<Observer>,
 }
 
 impl RateLimiter {
-    pub fn new(engine: Arc<Engine>) -> Self {
-        RateLimiter { engine }
+    pub fn new(engine: Arc<Engine>, observer: Arc<Observer>) -> Self {
+        RateLimiter { engine, observer }
     }
 }
 
@@ -46,7 +47,8 @@ impl RateLimitService for RateLimiter {
         let started = Instant::now();
         let request = to_domain(request.into_inner()).map_err(invalid_argument)?;
         let result = self.engine.decide(&request).await;
-        metrics::record_request(&request.domain, result.as_ref(), started.elapsed());
+        self.observer
+            .record_request(&request, result.as_ref(), started.elapsed());
         match result {
             Ok(decision) => Ok(Response::new(to_proto(decision))),
             Err(err) => Err(to_status(err)),

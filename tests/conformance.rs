@@ -433,6 +433,11 @@ mod redis_only {
         let l = redis_limiter(&server).await;
         let mut conn = raw(&server).await;
         assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+        // A fresh server has no script yet: the first call loaded it.
+        let loads = |l: &Arc<dyn Limiter>| l.stats().expect("redis stats").script_loads;
+        assert_eq!(loads(&l), 1);
+        assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+        assert_eq!(loads(&l), 1, "a loaded script is not loaded again");
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
             .query_async(&mut conn)
@@ -440,7 +445,11 @@ mod redis_only {
             .expect("script flush");
         let out = at(&l, &[c("k", 3, 1)], T + 1).await;
         assert!(out.admitted);
-        assert_eq!(out.items[0].count, 2);
+        assert_eq!(out.items[0].count, 3);
+        assert_eq!(loads(&l), 2, "NOSCRIPT reloads are counted");
+        let stats = l.stats().unwrap();
+        assert_eq!((stats.in_flight, stats.waiting), (0, 0));
+        assert!(stats.connected >= 1 && stats.connected <= stats.connections);
     }
 
     #[tokio::test]

@@ -63,6 +63,24 @@ pub struct BatchOutcome {
     pub items: Vec<KeyOutcome>,
 }
 
+/// A backend's own counters and gauges, read when `/metrics` is scraped. Backends return them
+/// instead of calling a metrics library, so the limiter stays free of one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Scripts loaded again after the server answered `NOSCRIPT` (a restart, failover or
+    /// `SCRIPT FLUSH`), since start.
+    pub script_loads: u64,
+    /// Connections the backend keeps (its pool size).
+    pub connections: u64,
+    /// Of those, slots holding a connection (one that broke silently counts until a call on it
+    /// fails; it is then dropped and re-established by the next call on that slot).
+    pub connected: u64,
+    /// Calls sent and waiting for their reply.
+    pub in_flight: u64,
+    /// Calls waiting for a connection to be (re)established before they can be sent.
+    pub waiting: u64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LimiterError {
     #[error("backend unavailable: {0}")]
@@ -104,4 +122,9 @@ pub trait Limiter: Send + Sync {
 
     /// Short backend name for logs and metrics ("memory", "redis").
     fn backend(&self) -> &'static str;
+
+    /// Connection and script counters, for backends that have connections (`None` otherwise).
+    fn stats(&self) -> Option<BackendStats> {
+        None
+    }
 }

@@ -1,8 +1,10 @@
 //! Redis limiter backend: the sliding-window log in sorted sets, shared by every sidecar.
 //!
 //! Why it looks like this: every batch is one `EVALSHA` of [`script::SCRIPT`] with all its keys,
-//! so the decision is atomic across keys and sidecars in a single round trip; redis-rs's
-//! `Script` falls back to loading the script on `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+//! so the decision is atomic across keys and sidecars in a single round trip. On `NOSCRIPT`
+//! (after a restart, a failover or `SCRIPT FLUSH`) the script is loaded and the call retried
+//! once; the limiter sends `EVALSHA` itself rather than through redis-rs's `invoke_async`, which
+//! reloads silently, so that reloads can be counted ([`BackendStats::script_loads`]).
 //!
 //! Connections: a few shared [`MultiplexedConnection`]s used round-robin, not a pool. A
 //! multiplexed connection already carries any number of concurrent requests, so a pool adds
@@ -20,7 +22,7 @@
 
 pub mod script;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -30,7 +32,7 @@ use redis::{
     self, AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind, Value,
 };
 
-use super::{BatchOutcome, Hit, HitKind, Limiter, LimiterError};
+use super::{BackendStats, BatchOutcome, Hit, HitKind, Limiter, LimiterError};
 use script::{decode_reply, KIND_CONSUME, KIND_REFUND, KIND_SHADOW, MAX_EXACT, SCRIPT};
 
 /// Time allowed to establish one connection.
@@ -62,6 +64,25 @@ pub struct RedisLimiter {
     slots: Box<[Slot]>,
     next: AtomicUsize,
     script: Script,
+    script_loads: AtomicU64,
+    in_flight: AtomicU64,
+    waiting: AtomicU64,
+}
+
+/// Counts a call in a gauge for as long as the guard lives, however the call ends.
+struct Gauge<'a>(&'a AtomicU64);
+
+impl<'a> Gauge<'a> {
+    fn enter(counter: &'a AtomicU64) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Gauge(counter)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for RedisLimiter {
@@ -94,6 +115,9 @@ impl RedisLimiter {
             slots,
             next: AtomicUsize::new(0),
             script: Script::new(SCRIPT),
+            script_loads: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
         })
     }
 
@@ -106,7 +130,10 @@ impl RedisLimiter {
         if let Some(conn) = lock(&slot.conn).clone() {
             return Ok(conn);
         }
-        let _connecting = slot.connecting.lock().await;
+        let _connecting = {
+            let _waiting = Gauge::enter(&self.waiting);
+            slot.connecting.lock().await
+        };
         if let Some(conn) = lock(&slot.conn).clone() {
             return Ok(conn);
         }
@@ -152,8 +179,12 @@ impl RedisLimiter {
                 items: Vec::new(),
             });
         }
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string()));
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(self.script.get_hash()).arg(batch.len());
+        for hit in batch {
+            evalsha.arg(hit.key.as_str());
+        }
+        evalsha.arg(now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string()));
         for hit in batch {
             // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact.
             // Limits cap one below hits, so that a clamped huge `hits` still fails like the
@@ -165,8 +196,7 @@ impl RedisLimiter {
                 HitKind::Refund => KIND_REFUND,
             };
             let hits = hit.hits.min(MAX_EXACT);
-            invocation
-                .key(hit.key.as_str())
+            evalsha
                 .arg(limit)
                 .arg(hit.window_ms.min(MAX_EXACT))
                 .arg(hits)
@@ -174,10 +204,22 @@ impl RedisLimiter {
         }
         let slot = self.slot();
         let mut conn = self.connection(slot).await?;
-        let reply: Value = invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.fail(slot, &e))?;
+        let _in_flight = Gauge::enter(&self.in_flight);
+        let reply: Value = match evalsha.query_async(&mut conn).await {
+            Ok(reply) => reply,
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script_loads.fetch_add(1, Ordering::Relaxed);
+                self.script
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| self.fail(slot, &e))?;
+                evalsha
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.fail(slot, &e))?
+            }
+            Err(e) => return Err(self.fail(slot, &e)),
+        };
         decode_reply(&reply, batch.len())
     }
 }
@@ -232,5 +274,20 @@ impl Limiter for RedisLimiter {
 
     fn backend(&self) -> &'static str {
         "redis"
+    }
+
+    fn stats(&self) -> Option<BackendStats> {
+        let connected = self
+            .slots
+            .iter()
+            .filter(|slot| lock(&slot.conn).is_some())
+            .count();
+        Some(BackendStats {
+            script_loads: self.script_loads.load(Ordering::Relaxed),
+            connections: self.slots.len() as u64,
+            connected: connected as u64,
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+        })
     }
 }
