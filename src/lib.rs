@@ -7,6 +7,7 @@
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
+//! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`server`]: wiring: `run(config, listeners, shutdown)`.
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod descriptor;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;
+pub mod reload;
 pub mod server;
 pub mod service;
 

@@ -13,6 +13,7 @@ use sluice::config::Config;
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::{Limiter, SystemClock};
+use sluice::reload::ReloadSettings;
 use sluice::{run, ServerSettings};
 
 #[derive(Parser)]
@@ -67,6 +68,19 @@ struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Reload the config when it changes (a Kubernetes ConfigMap's `..data` swap included);
+    /// an invalid change is logged and the previous config keeps serving.
+    #[arg(
+        long,
+        env = "SLUICE_WATCH_CONFIG",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    watch_config: bool,
+    /// Milliseconds between checks of the config for changes.
+    #[arg(long, env = "SLUICE_WATCH_INTERVAL_MS", default_value_t = 1000)]
+    watch_interval_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -150,6 +164,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .install_recorder()
         .context("installing the metrics recorder")?;
     sluice::metrics::describe();
+    sluice::metrics::describe_config_reload();
+    sluice::metrics::record_config_loaded(config.rule_count());
 
     let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -168,6 +184,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limiter,
         metrics: Some(metrics),
         probe_interval: Duration::from_secs(args.probe_interval_secs.max(1)),
+        reload: args.watch_config.then(|| ReloadSettings {
+            path: args.config.clone(),
+            // A floor keeps a typo (0) from turning the poll into a busy loop.
+            interval: Duration::from_millis(args.watch_interval_ms.max(50)),
+        }),
     };
     run(settings, grpc, admin, shutdown_signal()).await?;
     Ok(())

@@ -75,3 +75,39 @@ pub fn record_request(domain: &str, result: Result<&Decision, &DecisionError>, e
         .increment(1);
     }
 }
+
+// --- Config hot reload (src/reload.rs) ---------------------------------------------------------
+// Kept apart from the families above so the reload metrics can be merged independently.
+
+pub const CONFIG_RELOADS_TOTAL: &str = "sluice_config_reloads_total";
+pub const CONFIG_RULES: &str = "sluice_config_rules";
+pub const CONFIG_LAST_RELOAD_OK: &str = "sluice_config_last_reload_ok";
+
+pub fn describe_config_reload() {
+    metrics::describe_counter!(
+        CONFIG_RELOADS_TOTAL,
+        "Config reload attempts after a change, by result (ok, error)"
+    );
+    metrics::describe_gauge!(CONFIG_RULES, "Limits in the config generation serving now");
+    metrics::describe_gauge!(
+        CONFIG_LAST_RELOAD_OK,
+        "1 when the latest config change was loaded, 0 when it was rejected (the previous \
+         generation keeps serving)"
+    );
+}
+
+/// The config serving at start-up; reloads then update the same gauge.
+pub fn record_config_loaded(rules: usize) {
+    metrics::gauge!(CONFIG_RULES).set(rules as f64);
+    metrics::gauge!(CONFIG_LAST_RELOAD_OK).set(1.0);
+}
+
+/// One reload attempt; `rules` is the new generation's limit count when `ok`.
+pub fn record_config_reload(ok: bool, rules: usize) {
+    let result = if ok { "ok" } else { "error" };
+    metrics::counter!(CONFIG_RELOADS_TOTAL, "result" => result).increment(1);
+    metrics::gauge!(CONFIG_LAST_RELOAD_OK).set(if ok { 1.0 } else { 0.0 });
+    if ok {
+        metrics::gauge!(CONFIG_RULES).set(rules as f64);
+    }
+}

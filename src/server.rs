@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::decision::Engine;
 use crate::limiter::Limiter;
 use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::reload::{self, ReloadSettings};
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 
 pub struct ServerSettings {
@@ -30,6 +31,8 @@ pub struct ServerSettings {
     pub metrics: Option<PrometheusHandle>,
     /// How often readiness re-probes the backend.
     pub probe_interval: Duration,
+    /// Hot reload of the config; `None` serves the start-up config until exit.
+    pub reload: Option<ReloadSettings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +60,9 @@ pub async fn run(
 
     probe_backend(&*limiter, &readiness, &health_reporter, true).await;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let reloader = settings
+        .reload
+        .map(|r| tokio::spawn(reload::run(r, engine.clone(), stop_rx.clone())));
     let prober = tokio::spawn(probe_loop(
         limiter,
         readiness.clone(),
@@ -102,6 +108,9 @@ pub async fn run(
 
     let (grpc_result, admin_result, ()) = tokio::join!(grpc, admin, drain);
     prober.abort();
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
     grpc_result?;
     admin_result.map_err(ServerError::Admin)?;
     tracing::info!("stopped");
