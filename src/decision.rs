@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{Config, LimitSpec, Lookup, Rule, Unit};
+use crate::config::{Config, HeaderPolicy, LimitSpec, Lookup, Rule, Unit};
 use crate::descriptor::{limiter_key, Entry};
 use crate::limiter::{Hit, HitKind, Limiter, LimiterError};
 
@@ -126,6 +126,9 @@ pub struct Verdict {
     pub rule: Option<String>,
     /// Entries in the key's window after the decision (0 when no backend was asked).
     pub window_count: u64,
+    /// Response headers this verdict asks for (the default, none, for shadow-mode limits,
+    /// refunds and descriptors without a limit: they never reject, so they advertise nothing).
+    pub headers: HeaderPolicy,
 }
 
 impl Verdict {
@@ -138,6 +141,7 @@ impl Verdict {
             reset_ms: 0,
             rule: rule.map(|r| r.path.clone()),
             window_count: 0,
+            headers: HeaderPolicy::default(),
         }
     }
 }
@@ -160,6 +164,7 @@ enum Plan<'c> {
         rule: Option<&'c Rule>,
         limit: CurrentLimit,
         hit: Hit,
+        headers: HeaderPolicy,
     },
 }
 
@@ -219,7 +224,12 @@ impl Engine {
         for p in plans {
             let verdict = match p {
                 Plan::Done(v) => v,
-                Plan::Limited { rule, limit, hit } => {
+                Plan::Limited {
+                    rule,
+                    limit,
+                    hit,
+                    headers,
+                } => {
                     let item = items.next().ok_or_else(|| {
                         LimiterError::Protocol("fewer outcomes than batch items".into())
                     })?;
@@ -240,6 +250,7 @@ impl Engine {
                         rule: rule.map(|r| r.path.clone()),
                         window_count: item.count,
                         limit: Some(limit),
+                        headers,
                     }
                 }
             };
@@ -335,8 +346,15 @@ fn plan<'c>(config: &'c Config, request: &Request) -> Vec<Plan<'c>> {
                 HitKind::Consume
             };
             let window_ms = unit.window_ms();
+            let headers = match kind {
+                HitKind::Consume => {
+                    rule.map_or_else(|| config.domain_headers(&request.domain), |r| r.headers)
+                }
+                HitKind::Shadow | HitKind::Refund => HeaderPolicy::default(),
+            };
             Plan::Limited {
                 rule,
+                headers,
                 limit: CurrentLimit {
                     requests_per_unit,
                     unit,

@@ -5,6 +5,7 @@
 //! - [`descriptor`]: request descriptor entries -> limiter keys (one pure function).
 //! - [`limiter`]: the sliding-window log behind a trait; `memory` and `redis` backends.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
+//! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod config;
 pub mod decision;
 pub mod descriptor;
+pub mod headers;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;
