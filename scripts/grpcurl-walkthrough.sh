@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's grpcurl session, run for real against the built binary on both backends:
-# reflection `list` and `describe` with no proto files, then OK, OK, OK, OVER_LIMIT.
+# reflection `list` and `describe` with no proto files, then OK, OK, OK, OVER_LIMIT, each with
+# the exact rate-limit response headers (examples/limits asks for the draft format).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,10 +48,23 @@ walkthrough() {
     | grep -q '"SERVING"' || fail "$name: health is not SERVING"
 
   local req='{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"demo"}]}]}'
-  for expected in OK OK OK OVER_LIMIT; do
+  local policy='RateLimit-Policy="demo";q=3;w=60'
+  local expected headers
+  # Seconds until the first hit leaves the 60 s window, rounded up: 60 unless a grpcurl call
+  # took a whole second on a loaded machine (tests/headers.rs pins the exact values).
+  local t='(59|60)'
+  for step in \
+    "OK|$policy RateLimit=\"demo\";r=2;t=$t" \
+    "OK|$policy RateLimit=\"demo\";r=1;t=$t" \
+    "OK|$policy RateLimit=\"demo\";r=0;t=$t" \
+    "OVER_LIMIT|$policy RateLimit=\"demo\";r=0;t=$t Retry-After=$t"; do
+    expected=${step%%|*}
+    headers=${step#*|}
     grpcurl -plaintext -d "$req" "$addr" envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit >"$work/out"
     cat "$work/out"
     grep -q "\"overallCode\": \"$expected\"" "$work/out" || fail "$name: expected $expected"
+    got=$(python3 -c 'import json,sys; print(" ".join(h["key"]+"="+h["value"] for h in json.load(open(sys.argv[1])).get("responseHeadersToAdd", [])))' "$work/out")
+    echo "$got" | grep -qxE "$headers" || fail "$name: headers: expected [$headers], got [$got]"
   done
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{Config, LimitSpec, Lookup, Rule, Unit};
+use crate::config::{Config, HeaderPolicy, LimitSpec, Lookup, Rule, Unit};
 use crate::descriptor::{limiter_key_with_prefix, Entry, KEY_PREFIX};
 use crate::limiter::{Hit, HitKind, Limiter, LimiterError};
 
@@ -131,6 +131,9 @@ pub struct Verdict {
     pub detailed_metric: bool,
     /// The limiter key the backend was asked about, when one was.
     pub key: Option<String>,
+    /// Response headers this verdict asks for (the default, none, for shadow-mode limits,
+    /// refunds and descriptors without a limit: they never reject, so they advertise nothing).
+    pub headers: HeaderPolicy,
 }
 
 impl Verdict {
@@ -145,6 +148,7 @@ impl Verdict {
             window_count: 0,
             detailed_metric: rule.is_some_and(|r| r.detailed_metric || r.value_to_metric),
             key: None,
+            headers: HeaderPolicy::default(),
         }
     }
 }
@@ -168,6 +172,7 @@ pub enum Resolution<'c> {
         rule: Option<&'c Rule>,
         limit: CurrentLimit,
         hit: Hit,
+        headers: HeaderPolicy,
     },
 }
 
@@ -217,7 +222,12 @@ impl Engine {
 
     /// Swaps in a new config generation atomically; in-flight requests finish on the old one.
     pub fn replace_config(&self, config: Config) {
-        self.config.store(Arc::new(config));
+        self.replace_config_arc(Arc::new(config));
+    }
+
+    /// [`Engine::replace_config`] for a config already shared.
+    pub fn replace_config_arc(&self, config: Arc<Config>) {
+        self.config.store(config);
     }
 
     pub fn limiter(&self) -> &Arc<dyn Limiter> {
@@ -253,7 +263,12 @@ impl Engine {
         for p in plans {
             let verdict = match p {
                 Resolution::Done(v) => v,
-                Resolution::Limited { rule, limit, hit } => {
+                Resolution::Limited {
+                    rule,
+                    limit,
+                    hit,
+                    headers,
+                } => {
                     let item = items.next().ok_or_else(|| {
                         LimiterError::Protocol("fewer outcomes than batch items".into())
                     })?;
@@ -280,6 +295,7 @@ impl Engine {
                             .is_some_and(|r| r.detailed_metric || r.value_to_metric),
                         key: Some(hit.key),
                         limit: Some(limit),
+                        headers,
                     }
                 }
             };
@@ -412,8 +428,15 @@ pub fn resolve<'c>(
                 HitKind::Consume
             };
             let window_ms = unit.window_ms();
+            let headers = match kind {
+                HitKind::Consume => {
+                    rule.map_or_else(|| config.domain_headers(&request.domain), |r| r.headers)
+                }
+                HitKind::Shadow | HitKind::Refund => HeaderPolicy::default(),
+            };
             Resolution::Limited {
                 rule,
+                headers,
                 limit: CurrentLimit {
                     requests_per_unit,
                     unit,

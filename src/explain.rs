@@ -109,7 +109,9 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 };
                 let _ = writeln!(out, "  result: OK without a limit ({reason})");
             }
-            Resolution::Limited { rule, limit, hit } => {
+            Resolution::Limited {
+                rule, limit, hit, ..
+            } => {
                 let rule_text = rule.map_or("(no rule)".to_owned(), |r| format!("`{}`", r.path));
                 let name = limit
                     .name

@@ -5,12 +5,14 @@
 //! - [`descriptor`]: request descriptor entries -> limiter keys (one pure function).
 //! - [`limiter`]: the sliding-window log behind a trait; `memory` and `redis` backends.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
+//! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
 //! - [`metrics`]: every metric family; [`cardinality`]: bounded window-fullness tracking.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
 //! - [`http_api`]: envoyproxy/ratelimit's HTTP face on the admin port: POST /json, GET /rlconfig.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
+//! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`server`]: wiring: `run(config, listeners, shutdown)`.
 #![forbid(unsafe_code)]
 
@@ -21,10 +23,12 @@ pub mod config;
 pub mod decision;
 pub mod descriptor;
 pub mod explain;
+pub mod headers;
 pub mod http_api;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;
+pub mod reload;
 pub mod server;
 pub mod service;
 

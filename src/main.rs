@@ -14,6 +14,7 @@ use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::{Limiter, SystemClock};
 use sluice::metrics::MetricsSettings;
+use sluice::reload::ReloadSettings;
 use sluice::{run, ServerSettings};
 
 #[derive(Parser)]
@@ -102,6 +103,19 @@ struct ServeArgs {
     /// Log format on stderr.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Reload the config when it changes (a Kubernetes ConfigMap's `..data` swap included);
+    /// an invalid change is logged and the previous config keeps serving.
+    #[arg(
+        long,
+        env = "SLUICE_WATCH_CONFIG",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    watch_config: bool,
+    /// Milliseconds between checks of the config for changes.
+    #[arg(long, env = "SLUICE_WATCH_INTERVAL_MS", default_value_t = 1000)]
+    watch_interval_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -257,6 +271,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             near_limit_ratio: args.near_limit_ratio,
             hot_keys: args.hot_keys,
         },
+        reload: args.watch_config.then(|| ReloadSettings {
+            path: args.config.clone(),
+            // A floor keeps a typo (0) from turning the poll into a busy loop.
+            interval: Duration::from_millis(args.watch_interval_ms.max(50)),
+            load_options: load_options(args.merge_domain_config),
+        }),
     };
     if args.shadow_mode {
         tracing::warn!("global shadow mode: every request is answered OK overall");

@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
 use crate::cardinality::{Observation, Snapshot, Tracker};
-use crate::config::{Config, ConfigErrors};
+use crate::config::Config;
 use crate::decision::{Decision, DecisionError, Outcome, Request};
 use crate::descriptor::Entry;
 use crate::limiter::{BatchOutcome, Hit, Limiter, LimiterError};
@@ -190,16 +190,10 @@ pub fn record_config_loaded(source: &Path, config: &Config, unix_now: Duration) 
     );
 }
 
-/// Records a config load that failed (a reload keeps serving the previous config) and logs its
-/// one line with every error.
-pub fn record_config_failed(source: &Path, errors: &ConfigErrors) {
+/// Counts a config load that failed; a reload keeps serving the previous config. The caller
+/// logs each error (file, line, rule) itself.
+pub fn record_config_failed() {
     metrics::counter!(CONFIG_LOADS_TOTAL, "result" => "failure").increment(1);
-    tracing::warn!(
-        path = %source.display(),
-        errors = errors.len(),
-        detail = %errors,
-        "config rejected: keeping the previous config"
-    );
 }
 
 /// Publishes a backend probe result.

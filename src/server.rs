@@ -23,6 +23,7 @@ use crate::http_api;
 use crate::limiter::Limiter;
 use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
 use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::reload::{self, ReloadSettings};
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 
 pub struct ServerSettings {
@@ -35,6 +36,8 @@ pub struct ServerSettings {
     pub engine: EngineOptions,
     /// Near-limit ratio and hot-key count.
     pub metrics_settings: MetricsSettings,
+    /// Hot reload of the config; `None` serves the start-up config until exit.
+    pub reload: Option<ReloadSettings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +74,9 @@ pub async fn run(
 
     probe_backend(&*limiter, &readiness, &health_reporter, true).await;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let reloader = settings
+        .reload
+        .map(|r| tokio::spawn(reload::run(r, engine.clone(), stop_rx.clone())));
     let prober = tokio::spawn(probe_loop(
         limiter,
         readiness.clone(),
@@ -120,6 +126,9 @@ pub async fn run(
 
     let (grpc_result, admin_result, ()) = tokio::join!(grpc, admin, drain);
     prober.abort();
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
     grpc_result?;
     admin_result.map_err(ServerError::Admin)?;
     tracing::info!("stopped");

@@ -12,8 +12,10 @@ use tonic::{Request, Response, Status};
 use crate::config::Unit;
 use crate::decision::{self, Code, Decision, DecisionError, Engine, InvalidRequest, LimitOverride};
 use crate::descriptor::Entry;
+use crate::headers;
 use crate::limiter::LimiterError;
 use crate::metrics::Observer;
+use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -159,6 +161,14 @@ fn reset_duration(reset_ms: u64) -> prost_types::Duration {
 
 /// Domain decision -> proto response.
 pub(crate) fn to_proto(decision: Decision) -> RateLimitResponse {
+    let response_headers_to_add = headers::response_headers(&decision)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key,
+            value,
+            raw_value: Vec::new(),
+        })
+        .collect();
     let statuses = decision
         .verdicts
         .into_iter()
@@ -177,6 +187,7 @@ pub(crate) fn to_proto(decision: Decision) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: code_to_proto(decision.overall) as i32,
         statuses,
+        response_headers_to_add,
         ..Default::default()
     }
 }

@@ -24,7 +24,7 @@ mod tree;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use tree::{LimitSpec, Lookup, MatchKind, Rule};
+pub use tree::{HeaderFormat, HeaderPolicy, LimitSpec, Lookup, MatchKind, Rule};
 
 use crate::descriptor::Entry;
 use std::collections::HashMap;
@@ -106,6 +106,8 @@ const SOURCE_RULE: &str = "config";
 struct Domain {
     name: String,
     root: Level,
+    /// The domain-level `response_headers` (what a limit override with no rule uses).
+    headers: HeaderPolicy,
 }
 
 /// The loaded limits: every domain's lookup tree. Immutable once built; `Send + Sync`, meant to
@@ -247,6 +249,7 @@ impl Config {
                 domains.push(Domain {
                     name,
                     root: compiled.root,
+                    headers: compiled.headers,
                 });
             }
         }
@@ -369,6 +372,14 @@ impl Config {
             }
         }
         out
+    }
+
+    /// The domain-level response-header policy; the default (none) for unknown domains.
+    pub fn domain_headers(&self, domain: &str) -> HeaderPolicy {
+        self.by_name
+            .get(domain)
+            .and_then(|&i| self.domains.get(i))
+            .map_or_else(HeaderPolicy::default, |d| d.headers)
     }
 
     /// Domain names, in load order.

@@ -34,6 +34,9 @@ pub(crate) struct Extra {
 pub(crate) struct RawRoot {
     pub domain: Option<Spanned<String>>,
     pub descriptors: Option<Vec<Spanned<RawDescriptor>>>,
+    /// sluice extension: the domain's default response headers.
+    pub response_headers: Option<Spanned<RawHeaders>>,
+    pub response_headers_line: Option<usize>,
     pub extra: Vec<Extra>,
 }
 
@@ -50,6 +53,18 @@ pub(crate) struct RawDescriptor {
     pub detailed_metric: Option<bool>,
     pub value_to_metric: Option<bool>,
     pub share_threshold: Option<Spanned<bool>>,
+    /// sluice extension: response headers for this descriptor and its children.
+    pub response_headers: Option<Spanned<RawHeaders>>,
+    pub response_headers_line: Option<usize>,
+    pub extra: Vec<Extra>,
+}
+
+/// `response_headers: {format: none|draft|legacy, hide_remaining: BOOL}` (sluice extension;
+/// files without it load as in envoyproxy/ratelimit).
+#[derive(Debug, Default)]
+pub(crate) struct RawHeaders {
+    pub format: Option<Spanned<String>>,
+    pub hide_remaining: Option<Spanned<bool>>,
     pub extra: Vec<Extra>,
 }
 
@@ -122,7 +137,7 @@ macro_rules! deserialize_via_fields {
     )*};
 }
 
-deserialize_via_fields!(RawRoot, RawDescriptor, RawRateLimit, RawReplace);
+deserialize_via_fields!(RawRoot, RawDescriptor, RawRateLimit, RawReplace, RawHeaders);
 
 impl Fields for RawRoot {
     const EXPECTING: &'static str = "a mapping with `domain` and `descriptors`";
@@ -130,12 +145,16 @@ impl Fields for RawRoot {
     fn field<'de, A: MapAccess<'de>>(
         &mut self,
         name: &str,
-        _line: Option<usize>,
+        line: Option<usize>,
         map: &mut A,
     ) -> Result<bool, A::Error> {
         match name {
             "domain" => self.domain = map.next_value()?,
             "descriptors" => self.descriptors = map.next_value()?,
+            "response_headers" => {
+                self.response_headers = map.next_value()?;
+                self.response_headers_line = line;
+            }
             _ => return Ok(false),
         }
         Ok(true)
@@ -171,6 +190,10 @@ impl Fields for RawDescriptor {
             // and limits do not depend on it.
             "metadata" => {
                 map.next_value::<IgnoredAny>()?;
+            }
+            "response_headers" => {
+                self.response_headers = map.next_value()?;
+                self.response_headers_line = line;
             }
             _ => return Ok(false),
         }
@@ -228,8 +251,30 @@ impl Fields for RawReplace {
     }
 }
 
+impl Fields for RawHeaders {
+    const EXPECTING: &'static str = "a response_headers mapping (`format`, `hide_remaining`)";
+
+    fn field<'de, A: MapAccess<'de>>(
+        &mut self,
+        name: &str,
+        _line: Option<usize>,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        match name {
+            "format" => self.format = map.next_value()?,
+            "hide_remaining" => self.hide_remaining = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    fn extra(&mut self) -> &mut Vec<Extra> {
+        &mut self.extra
+    }
+}
+
 /// Field names per level, for "unknown field" messages.
-pub(crate) const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
+pub(crate) const ROOT_FIELDS: &[&str] = &["domain", "descriptors", "response_headers"];
 pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
@@ -240,7 +285,9 @@ pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "value_to_metric",
     "share_threshold",
     "metadata",
+    "response_headers",
 ];
+pub(crate) const HEADERS_FIELDS: &[&str] = &["format", "hide_remaining"];
 pub(crate) const RATE_LIMIT_FIELDS: &[&str] =
     &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
 pub(crate) const REPLACE_FIELDS: &[&str] = &["name"];

@@ -463,3 +463,81 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn response_headers_inherit_field_by_field() {
+    let yaml = "
+domain: d
+response_headers: {format: draft}
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: public
+    response_headers: {hide_remaining: true}
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 1}
+      - key: old
+        response_headers: {format: Legacy}
+        rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap();
+    let headers = |entries: &[(&str, &str)]| {
+        let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+        match config.lookup("d", &entries) {
+            Lookup::Rule { rule, .. } => rule.headers,
+            other => panic!("{other:?}"),
+        }
+    };
+    let draft = HeaderPolicy {
+        format: HeaderFormat::Draft,
+        hide_remaining: false,
+    };
+    assert_eq!(config.domain_headers("d"), draft);
+    assert_eq!(headers(&[("a", "x")]), draft);
+    assert_eq!(
+        headers(&[("public", "p"), ("user", "u")]),
+        HeaderPolicy {
+            format: HeaderFormat::Draft,
+            hide_remaining: true
+        }
+    );
+    assert_eq!(
+        headers(&[("public", "p"), ("old", "o")]),
+        HeaderPolicy {
+            format: HeaderFormat::Legacy,
+            hide_remaining: true
+        }
+    );
+    // Without the field: envoyproxy/ratelimit's behaviour, no headers.
+    let plain = Config::from_yaml_str(
+        Path::new("p.yaml"),
+        "domain: p\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    assert_eq!(plain.domain_headers("p"), HeaderPolicy::default());
+    assert_eq!(HeaderPolicy::default().format, HeaderFormat::None);
+}
+
+#[test]
+fn bad_response_headers_name_file_line_and_rule() {
+    let yaml = "
+domain: d
+response_headers: {format: rfc}
+descriptors:
+  - key: a
+    response_headers:
+      hide_remaining: true
+      colour: red
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let errors = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap_err();
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "t.yaml:3: domain: invalid response_headers format `rfc`: expected none, draft or legacy",
+            "t.yaml:8: a: unknown field `colour`, expected one of `format`, `hide_remaining`",
+        ]
+    );
+}

@@ -19,6 +19,40 @@ pub enum LimitSpec {
     },
 }
 
+/// Which rate-limit response headers a rule asks for (sluice extension `response_headers`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeaderFormat {
+    /// No headers: envoyproxy/ratelimit's behaviour, and the default.
+    #[default]
+    None,
+    /// IETF draft-ietf-httpapi-ratelimit-headers: `RateLimit` and `RateLimit-Policy`.
+    Draft,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`.
+    Legacy,
+}
+
+impl HeaderFormat {
+    pub fn parse(name: &str) -> Option<HeaderFormat> {
+        [
+            ("none", HeaderFormat::None),
+            ("draft", HeaderFormat::Draft),
+            ("legacy", HeaderFormat::Legacy),
+        ]
+        .into_iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, f)| f)
+    }
+}
+
+/// A rule's response-header policy, resolved: the descriptor's own `response_headers`, else its
+/// parent's, else the domain's, field by field.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeaderPolicy {
+    pub format: HeaderFormat,
+    /// Public endpoints: tell the limit and the reset, never the exact remaining count.
+    pub hide_remaining: bool,
+}
+
 /// One config descriptor, compiled.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rule {
@@ -38,6 +72,7 @@ pub struct Rule {
     /// Entries (by depth) matched by a `share_threshold` wildcard, with the wildcard: every
     /// value matching it shares one counter, so the limiter key uses the wildcard, not the value.
     pub shared_values: Vec<(usize, String)>,
+    pub headers: HeaderPolicy,
 }
 
 /// How the node of a request's last entry was matched.

@@ -8,10 +8,10 @@
 
 use super::error::ConfigError;
 use super::raw::{
-    self, line_of, Extra, RawDescriptor, RawRateLimit, RawRoot, DESCRIPTOR_FIELDS,
-    RATE_LIMIT_FIELDS, REPLACE_FIELDS, ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
+    self, line_of, Extra, RawDescriptor, RawHeaders, RawRateLimit, RawRoot, DESCRIPTOR_FIELDS,
+    HEADERS_FIELDS, RATE_LIMIT_FIELDS, REPLACE_FIELDS, ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
 };
-use super::tree::{Level, LimitSpec, Node, Rule};
+use super::tree::{HeaderFormat, HeaderPolicy, Level, LimitSpec, Node, Rule};
 use super::Unit;
 use serde_saphyr::Spanned;
 use std::collections::HashMap;
@@ -28,6 +28,7 @@ const VALID_UNITS: &str = "second, minute, hour, day, week, month, year";
 pub(crate) struct CompiledFile {
     pub domain: Option<(String, Option<usize>)>,
     pub root: Level,
+    pub headers: HeaderPolicy,
 }
 
 /// Parses, validates and compiles one file, appending its problems to `errors`.
@@ -43,6 +44,7 @@ pub(crate) fn compile_file(file: &Path, text: &str, errors: &mut Vec<ConfigError
             return CompiledFile {
                 domain: None,
                 root: Level::default(),
+                headers: HeaderPolicy::default(),
             };
         }
     };
@@ -101,8 +103,49 @@ impl Checker<'_> {
             }
             Some(d) => Some((d.value, line_of(&d.referenced))),
         };
-        let root = self.level(root.descriptors.unwrap_or_default(), "", 0, &[]);
-        CompiledFile { domain, root }
+        let headers = self.headers(
+            root.response_headers,
+            root.response_headers_line,
+            DOMAIN_RULE,
+            HeaderPolicy::default(),
+        );
+        let root = self.level(root.descriptors.unwrap_or_default(), "", 0, &[], headers);
+        CompiledFile {
+            domain,
+            root,
+            headers,
+        }
+    }
+
+    /// Resolves a `response_headers` mapping over the inherited policy, field by field.
+    fn headers(
+        &mut self,
+        raw: Option<Spanned<RawHeaders>>,
+        key_line: Option<usize>,
+        rule: &str,
+        inherited: HeaderPolicy,
+    ) -> HeaderPolicy {
+        let Some(raw) = raw else { return inherited };
+        let raw = raw.value;
+        self.extras(&raw.extra, rule, HEADERS_FIELDS, &[]);
+        let mut policy = inherited;
+        if let Some(format) = &raw.format {
+            match HeaderFormat::parse(format.value.trim()) {
+                Some(f) => policy.format = f,
+                None => self.error(
+                    line_of(&format.referenced).or(key_line),
+                    rule,
+                    format!(
+                        "invalid response_headers format `{}`: expected none, draft or legacy",
+                        format.value
+                    ),
+                ),
+            }
+        }
+        if let Some(hide) = &raw.hide_remaining {
+            policy.hide_remaining = hide.value;
+        }
+        policy
     }
 
     /// `depth` is this level's entry index in a request; `shared` lists the ancestors'
@@ -113,6 +156,7 @@ impl Checker<'_> {
         parent: &str,
         depth: usize,
         shared: &[(usize, String)],
+        inherited: HeaderPolicy,
     ) -> Level {
         let mut level = Level::default();
         // (key, value) -> line of its first definition, for duplicate messages.
@@ -180,11 +224,18 @@ impl Checker<'_> {
                     ),
                 }
             }
+            let headers = self.headers(
+                d.response_headers,
+                d.response_headers_line,
+                &path,
+                inherited,
+            );
             let children = self.level(
                 d.descriptors.unwrap_or_default(),
                 &path,
                 depth + 1,
                 &shared_here,
+                headers,
             );
 
             let Some(key) = key else { continue };
@@ -214,6 +265,7 @@ impl Checker<'_> {
                     detailed_metric: d.detailed_metric.unwrap_or(false),
                     value_to_metric: d.value_to_metric.unwrap_or(false),
                     shared_values: shared_here,
+                    headers,
                 },
                 children,
             };

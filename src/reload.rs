@@ -1,0 +1,388 @@
+//! Hot reload of the limits: polls the config path once per interval and swaps a new config
+//! generation into the engine when the content changed and the whole new config is valid.
+//!
+//! Why polling and not inotify (`notify`): a Kubernetes ConfigMap volume changes by the kubelet
+//! writing a new `..TIMESTAMP` directory and renaming a `..data` symlink over the old one; the
+//! visible `edge.yaml` is a symlink through `..data`, so the file a watcher would watch never
+//! changes, and inotify on bind mounts and overlay filesystems misses events in some runtimes.
+//! Reading a few small files once a second costs nothing next to the decisions, sees every
+//! way a file can change (symlink swap, rename, in-place edit, editors' replace-on-save), and
+//! needs no extra dependency or thread.
+//!
+//! Why resolve `..data` first: the kubelet may swap it between two file reads, and a directory
+//! read through it file by file could then mix two generations. When the directory has a
+//! `..data` entry the whole load goes through its resolved target, a timestamped directory the
+//! kubelet never changes after the swap. The engine then swaps one complete [`Config`] at once,
+//! so a request sees either the old or the new generation, never parts of both. An invalid new
+//! config is logged (every error with file, line and rule), counted, and ignored: the previous
+//! generation keeps serving until a valid one appears.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::config::{Config, ConfigErrors, LoadOptions};
+use crate::decision::Engine;
+use crate::metrics;
+
+/// The kubelet's pointer to the current generation of a ConfigMap volume.
+const KUBELET_DATA: &str = "..data";
+
+/// Where and how often to look for changes.
+#[derive(Debug, Clone)]
+pub struct ReloadSettings {
+    pub path: PathBuf,
+    pub interval: Duration,
+    /// The options the start-up config was loaded with; every reload uses the same.
+    pub load_options: LoadOptions,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(ConfigErrors),
+    #[error("the config changed while it was read; retrying")]
+    Raced,
+}
+
+/// What one poll did.
+#[derive(Debug)]
+pub enum Poll {
+    Unchanged,
+    Reloaded { config: Arc<Config> },
+    Rejected(ReloadError),
+}
+
+/// The directory (or file) to read one consistent generation from: the resolved `..data`
+/// target when `path` is a ConfigMap-style directory, else `path` itself.
+pub fn snapshot_source(path: &Path) -> Result<PathBuf, ReloadError> {
+    let data = path.join(KUBELET_DATA);
+    match std::fs::symlink_metadata(&data) {
+        Ok(_) => {
+            std::fs::canonicalize(&data).map_err(|source| ReloadError::Io { path: data, source })
+        }
+        Err(_) => Ok(path.to_path_buf()),
+    }
+}
+
+/// A digest of what [`Config::load`] would read from `source`: every loaded file's name and
+/// bytes. A change of any file, of the set of files, or of the `..data` target changes it.
+pub fn fingerprint(source: &Path) -> Result<[u8; 32], ReloadError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ReloadError::Io { path, source }
+    };
+    let meta = std::fs::metadata(source).map_err(io(source))?;
+    let mut files = Vec::new();
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(source).map_err(io(source))? {
+            let entry = entry.map_err(io(source))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // Same selection as the loader: visible *.yaml / *.yml files.
+            if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+                continue;
+            }
+            files.push((name, entry.path()));
+        }
+        files.sort();
+    } else {
+        files.push((String::new(), source.to_path_buf()));
+    }
+    let mut hasher = Sha256::new();
+    for (name, path) in files {
+        // A dangling link or a directory named x.yaml is skipped by the loader too.
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        hasher.update((name.len() as u64).to_le_bytes());
+        hasher.update(name.as_bytes());
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(&bytes);
+    }
+    Ok(hasher.finalize().into())
+}
+
+/// Polls `path` and reloads `engine` on change. Owns the last seen fingerprint, so an invalid
+/// config is reported once, not once per poll.
+pub struct Reloader {
+    path: PathBuf,
+    engine: Arc<Engine>,
+    options: LoadOptions,
+    last: Option<[u8; 32]>,
+    /// The last read failure, so a missing path is reported once, not once per poll.
+    last_failure: Option<String>,
+}
+
+impl Reloader {
+    /// `path` is the config the engine was started with; its current content is taken as
+    /// already loaded.
+    pub fn new(path: PathBuf, engine: Arc<Engine>) -> Self {
+        let last = snapshot_source(&path)
+            .and_then(|source| fingerprint(&source))
+            .ok();
+        Reloader {
+            path,
+            engine,
+            options: LoadOptions::default(),
+            last,
+            last_failure: None,
+        }
+    }
+
+    /// Loads every generation with `options` (as the start-up config was).
+    pub fn with_options(mut self, options: LoadOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// One poll: blocking file I/O, so callers on a runtime use `spawn_blocking`.
+    pub fn poll(&mut self) -> Poll {
+        let source = match snapshot_source(&self.path) {
+            Ok(source) => source,
+            Err(err) => return self.reject_once(None, err),
+        };
+        let print = match fingerprint(&source) {
+            Ok(print) => print,
+            Err(err) => return self.reject_once(None, err),
+        };
+        if self.last == Some(print) {
+            return Poll::Unchanged;
+        }
+        let config = match Config::load_with(&source, self.options) {
+            Ok(config) => config,
+            Err(errors) => return self.reject_once(Some(print), ReloadError::Invalid(errors)),
+        };
+        // The kubelet swapped again while we read: the loaded files may belong to a generation
+        // that is already gone. Its own directory is still consistent, but the next poll will
+        // see the newer one; not swapping now avoids serving a generation twice removed.
+        if snapshot_source(&self.path).ok().as_deref() != Some(source.as_path()) {
+            return Poll::Rejected(ReloadError::Raced);
+        }
+        let config = Arc::new(config);
+        self.engine.replace_config_arc(config.clone());
+        self.last = Some(print);
+        self.last_failure = None;
+        Poll::Reloaded { config }
+    }
+
+    /// Remembers a failing fingerprint so the same broken content is reported once.
+    fn reject_once(&mut self, print: Option<[u8; 32]>, err: ReloadError) -> Poll {
+        if print.is_some() {
+            if self.last == print {
+                return Poll::Unchanged;
+            }
+        } else {
+            let text = err.to_string();
+            if self.last_failure.as_deref() == Some(text.as_str()) {
+                return Poll::Unchanged;
+            }
+            self.last_failure = Some(text);
+        }
+        self.last = print;
+        Poll::Rejected(err)
+    }
+}
+
+/// Runs [`Reloader::poll`] every `interval` until `stop` turns true, logging and counting each
+/// reload or rejection.
+pub async fn run(settings: ReloadSettings, engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+    let mut reloader =
+        Reloader::new(settings.path.clone(), engine).with_options(settings.load_options);
+    let mut ticker = tokio::time::interval(settings.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    tracing::info!(
+        path = %settings.path.display(),
+        interval_ms = settings.interval.as_millis() as u64,
+        "watching the config for changes"
+    );
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let outcome = tokio::task::spawn_blocking(move || {
+            let poll = reloader.poll();
+            (reloader, poll)
+        })
+        .await;
+        let poll;
+        (reloader, poll) = match outcome {
+            Ok(pair) => pair,
+            Err(err) => {
+                tracing::error!(error = %err, "config reload task failed; watching stopped");
+                return;
+            }
+        };
+        report(&settings.path, poll);
+    }
+}
+
+fn report(path: &Path, poll: Poll) {
+    match poll {
+        Poll::Unchanged => {}
+        Poll::Reloaded { config } => {
+            let unix_now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            metrics::record_config_loaded(path, &config, unix_now);
+        }
+        Poll::Rejected(ReloadError::Raced) => {
+            tracing::debug!(path = %path.display(), "config changed during reload; retrying");
+        }
+        Poll::Rejected(ReloadError::Invalid(errors)) => {
+            metrics::record_config_failed();
+            for error in errors.iter() {
+                tracing::error!(
+                    file = %error.file.display(),
+                    line = error.line.map_or(0, |l| l as u64),
+                    rule = %error.rule,
+                    message = %error.message,
+                    "config reload rejected; keeping the previous config"
+                );
+            }
+        }
+        Poll::Rejected(err) => {
+            metrics::record_config_failed();
+            tracing::error!(
+                path = %path.display(),
+                error = %err,
+                "config reload failed; keeping the previous config"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::memory::MemoryLimiter;
+    use crate::limiter::SystemClock;
+
+    fn limits(rpu: u32) -> String {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n"
+        )
+    }
+
+    /// Writes a kubelet-style generation and points `..data` at it atomically.
+    fn publish(dir: &Path, stamp: &str, files: &[(&str, String)]) {
+        let generation = dir.join(stamp);
+        std::fs::create_dir(&generation).unwrap();
+        for (name, text) in files {
+            std::fs::write(generation.join(name), text).unwrap();
+            let visible = dir.join(name);
+            if std::fs::symlink_metadata(&visible).is_err() {
+                std::os::unix::fs::symlink(Path::new("..data").join(name), &visible).unwrap();
+            }
+        }
+        let tmp = dir.join("..data_tmp");
+        std::os::unix::fs::symlink(stamp, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    }
+
+    fn limit_of(engine: &Engine) -> u32 {
+        let config = engine.config();
+        match config.lookup("d", &[crate::descriptor::Entry::new("k", "v")]) {
+            crate::config::Lookup::Rule { rule, .. } => match rule.limit {
+                Some(crate::config::LimitSpec::PerUnit {
+                    requests_per_unit, ..
+                }) => requests_per_unit,
+                other => panic!("unexpected limit {other:?}"),
+            },
+            other => panic!("no rule: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn symlink_swap_reloads_and_invalid_keeps_the_old_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        publish(
+            dir.path(),
+            "..2026_01_01_00_00_00.1",
+            &[("d.yaml", limits(3))],
+        );
+        let config = Config::load(dir.path()).unwrap();
+        let engine = Arc::new(Engine::new(
+            config,
+            Arc::new(MemoryLimiter::new(Arc::new(SystemClock))),
+        ));
+        let mut reloader = Reloader::new(dir.path().to_path_buf(), engine.clone());
+        assert!(matches!(reloader.poll(), Poll::Unchanged));
+
+        publish(
+            dir.path(),
+            "..2026_01_01_00_01_00.2",
+            &[("d.yaml", limits(7))],
+        );
+        assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
+        assert_eq!(limit_of(&engine), 7);
+        assert!(matches!(reloader.poll(), Poll::Unchanged));
+
+        publish(
+            dir.path(),
+            "..2026_01_01_00_02_00.3",
+            &[(
+                "d.yaml",
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n".into(),
+            )],
+        );
+        match reloader.poll() {
+            Poll::Rejected(ReloadError::Invalid(errors)) => {
+                let e = &errors.0[0];
+                assert_eq!((e.line, e.rule.as_str()), (Some(4), "k"));
+                assert!(e.file.to_string_lossy().contains("..2026_01_01_00_02_00.3"));
+            }
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+        assert_eq!(limit_of(&engine), 7, "the old generation keeps serving");
+        // Reported once, not on every poll.
+        assert!(matches!(reloader.poll(), Poll::Unchanged));
+
+        // A second file in a new generation arrives together with a change to the first.
+        publish(
+            dir.path(),
+            "..2026_01_01_00_03_00.4",
+            &[
+                ("d.yaml", limits(9)),
+                ("e.yaml", "domain: e\ndescriptors: []\n".into()),
+            ],
+        );
+        assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
+        assert_eq!(limit_of(&engine), 9);
+        assert!(engine.config().has_domain("e"));
+    }
+
+    #[test]
+    fn plain_file_edits_are_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("d.yaml");
+        std::fs::write(&file, limits(3)).unwrap();
+        let engine = Arc::new(Engine::new(
+            Config::load(&file).unwrap(),
+            Arc::new(MemoryLimiter::new(Arc::new(SystemClock))),
+        ));
+        let mut reloader = Reloader::new(file.clone(), engine.clone());
+        std::fs::write(&file, limits(4)).unwrap();
+        assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
+        assert_eq!(limit_of(&engine), 4);
+        std::fs::remove_file(&file).unwrap();
+        assert!(matches!(
+            reloader.poll(),
+            Poll::Rejected(ReloadError::Io { .. })
+        ));
+        assert!(matches!(reloader.poll(), Poll::Unchanged));
+        assert_eq!(limit_of(&engine), 4);
+        std::fs::write(&file, limits(4)).unwrap();
+        assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
+    }
+}
