@@ -21,6 +21,7 @@ import tempfile
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIVENESS_SERVICE = "sluice.liveness"
 RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 RATELIMIT_FILTER = "envoy.filters.http.ratelimit"
 RATELIMIT_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit"
@@ -250,8 +251,9 @@ def check_sluice_container(c, pod, docs, where, flags, envs, defaults, binary, m
     live = (c.get("livenessProbe") or {}).get("grpc") or {}
     if ready.get("port") != grpc_port or ready.get("service") != RLS_SERVICE:
         fail(where, f"readinessProbe must be grpc on {grpc_port} with service {RLS_SERVICE}: {ready}")
-    if live.get("port") != grpc_port:
-        fail(where, f"livenessProbe must be grpc on {grpc_port}: {live}")
+    if live.get("port") != grpc_port or live.get("service") != LIVENESS_SERVICE:
+        fail(where, f"livenessProbe must be grpc on {grpc_port} with service {LIVENESS_SERVICE} "
+                    f"(a Redis outage must not restart the pod): {live}")
 
     ann = pod["metadata"].get("annotations") or {}
     if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/port") != str(admin_port) \

@@ -26,6 +26,10 @@ use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 
+/// gRPC health service name for Kubernetes liveness probes: SERVING while the process runs,
+/// whatever the backend does. `""` and the RLS service name report readiness.
+pub const LIVENESS_SERVICE: &str = "sluice.liveness";
+
 pub struct ServerSettings {
     pub config: Config,
     pub limiter: Arc<dyn Limiter>,
@@ -72,6 +76,11 @@ pub async fn run(
     let readiness = Arc::new(Readiness::new());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 
+    // Liveness answers "is the process able to serve at all": a Redis outage must make the pod
+    // unready, never restart it, so this service stays SERVING for the life of the process.
+    health_reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
     probe_backend(&*limiter, &readiness, &health_reporter, true).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let reloader = settings

@@ -636,6 +636,19 @@ async fn admin_endpoints_follow_the_backend() {
         .into_inner()
         .status;
     assert_eq!(status, ServingStatus::NotServing as i32);
+    let liveness = health
+        .check(HealthCheckRequest {
+            service: "sluice.liveness".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        liveness,
+        ServingStatus::Serving as i32,
+        "a Redis outage must not fail liveness"
+    );
     let err = env
         .sluice
         .client()
