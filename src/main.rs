@@ -10,6 +10,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config::Config;
+use sluice::decision::FailurePolicy;
+use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
+use sluice::limiter::guard::{self, Guarded};
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::RedisLimiter;
 use sluice::limiter::{Limiter, SystemClock};
@@ -43,6 +46,23 @@ enum LogFormat {
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum OnBackendError {
+    Error,
+    Allow,
+    Deny,
+}
+
+impl From<OnBackendError> for FailurePolicy {
+    fn from(p: OnBackendError) -> Self {
+        match p {
+            OnBackendError::Error => FailurePolicy::Error,
+            OnBackendError::Allow => FailurePolicy::Allow,
+            OnBackendError::Deny => FailurePolicy::Deny,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     /// A limits YAML file or a directory of *.yaml files (envoyproxy/ratelimit's format).
@@ -61,6 +81,24 @@ struct ServeArgs {
     /// Redis connections kept open.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 8)]
     redis_pool_size: usize,
+    /// Per-decision backend deadline in milliseconds (Envoy's filter gives up at 20 ms).
+    #[arg(long, env = "SLUICE_BACKEND_TIMEOUT_MS", default_value_t = 10)]
+    backend_timeout_ms: u64,
+    /// Backend calls allowed in flight (abandoned ones included); beyond it calls fail fast.
+    #[arg(long, env = "SLUICE_BACKEND_MAX_IN_FLIGHT", default_value_t = guard::DEFAULT_MAX_IN_FLIGHT)]
+    backend_max_in_flight: usize,
+    /// Answer when the backend fails or misses the deadline: error (UNAVAILABLE), allow (OK) or
+    /// deny (OVER_LIMIT).
+    #[arg(
+        long,
+        env = "SLUICE_ON_BACKEND_ERROR",
+        value_enum,
+        default_value = "error"
+    )]
+    on_backend_error: OnBackendError,
+    /// Keys kept in the local cache of keys known to be over their limit; 0 disables it.
+    #[arg(long, env = "SLUICE_LOCAL_CACHE_SIZE", default_value_t = cache::DEFAULT_CAPACITY)]
+    local_cache_size: usize,
     /// Seconds between backend readiness probes.
     #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = 1)]
     probe_interval_secs: u64,
@@ -136,7 +174,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let limiter = RedisLimiter::open(url, args.redis_pool_size)
                 .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
             tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
-            Arc::new(limiter)
+            shared_backend(Arc::new(limiter), &args)
         }
         None => {
             tracing::info!("backend: embedded memory (no --redis-url given)");
@@ -150,6 +188,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .install_recorder()
         .context("installing the metrics recorder")?;
     sluice::metrics::describe();
+    sluice::metrics::describe_backend();
 
     let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -168,9 +207,36 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limiter,
         metrics: Some(metrics),
         probe_interval: Duration::from_secs(args.probe_interval_secs.max(1)),
+        on_backend_error: args.on_backend_error.into(),
     };
     run(settings, grpc, admin, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Wraps a shared (network) backend: the per-decision deadline and in-flight bound, then the
+/// local cache of rejections in front so cached answers cost no permit. The memory backend
+/// needs neither: it answers in microseconds and has no network to hang on.
+fn shared_backend(backend: Arc<dyn Limiter>, args: &ServeArgs) -> Arc<dyn Limiter> {
+    let guarded: Arc<dyn Limiter> = Arc::new(Guarded::new(
+        backend,
+        Duration::from_millis(args.backend_timeout_ms.max(1)),
+        args.backend_max_in_flight,
+    ));
+    tracing::info!(
+        deadline_ms = args.backend_timeout_ms.max(1),
+        max_in_flight = args.backend_max_in_flight,
+        on_backend_error = FailurePolicy::from(args.on_backend_error).as_str(),
+        local_cache_size = args.local_cache_size,
+        "backend guard"
+    );
+    if args.local_cache_size == 0 {
+        return guarded;
+    }
+    Arc::new(RejectionCache::new(
+        guarded,
+        Arc::new(MonotonicClock::default()),
+        args.local_cache_size,
+    ))
 }
 
 /// Resolves on SIGTERM (Kubernetes) or ctrl-c.

@@ -18,7 +18,7 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
-use crate::decision::Engine;
+use crate::decision::{Engine, FailurePolicy};
 use crate::limiter::Limiter;
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
@@ -30,6 +30,8 @@ pub struct ServerSettings {
     pub metrics: Option<PrometheusHandle>,
     /// How often readiness re-probes the backend.
     pub probe_interval: Duration,
+    /// What a request gets when the backend fails.
+    pub on_backend_error: FailurePolicy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +53,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let limiter = settings.limiter.clone();
-    let engine = Arc::new(Engine::new(settings.config, settings.limiter));
+    let engine = Arc::new(
+        Engine::new(settings.config, settings.limiter)
+            .with_failure_policy(settings.on_backend_error),
+    );
     let readiness = Arc::new(Readiness::new());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 

@@ -19,6 +19,8 @@
 //! - The clock: Redis uses its own `TIME` (instances with skewed clocks agree); the memory backend
 //!   uses the [`Clock`] it was built with. Both also accept an explicit `now` for tests.
 
+pub mod cache;
+pub mod guard;
 pub mod memory;
 pub mod redis;
 pub mod window;
@@ -71,6 +73,9 @@ pub enum LimiterError {
     Timeout(u64),
     #[error("backend replied with something unexpected: {0}")]
     Protocol(String),
+    /// Too many backend calls in flight: refused without waiting, so no queue builds up.
+    #[error("backend overloaded: too many calls in flight")]
+    Overloaded,
 }
 
 /// A time source in milliseconds since the Unix epoch.

@@ -37,6 +37,10 @@ impl Sluice {
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(extra)
             .env_remove("SLUICE_REDIS_URL")
+            // The production deadline (10 ms) is for a quiet host; on a loaded 2-core test
+            // machine it would turn scheduler hiccups into flaky failures of tests that are not
+            // about deadlines. Tests about deadlines pass `--backend-timeout-ms`, which wins.
+            .env("SLUICE_BACKEND_TIMEOUT_MS", "500")
             .env("SLUICE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
