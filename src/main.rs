@@ -14,7 +14,8 @@ use sluice::decision::FailurePolicy;
 use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
 use sluice::limiter::guard::{self, Guarded};
 use sluice::limiter::memory::MemoryLimiter;
-use sluice::limiter::redis::RedisLimiter;
+use sluice::limiter::redis::connect::redact_url;
+use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Limiter, SystemClock};
 use sluice::{run, ServerSettings};
 
@@ -74,10 +75,20 @@ struct ServeArgs {
     /// Address of the admin HTTP server (/healthz, /readyz, /metrics).
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     admin_addr: SocketAddr,
-    /// Redis URL (redis://[user:password@]host:port[/db]). Without it the embedded in-memory
-    /// backend serves (one instance only: instances do not share it).
+    /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), or a cluster:
+    /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS).
+    /// Without it the embedded in-memory backend serves (one instance only).
     #[arg(long, env = "SLUICE_REDIS_URL")]
     redis_url: Option<String>,
+    /// PEM file of the CA that signs the Redis server certificate (rediss only; default: the
+    /// system roots).
+    #[arg(long, env = "SLUICE_REDIS_CA_FILE")]
+    redis_ca_file: Option<PathBuf>,
+    /// File holding the Redis password (trailing newline ignored); wins over
+    /// SLUICE_REDIS_PASSWORD, which wins over a password in the URL. Keeps secrets off command
+    /// lines and manifests.
+    #[arg(long, env = "SLUICE_REDIS_PASSWORD_FILE")]
+    redis_password_file: Option<PathBuf>,
     /// Redis connections kept open.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 8)]
     redis_pool_size: usize,
@@ -171,7 +182,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let limiter: Arc<dyn Limiter> = match &args.redis_url {
         Some(url) => {
-            let limiter = RedisLimiter::open(url, args.redis_pool_size)
+            let options = RedisOptions {
+                ca_file: args.redis_ca_file.clone(),
+                password: redis_password(args.redis_password_file.as_deref())?,
+            };
+            let limiter = RedisLimiter::open_with(url, &options, args.redis_pool_size)
                 .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
             tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
             shared_backend(Arc::new(limiter), &args)
@@ -261,31 +276,21 @@ async fn shutdown_signal() {
     }
 }
 
-/// Hides the password of a Redis URL: logs must never carry secrets.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_never_reach_logs() {
-        assert_eq!(redact_url("redis://:s3cret@h:6379"), "redis://:***@h:6379");
-        assert_eq!(
-            redact_url("rediss://app:p@ss@h:6379/0"),
-            "rediss://app:***@h:6379/0"
+/// The Redis password from `--redis-password-file`, else `SLUICE_REDIS_PASSWORD`, else none
+/// (the URL's own, if any, then applies). Never logged.
+fn redis_password(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading Redis password file {}", path.display()))?;
+        let password = text.trim_end_matches(['\n', '\r']).to_owned();
+        anyhow::ensure!(
+            !password.is_empty(),
+            "Redis password file {} is empty",
+            path.display()
         );
-        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        return Ok(Some(password));
     }
+    Ok(std::env::var("SLUICE_REDIS_PASSWORD")
+        .ok()
+        .filter(|p| !p.is_empty()))
 }

@@ -21,21 +21,29 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: TempDir,
     port: u16,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a fresh server on a free loopback port; panics if that is impossible.
     pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`] with extra `redis-server` arguments (TLS, ACL users, ...).
+    /// The plain port stays open for the readiness check.
+    pub fn start_with(extra: &[String]) -> RedisServer {
         let dir = tempfile::tempdir().expect("create temp dir for redis-server");
         let mut last_error = String::new();
         for _ in 0..PORT_ATTEMPTS {
             let port = free_port();
-            match spawn(port, &dir) {
+            match spawn(port, &dir, extra) {
                 Ok(child) => {
                     return RedisServer {
                         child: Some(child),
                         dir,
                         port,
+                        extra: extra.to_vec(),
                     }
                 }
                 // Another test may have grabbed the port between our probe and the spawn.
@@ -71,7 +79,7 @@ impl RedisServer {
         self.stop();
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
-            match spawn(self.port, &self.dir) {
+            match spawn(self.port, &self.dir, &self.extra) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -112,7 +120,7 @@ impl Drop for RedisServer {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -120,7 +128,7 @@ fn free_port() -> u16 {
 }
 
 /// Spawns redis-server on `port` and waits until it answers PING.
-fn spawn(port: u16, dir: &TempDir) -> Result<Child, String> {
+fn spawn(port: u16, dir: &TempDir, extra: &[String]) -> Result<Child, String> {
     let mut child = match Command::new("redis-server")
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1"])
@@ -128,6 +136,7 @@ fn spawn(port: u16, dir: &TempDir) -> Result<Child, String> {
         .args(["--appendonly", "no"])
         .arg("--dir")
         .arg(dir.path())
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -30,6 +30,16 @@ impl Sluice {
     }
 
     pub fn start_with(config: &Path, redis_url: Option<&str>, extra: &[&str]) -> Sluice {
+        Self::start_with_env(config, redis_url, extra, &[])
+    }
+
+    /// Like [`Sluice::start_with`], with extra environment variables (e.g. secrets).
+    pub fn start_with_env(
+        config: &Path,
+        redis_url: Option<&str>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Sluice {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.arg("serve")
             .arg("--config")
@@ -45,6 +55,7 @@ impl Sluice {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        cmd.envs(env.iter().copied());
         if let Some(url) = redis_url {
             cmd.args(["--redis-url", url]);
         }

@@ -18,6 +18,7 @@
 //! script (Redis is blocked meanwhile). Limits, which bound the hits an item can record, must
 //! therefore stay reasonable (config validation's job); the memory backend has no such cost.
 
+pub mod connect;
 pub mod script;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +32,7 @@ use redis::{
 };
 
 use super::{BatchOutcome, Hit, HitKind, Limiter, LimiterError};
+pub use connect::RedisOptions;
 use script::{decode_reply, KIND_CONSUME, KIND_REFUND, KIND_SHADOW, MAX_EXACT, SCRIPT};
 
 /// Time allowed to establish one connection.
@@ -76,7 +78,16 @@ impl std::fmt::Debug for RedisLimiter {
 impl RedisLimiter {
     /// Opens `pool_size` (at least 1) connections to `url` and fails if Redis is unreachable.
     pub async fn connect(url: &str, pool_size: usize) -> Result<Self, LimiterError> {
-        let limiter = Self::open(url, pool_size)?;
+        Self::connect_with(url, &RedisOptions::default(), pool_size).await
+    }
+
+    /// [`RedisLimiter::connect`] with TLS and credential options.
+    pub async fn connect_with(
+        url: &str,
+        options: &RedisOptions,
+        pool_size: usize,
+    ) -> Result<Self, LimiterError> {
+        let limiter = Self::open_with(url, options, pool_size)?;
         for slot in limiter.slots.iter() {
             limiter.connection(slot).await?;
         }
@@ -86,8 +97,16 @@ impl RedisLimiter {
     /// Like [`RedisLimiter::connect`] but connects on first use, so a sidecar can start (and
     /// report not-ready) while Redis is still down. Fails only on an invalid URL.
     pub fn open(url: &str, pool_size: usize) -> Result<Self, LimiterError> {
-        let client = Client::open(url)
-            .map_err(|e| LimiterError::Unavailable(format!("invalid redis url: {e}")))?;
+        Self::open_with(url, &RedisOptions::default(), pool_size)
+    }
+
+    /// [`RedisLimiter::open`] with TLS and credential options.
+    pub fn open_with(
+        url: &str,
+        options: &RedisOptions,
+        pool_size: usize,
+    ) -> Result<Self, LimiterError> {
+        let client = connect::standalone_client(url, options)?;
         let slots = (0..pool_size.max(1)).map(|_| Slot::default()).collect();
         Ok(RedisLimiter {
             client,
