@@ -14,7 +14,8 @@ use sluice::decision::FailurePolicy;
 use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
 use sluice::limiter::guard::{self, Guarded};
 use sluice::limiter::memory::MemoryLimiter;
-use sluice::limiter::redis::connect::redact_url;
+use sluice::limiter::redis::cluster::ClusterLimiter;
+use sluice::limiter::redis::connect::{cluster_nodes, redact_url};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Limiter, SystemClock};
 use sluice::{run, ServerSettings};
@@ -186,10 +187,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 ca_file: args.redis_ca_file.clone(),
                 password: redis_password(args.redis_password_file.as_deref())?,
             };
-            let limiter = RedisLimiter::open_with(url, &options, args.redis_pool_size)
-                .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
-            tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
-            shared_backend(Arc::new(limiter), &args)
+            let limiter: Arc<dyn Limiter> = if cluster_nodes(url).is_some() {
+                let limiter = ClusterLimiter::open(url, &options)
+                    .with_context(|| format!("configuring Redis Cluster at {}", redact_url(url)))?;
+                tracing::info!(url = %redact_url(url), "backend: redis cluster");
+                Arc::new(limiter)
+            } else {
+                let limiter = RedisLimiter::open_with(url, &options, args.redis_pool_size)
+                    .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
+                tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
+                Arc::new(limiter)
+            };
+            shared_backend(limiter, &args)
         }
         None => {
             tracing::info!("backend: embedded memory (no --redis-url given)");

@@ -41,6 +41,9 @@ impl std::fmt::Debug for RedisOptions {
     }
 }
 
+/// Attempts redis-rs makes for one cluster command (redirects and reconnects included).
+pub const CLUSTER_RETRIES: u32 = 4;
+
 const CLUSTER_SCHEMES: [(&str, &str); 2] = [
     ("redis+cluster://", "redis://"),
     ("rediss+cluster://", "rediss://"),
@@ -149,9 +152,15 @@ pub fn cluster_client(
         .map(|n| n.as_str().into_connection_info())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(url, e))?;
+    // redis-rs retries (MOVED/ASK redirects, refreshes after a node failure) with waits up to
+    // minutes by default; a rate-limit decision is worth milliseconds, so retries are few and
+    // short. The caller's deadline bounds the wait anyway; this bounds the work behind it.
     let mut builder = ClusterClientBuilder::new(infos)
         .connection_timeout(connect_timeout)
-        .response_timeout(response_timeout);
+        .response_timeout(response_timeout)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(10)
+        .max_retry_wait(100);
     if let Some(password) = &options.password {
         builder = builder.password(password);
     }

@@ -18,6 +18,7 @@
 //! script (Redis is blocked meanwhile). Limits, which bound the hits an item can record, must
 //! therefore stay reasonable (config validation's job); the memory backend has no such cost.
 
+pub mod cluster;
 pub mod connect;
 pub mod script;
 
@@ -171,26 +172,7 @@ impl RedisLimiter {
                 items: Vec::new(),
             });
         }
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string()));
-        for hit in batch {
-            // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact.
-            // Limits cap one below hits, so that a clamped huge `hits` still fails like the
-            // original, and still counts as at least any limit for later items on the key.
-            let limit = hit.limit.min(MAX_EXACT - 1);
-            let kind = match hit.kind {
-                HitKind::Consume => KIND_CONSUME,
-                HitKind::Shadow => KIND_SHADOW,
-                HitKind::Refund => KIND_REFUND,
-            };
-            let hits = hit.hits.min(MAX_EXACT);
-            invocation
-                .key(hit.key.as_str())
-                .arg(limit)
-                .arg(hit.window_ms.min(MAX_EXACT))
-                .arg(hits)
-                .arg(kind);
-        }
+        let invocation = invocation(&self.script, batch, now);
         let slot = self.slot();
         let mut conn = self.connection(slot).await?;
         let reply: Value = invocation
@@ -201,7 +183,36 @@ impl RedisLimiter {
     }
 }
 
-fn map_error(e: &RedisError) -> LimiterError {
+/// The `EVALSHA` of [`SCRIPT`] for `batch` (argument layout documented there).
+pub(crate) fn invocation<'s>(
+    script: &'s Script,
+    batch: &[Hit],
+    now: Option<u64>,
+) -> redis::ScriptInvocation<'s> {
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string()));
+    for hit in batch {
+        // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact.
+        // Limits cap one below hits, so that a clamped huge `hits` still fails like the
+        // original, and still counts as at least any limit for later items on the key.
+        let limit = hit.limit.min(MAX_EXACT - 1);
+        let kind = match hit.kind {
+            HitKind::Consume => KIND_CONSUME,
+            HitKind::Shadow => KIND_SHADOW,
+            HitKind::Refund => KIND_REFUND,
+        };
+        let hits = hit.hits.min(MAX_EXACT);
+        invocation
+            .key(hit.key.as_str())
+            .arg(limit)
+            .arg(hit.window_ms.min(MAX_EXACT))
+            .arg(hits)
+            .arg(kind);
+    }
+    invocation
+}
+
+pub(crate) fn map_error(e: &RedisError) -> LimiterError {
     if e.is_timeout() {
         return LimiterError::Timeout(RESPONSE_TIMEOUT.as_millis() as u64);
     }
