@@ -177,3 +177,114 @@ fn answers_ping(port: u16) -> bool {
     let mut buf = [0u8; 7];
     stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
+
+/// A throwaway Redis Cluster: 3 primaries (no replicas) on loopback, each a [`RedisServer`] in
+/// its own temp dir, joined with `redis-cli --cluster create`. Full slot coverage is not
+/// required, so the other primaries keep serving while one is down (restart tests).
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let extra: Vec<String> = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-require-full-coverage",
+            "no",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&extra)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli not found: run scripts/test.sh, which installs it");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// `redis+cluster://` URL naming every node as a seed.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// Runs `redis-cli -p port args...` and returns its stdout.
+    pub fn cli(port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        assert!(out.status.success(), "redis-cli {args:?} failed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and agrees on all 3 primaries.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
+                let info = Self::cli(n.port(), &["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster did not become ok in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The node id of the node on `port`.
+    pub fn node_id(port: u16) -> String {
+        Self::cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// The index of the node serving `slot`.
+    pub fn owner(&self, slot: u16) -> usize {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let nodes = Self::cli(n.port(), &["CLUSTER", "NODES"]);
+            let me = nodes
+                .lines()
+                .find(|l| l.contains("myself"))
+                .expect("myself line");
+            if me.split_whitespace().skip(8).any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                    (Ok(lo), Ok(hi)) => lo <= slot && slot <= hi,
+                    _ => false,
+                }
+            }) {
+                return i;
+            }
+        }
+        panic!("no node serves slot {slot}");
+    }
+}

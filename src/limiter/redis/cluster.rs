@@ -289,15 +289,20 @@ impl ClusterLimiter {
                 }
             }
         }
-        let items = items
-            .into_iter()
-            .zip(batch)
-            .map(|(item, hit)| {
-                // Refunds of a rejected request were never sent: nothing applied.
-                item.unwrap_or(KeyOutcome {
-                    passed: true,
-                    count: 0,
-                    reset_ms: hit.window_ms,
+        // Refunds of a rejected request were never sent (nothing applied): they report the
+        // state their key's other items saw, or an empty window when there is none.
+        let items = (0..batch.len())
+            .map(|i| {
+                items[i].unwrap_or_else(|| {
+                    let seen = batch
+                        .iter()
+                        .zip(&items)
+                        .find_map(|(h, o)| o.filter(|_| h.key == batch[i].key));
+                    KeyOutcome {
+                        passed: true,
+                        count: seen.map_or(0, |o| o.count),
+                        reset_ms: seen.map_or(batch[i].window_ms, |o| o.reset_ms),
+                    }
                 })
             })
             .collect();
