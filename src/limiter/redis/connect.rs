@@ -42,7 +42,7 @@ impl std::fmt::Debug for RedisOptions {
 }
 
 /// Attempts redis-rs makes for one cluster command (redirects and reconnects included).
-pub const CLUSTER_RETRIES: u32 = 4;
+pub const CLUSTER_RETRIES: u32 = 8;
 
 const CLUSTER_SCHEMES: [(&str, &str); 2] = [
     ("redis+cluster://", "redis://"),
