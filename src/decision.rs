@@ -90,6 +90,10 @@ pub enum Outcome {
     ShadowRejected,
     /// A refund (is_negative_hits) applied.
     Refunded,
+    /// The backend failed and the failure policy `allow` answered OK.
+    BackendAllowed,
+    /// The backend failed and the failure policy `deny` answered OVER_LIMIT.
+    BackendDenied,
 }
 
 impl Outcome {
@@ -102,6 +106,8 @@ impl Outcome {
             Outcome::NotRecorded => "not_recorded",
             Outcome::ShadowRejected => "shadow_rejected",
             Outcome::Refunded => "refunded",
+            Outcome::BackendAllowed => "backend_error_allowed",
+            Outcome::BackendDenied => "backend_error_denied",
         }
     }
 }
@@ -196,11 +202,34 @@ impl Default for EngineOptions {
     }
 }
 
+/// What a request gets when the backend fails (error, deadline, overload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Return the error (gRPC UNAVAILABLE), so Envoy's `failure_mode_deny` decides.
+    #[default]
+    Error,
+    /// Answer OK: availability over enforcement.
+    Allow,
+    /// Answer OVER_LIMIT for every enforced limited descriptor: enforcement over availability.
+    Deny,
+}
+
+impl FailurePolicy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Error => "error",
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+        }
+    }
+}
+
 /// Shared by every gRPC call; holds the current config generation and the limiter.
 pub struct Engine {
     config: ArcSwap<Config>,
     limiter: Arc<dyn Limiter>,
     options: EngineOptions,
+    on_backend_error: FailurePolicy,
 }
 
 impl Engine {
@@ -213,7 +242,14 @@ impl Engine {
             config: ArcSwap::from_pointee(config),
             limiter,
             options,
+            on_backend_error: FailurePolicy::Error,
         }
+    }
+
+    /// Sets what a request gets when the backend fails.
+    pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.on_backend_error = policy;
+        self
     }
 
     pub fn config(&self) -> Arc<Config> {
@@ -254,7 +290,17 @@ impl Engine {
         let outcome = if batch.is_empty() {
             None
         } else {
-            Some(self.limiter.decide(&batch).await?)
+            match self.limiter.decide(&batch).await {
+                Ok(outcome) => Some(outcome),
+                Err(err) => {
+                    crate::metrics::record_backend_failure(self.on_backend_error.as_str());
+                    if self.on_backend_error == FailurePolicy::Error {
+                        return Err(err.into());
+                    }
+                    tracing::debug!(error = %err, policy = self.on_backend_error.as_str(), "backend failed");
+                    return Ok(fallback(plans, self.on_backend_error, hits, known_domain));
+                }
+            }
         };
 
         let mut items = outcome.iter().flat_map(|o| o.items.iter());
@@ -341,6 +387,61 @@ fn key_for(
         }
     }
     limiter_key_with_prefix(&options.key_prefix, domain, &entries, window_ms)
+}
+
+/// The decision the failure policy gives when the backend could not decide: limited descriptors
+/// get the policy's code (shadow and refund ones stay OK: they never reject); nothing is known
+/// about counts, so `remaining` is 0 and `reset_ms` 0.
+fn fallback(
+    plans: Vec<Resolution<'_>>,
+    policy: FailurePolicy,
+    hits: u64,
+    known_domain: bool,
+) -> Decision {
+    let verdicts: Vec<Verdict> = plans
+        .into_iter()
+        .map(|p| match p {
+            Resolution::Done(v) => v,
+            Resolution::Limited {
+                rule,
+                limit,
+                hit,
+                headers: _,
+            } => {
+                let (code, outcome) = match (policy, hit.kind) {
+                    (FailurePolicy::Deny, HitKind::Consume) => {
+                        (Code::OverLimit, Outcome::BackendDenied)
+                    }
+                    (FailurePolicy::Deny, _) => (Code::Ok, Outcome::BackendDenied),
+                    _ => (Code::Ok, Outcome::BackendAllowed),
+                };
+                Verdict {
+                    code,
+                    outcome,
+                    limit: Some(limit),
+                    remaining: 0,
+                    reset_ms: 0,
+                    rule: rule.map(|r| r.path.clone()),
+                    window_count: 0,
+                    detailed_metric: rule.is_some_and(|r| r.detailed_metric || r.value_to_metric),
+                    // Nothing is known of the key's window: keep it out of the window gauges.
+                    key: None,
+                    headers: HeaderPolicy::default(),
+                }
+            }
+        })
+        .collect();
+    let overall = if verdicts.iter().any(|v| v.code == Code::OverLimit) {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    };
+    Decision {
+        overall,
+        verdicts,
+        hits,
+        known_domain,
+    }
 }
 
 /// Rejects requests Envoy would never send and that cannot be decided: nothing is recorded.

@@ -10,8 +10,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config::{Config, LoadOptions};
+use sluice::decision::FailurePolicy;
+use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
+use sluice::limiter::guard::{self, Guarded};
 use sluice::limiter::memory::MemoryLimiter;
-use sluice::limiter::redis::RedisLimiter;
+use sluice::limiter::redis::cluster::ClusterLimiter;
+use sluice::limiter::redis::connect::{cluster_nodes, redact_url};
+use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Limiter, SystemClock};
 use sluice::metrics::MetricsSettings;
 use sluice::reload::ReloadSettings;
@@ -61,6 +66,23 @@ enum LogFormat {
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum OnBackendError {
+    Error,
+    Allow,
+    Deny,
+}
+
+impl From<OnBackendError> for FailurePolicy {
+    fn from(p: OnBackendError) -> Self {
+        match p {
+            OnBackendError::Error => FailurePolicy::Error,
+            OnBackendError::Allow => FailurePolicy::Allow,
+            OnBackendError::Deny => FailurePolicy::Deny,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     /// A limits YAML file or a directory of *.yaml files (envoyproxy/ratelimit's format).
@@ -72,13 +94,41 @@ struct ServeArgs {
     /// Address of the admin HTTP server (/healthz, /readyz, /metrics).
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     admin_addr: SocketAddr,
-    /// Redis URL (redis://[user:password@]host:port[/db]). Without it the embedded in-memory
-    /// backend serves (one instance only: instances do not share it).
+    /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), or a cluster:
+    /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS).
+    /// Without it the embedded in-memory backend serves (one instance only).
     #[arg(long, env = "SLUICE_REDIS_URL")]
     redis_url: Option<String>,
+    /// PEM file of the CA that signs the Redis server certificate (rediss only; default: the
+    /// system roots).
+    #[arg(long, env = "SLUICE_REDIS_CA_FILE")]
+    redis_ca_file: Option<PathBuf>,
+    /// File holding the Redis password (trailing newline ignored); wins over
+    /// SLUICE_REDIS_PASSWORD, which wins over a password in the URL. Keeps secrets off command
+    /// lines and manifests.
+    #[arg(long, env = "SLUICE_REDIS_PASSWORD_FILE")]
+    redis_password_file: Option<PathBuf>,
     /// Redis connections kept open.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 8)]
     redis_pool_size: usize,
+    /// Per-decision backend deadline in milliseconds (Envoy's filter gives up at 20 ms).
+    #[arg(long, env = "SLUICE_BACKEND_TIMEOUT_MS", default_value_t = 10)]
+    backend_timeout_ms: u64,
+    /// Backend calls allowed in flight (abandoned ones included); beyond it calls fail fast.
+    #[arg(long, env = "SLUICE_BACKEND_MAX_IN_FLIGHT", default_value_t = guard::DEFAULT_MAX_IN_FLIGHT)]
+    backend_max_in_flight: usize,
+    /// Answer when the backend fails or misses the deadline: error (UNAVAILABLE), allow (OK) or
+    /// deny (OVER_LIMIT).
+    #[arg(
+        long,
+        env = "SLUICE_ON_BACKEND_ERROR",
+        value_enum,
+        default_value = "error"
+    )]
+    on_backend_error: OnBackendError,
+    /// Keys kept in the local cache of keys known to be over their limit; 0 disables it.
+    #[arg(long, env = "SLUICE_LOCAL_CACHE_SIZE", default_value_t = cache::DEFAULT_CAPACITY)]
+    local_cache_size: usize,
     /// Seconds between backend readiness probes.
     #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = 1)]
     probe_interval_secs: u64,
@@ -224,10 +274,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let limiter: Arc<dyn Limiter> = match &args.redis_url {
         Some(url) => {
-            let limiter = RedisLimiter::open(url, args.redis_pool_size)
-                .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
-            tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
-            Arc::new(limiter)
+            let options = RedisOptions {
+                ca_file: args.redis_ca_file.clone(),
+                password: redis_password(args.redis_password_file.as_deref())?,
+            };
+            let limiter: Arc<dyn Limiter> = if cluster_nodes(url).is_some() {
+                let limiter = ClusterLimiter::open(url, &options)
+                    .with_context(|| format!("configuring Redis Cluster at {}", redact_url(url)))?;
+                tracing::info!(url = %redact_url(url), "backend: redis cluster");
+                Arc::new(limiter)
+            } else {
+                let limiter = RedisLimiter::open_with(url, &options, args.redis_pool_size)
+                    .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
+                tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
+                Arc::new(limiter)
+            };
+            shared_backend(limiter, &args)
         }
         None => {
             tracing::info!("backend: embedded memory (no --redis-url given)");
@@ -245,6 +307,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     sluice::metrics::record_config_loaded(&args.config, &config, unix_now);
+    sluice::metrics::describe_backend();
 
     let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -277,12 +340,39 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             interval: Duration::from_millis(args.watch_interval_ms.max(50)),
             load_options: load_options(args.merge_domain_config),
         }),
+        on_backend_error: args.on_backend_error.into(),
     };
     if args.shadow_mode {
         tracing::warn!("global shadow mode: every request is answered OK overall");
     }
     run(settings, grpc, admin, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Wraps a shared (network) backend: the per-decision deadline and in-flight bound, then the
+/// local cache of rejections in front so cached answers cost no permit. The memory backend
+/// needs neither: it answers in microseconds and has no network to hang on.
+fn shared_backend(backend: Arc<dyn Limiter>, args: &ServeArgs) -> Arc<dyn Limiter> {
+    let guarded: Arc<dyn Limiter> = Arc::new(Guarded::new(
+        backend,
+        Duration::from_millis(args.backend_timeout_ms.max(1)),
+        args.backend_max_in_flight,
+    ));
+    tracing::info!(
+        deadline_ms = args.backend_timeout_ms.max(1),
+        max_in_flight = args.backend_max_in_flight,
+        on_backend_error = FailurePolicy::from(args.on_backend_error).as_str(),
+        local_cache_size = args.local_cache_size,
+        "backend guard"
+    );
+    if args.local_cache_size == 0 {
+        return guarded;
+    }
+    Arc::new(RejectionCache::new(
+        guarded,
+        Arc::new(MonotonicClock::default()),
+        args.local_cache_size,
+    ))
 }
 
 /// Resolves on SIGTERM (Kubernetes) or ctrl-c.
@@ -315,31 +405,21 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
     }
 }
 
-/// Hides the password of a Redis URL: logs must never carry secrets.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_never_reach_logs() {
-        assert_eq!(redact_url("redis://:s3cret@h:6379"), "redis://:***@h:6379");
-        assert_eq!(
-            redact_url("rediss://app:p@ss@h:6379/0"),
-            "rediss://app:***@h:6379/0"
+/// The Redis password from `--redis-password-file`, else `SLUICE_REDIS_PASSWORD`, else none
+/// (the URL's own, if any, then applies). Never logged.
+fn redis_password(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading Redis password file {}", path.display()))?;
+        let password = text.trim_end_matches(['\n', '\r']).to_owned();
+        anyhow::ensure!(
+            !password.is_empty(),
+            "Redis password file {} is empty",
+            path.display()
         );
-        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        return Ok(Some(password));
     }
+    Ok(std::env::var("SLUICE_REDIS_PASSWORD")
+        .ok()
+        .filter(|p| !p.is_empty()))
 }

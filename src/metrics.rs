@@ -483,6 +483,7 @@ impl ObservedLimiter {
                 LimiterError::Unavailable(_) => "unavailable",
                 LimiterError::Timeout(_) => "timeout",
                 LimiterError::Protocol(_) => "protocol",
+                LimiterError::Overloaded => "overloaded",
             };
             metrics::counter!(BACKEND_ERRORS_TOTAL, "backend" => backend, "kind" => kind)
                 .increment(1);
@@ -516,6 +517,33 @@ impl Limiter for ObservedLimiter {
     fn stats(&self) -> Option<crate::limiter::BackendStats> {
         self.inner.stats()
     }
+}
+
+// --- Backend failure policy and local rejection cache (issue 4). Kept as small separate
+// functions at the end so they merge cleanly with the metrics rewrite.
+
+pub const BACKEND_FAILURES_TOTAL: &str = "sluice_backend_failures_total";
+pub const LOCAL_CACHE_DECISIONS_TOTAL: &str = "sluice_local_cache_decisions_total";
+
+pub fn describe_backend() {
+    metrics::describe_counter!(
+        BACKEND_FAILURES_TOTAL,
+        "Requests the backend could not decide (error, deadline, overload), by the failure policy that answered"
+    );
+    metrics::describe_counter!(
+        LOCAL_CACHE_DECISIONS_TOTAL,
+        "Requests rejected by the local cache of keys known to be over their limit, without a backend call"
+    );
+}
+
+/// One request the backend failed; `policy` is `error`, `allow` or `deny`.
+pub fn record_backend_failure(policy: &'static str) {
+    metrics::counter!(BACKEND_FAILURES_TOTAL, "policy" => policy).increment(1);
+}
+
+/// One request answered by the local rejection cache.
+pub fn record_local_cache_decision() {
+    metrics::counter!(LOCAL_CACHE_DECISIONS_TOTAL).increment(1);
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use tonic_health::ServingStatus;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
-use crate::decision::{Engine, EngineOptions};
+use crate::decision::{Engine, EngineOptions, FailurePolicy};
 use crate::http_api;
 use crate::limiter::Limiter;
 use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
@@ -42,6 +42,8 @@ pub struct ServerSettings {
     pub metrics_settings: MetricsSettings,
     /// Hot reload of the config; `None` serves the start-up config until exit.
     pub reload: Option<ReloadSettings>,
+    /// What a request gets when the backend fails.
+    pub on_backend_error: FailurePolicy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,11 +70,10 @@ pub async fn run(
         settings.limiter.clone(),
     ));
     let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
-    let engine = Arc::new(Engine::with_options(
-        settings.config,
-        observed,
-        settings.engine,
-    ));
+    let engine = Arc::new(
+        Engine::with_options(settings.config, observed, settings.engine)
+            .with_failure_policy(settings.on_backend_error),
+    );
     let readiness = Arc::new(Readiness::new());
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 

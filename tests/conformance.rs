@@ -11,7 +11,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::limiter::redis::RedisLimiter;
+use sluice::limiter::redis::cluster::ClusterLimiter;
+use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
@@ -343,6 +344,16 @@ conformance!(redis, async {
     let server = common::RedisServer::start();
     let limiter = redis_limiter(&server).await;
     (server, limiter)
+});
+
+conformance!(redis_cluster, async {
+    let cluster = common::RedisCluster::start();
+    let limiter: Arc<dyn Limiter> = Arc::new(
+        ClusterLimiter::connect(&cluster.url(), &RedisOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", cluster.url())),
+    );
+    (cluster, limiter)
 });
 
 /// Checks that only make sense for Redis: what the script leaves in the server, and failures.

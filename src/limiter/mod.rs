@@ -3,7 +3,9 @@
 //! Why a trait: the decision engine must not care where the log lives. `memory` keeps it in
 //! process (the embedded default, no Redis needed); `redis` keeps it in sorted sets and decides
 //! with one atomic Lua script per request. Both implement the same semantics, and one
-//! conformance suite (tests/conformance.rs) runs against both.
+//! conformance suite (tests/conformance.rs) runs against both (and the Redis Cluster backend).
+//! Two wrappers implement the trait around a shared backend: [`guard`] (per-decision deadline,
+//! bounded in-flight calls) and [`cache`] (local answers for requests certain to be rejected).
 //!
 //! Semantics shared by every backend, for one call with a batch of [`Hit`]s:
 //! - An entry recorded at time `t` counts while `now - t < window_ms`.
@@ -19,6 +21,8 @@
 //! - The clock: Redis uses its own `TIME` (instances with skewed clocks agree); the memory backend
 //!   uses the [`Clock`] it was built with. Both also accept an explicit `now` for tests.
 
+pub mod cache;
+pub mod guard;
 pub mod memory;
 pub mod redis;
 pub mod window;
@@ -89,6 +93,9 @@ pub enum LimiterError {
     Timeout(u64),
     #[error("backend replied with something unexpected: {0}")]
     Protocol(String),
+    /// Too many backend calls in flight: refused without waiting, so no queue builds up.
+    #[error("backend overloaded: too many calls in flight")]
+    Overloaded,
 }
 
 /// A time source in milliseconds since the Unix epoch.

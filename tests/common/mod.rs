@@ -21,21 +21,29 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: TempDir,
     port: u16,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a fresh server on a free loopback port; panics if that is impossible.
     pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`] with extra `redis-server` arguments (TLS, ACL users, ...).
+    /// The plain port stays open for the readiness check.
+    pub fn start_with(extra: &[String]) -> RedisServer {
         let dir = tempfile::tempdir().expect("create temp dir for redis-server");
         let mut last_error = String::new();
         for _ in 0..PORT_ATTEMPTS {
             let port = free_port();
-            match spawn(port, &dir) {
+            match spawn(port, &dir, extra) {
                 Ok(child) => {
                     return RedisServer {
                         child: Some(child),
                         dir,
                         port,
+                        extra: extra.to_vec(),
                     }
                 }
                 // Another test may have grabbed the port between our probe and the spawn.
@@ -71,7 +79,7 @@ impl RedisServer {
         self.stop();
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
-            match spawn(self.port, &self.dir) {
+            match spawn(self.port, &self.dir, &self.extra) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -112,7 +120,7 @@ impl Drop for RedisServer {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -120,7 +128,7 @@ fn free_port() -> u16 {
 }
 
 /// Spawns redis-server on `port` and waits until it answers PING.
-fn spawn(port: u16, dir: &TempDir) -> Result<Child, String> {
+fn spawn(port: u16, dir: &TempDir, extra: &[String]) -> Result<Child, String> {
     let mut child = match Command::new("redis-server")
         .args(["--port", &port.to_string()])
         .args(["--bind", "127.0.0.1"])
@@ -128,6 +136,7 @@ fn spawn(port: u16, dir: &TempDir) -> Result<Child, String> {
         .args(["--appendonly", "no"])
         .arg("--dir")
         .arg(dir.path())
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -167,4 +176,115 @@ fn answers_ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 7];
     stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// A throwaway Redis Cluster: 3 primaries (no replicas) on loopback, each a [`RedisServer`] in
+/// its own temp dir, joined with `redis-cli --cluster create`. Full slot coverage is not
+/// required, so the other primaries keep serving while one is down (restart tests).
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let extra: Vec<String> = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            "--cluster-require-full-coverage",
+            "no",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&extra)).collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli not found: run scripts/test.sh, which installs it");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// `redis+cluster://` URL naming every node as a seed.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// Runs `redis-cli -p port args...` and returns its stdout.
+    pub fn cli(port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        assert!(out.status.success(), "redis-cli {args:?} failed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and agrees on all 3 primaries.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
+                let info = Self::cli(n.port(), &["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster did not become ok in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The node id of the node on `port`.
+    pub fn node_id(port: u16) -> String {
+        Self::cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// The index of the node serving `slot`.
+    pub fn owner(&self, slot: u16) -> usize {
+        for (i, n) in self.nodes.iter().enumerate() {
+            let nodes = Self::cli(n.port(), &["CLUSTER", "NODES"]);
+            let me = nodes
+                .lines()
+                .find(|l| l.contains("myself"))
+                .expect("myself line");
+            if me.split_whitespace().skip(8).any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                    (Ok(lo), Ok(hi)) => lo <= slot && slot <= hi,
+                    _ => false,
+                }
+            }) {
+                return i;
+            }
+        }
+        panic!("no node serves slot {slot}");
+    }
 }

@@ -30,6 +30,16 @@ impl Sluice {
     }
 
     pub fn start_with(config: &Path, redis_url: Option<&str>, extra: &[&str]) -> Sluice {
+        Self::start_with_env(config, redis_url, extra, &[])
+    }
+
+    /// Like [`Sluice::start_with`], with extra environment variables (e.g. secrets).
+    pub fn start_with_env(
+        config: &Path,
+        redis_url: Option<&str>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Sluice {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.arg("serve")
             .arg("--config")
@@ -37,10 +47,15 @@ impl Sluice {
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
             .args(extra)
             .env_remove("SLUICE_REDIS_URL")
+            // The production deadline (10 ms) is for a quiet host; on a loaded 2-core test
+            // machine it would turn scheduler hiccups into flaky failures of tests that are not
+            // about deadlines. Tests about deadlines pass `--backend-timeout-ms`, which wins.
+            .env("SLUICE_BACKEND_TIMEOUT_MS", "500")
             .env("SLUICE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        cmd.envs(env.iter().copied());
         if let Some(url) = redis_url {
             cmd.args(["--redis-url", url]);
         }

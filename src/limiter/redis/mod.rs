@@ -20,6 +20,8 @@
 //! script (Redis is blocked meanwhile). Limits, which bound the hits an item can record, must
 //! therefore stay reasonable (config validation's job); the memory backend has no such cost.
 
+pub mod cluster;
+pub mod connect;
 pub mod script;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,6 +35,7 @@ use redis::{
 };
 
 use super::{BackendStats, BatchOutcome, Hit, HitKind, Limiter, LimiterError};
+pub use connect::RedisOptions;
 use script::{decode_reply, KIND_CONSUME, KIND_REFUND, KIND_SHADOW, MAX_EXACT, SCRIPT};
 
 /// Time allowed to establish one connection.
@@ -97,7 +100,16 @@ impl std::fmt::Debug for RedisLimiter {
 impl RedisLimiter {
     /// Opens `pool_size` (at least 1) connections to `url` and fails if Redis is unreachable.
     pub async fn connect(url: &str, pool_size: usize) -> Result<Self, LimiterError> {
-        let limiter = Self::open(url, pool_size)?;
+        Self::connect_with(url, &RedisOptions::default(), pool_size).await
+    }
+
+    /// [`RedisLimiter::connect`] with TLS and credential options.
+    pub async fn connect_with(
+        url: &str,
+        options: &RedisOptions,
+        pool_size: usize,
+    ) -> Result<Self, LimiterError> {
+        let limiter = Self::open_with(url, options, pool_size)?;
         for slot in limiter.slots.iter() {
             limiter.connection(slot).await?;
         }
@@ -107,8 +119,16 @@ impl RedisLimiter {
     /// Like [`RedisLimiter::connect`] but connects on first use, so a sidecar can start (and
     /// report not-ready) while Redis is still down. Fails only on an invalid URL.
     pub fn open(url: &str, pool_size: usize) -> Result<Self, LimiterError> {
-        let client = Client::open(url)
-            .map_err(|e| LimiterError::Unavailable(format!("invalid redis url: {e}")))?;
+        Self::open_with(url, &RedisOptions::default(), pool_size)
+    }
+
+    /// [`RedisLimiter::open`] with TLS and credential options.
+    pub fn open_with(
+        url: &str,
+        options: &RedisOptions,
+        pool_size: usize,
+    ) -> Result<Self, LimiterError> {
+        let client = connect::standalone_client(url, options)?;
         let slots = (0..pool_size.max(1)).map(|_| Slot::default()).collect();
         Ok(RedisLimiter {
             client,
@@ -179,28 +199,17 @@ impl RedisLimiter {
                 items: Vec::new(),
             });
         }
+        // EVALSHA sent by hand rather than through `Script::invoke_async`, so a NOSCRIPT reload
+        // (after a Redis restart or SCRIPT FLUSH) is seen and counted.
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg(self.script.get_hash()).arg(batch.len());
         for hit in batch {
             evalsha.arg(hit.key.as_str());
         }
-        evalsha.arg(now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string()));
+        evalsha.arg(now_arg(now));
         for hit in batch {
-            // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact.
-            // Limits cap one below hits, so that a clamped huge `hits` still fails like the
-            // original, and still counts as at least any limit for later items on the key.
-            let limit = hit.limit.min(MAX_EXACT - 1);
-            let kind = match hit.kind {
-                HitKind::Consume => KIND_CONSUME,
-                HitKind::Shadow => KIND_SHADOW,
-                HitKind::Refund => KIND_REFUND,
-            };
-            let hits = hit.hits.min(MAX_EXACT);
-            evalsha
-                .arg(limit)
-                .arg(hit.window_ms.min(MAX_EXACT))
-                .arg(hits)
-                .arg(kind);
+            let (limit, window_ms, hits, kind) = item_args(hit);
+            evalsha.arg(limit).arg(window_ms).arg(hits).arg(kind);
         }
         let slot = self.slot();
         let mut conn = self.connection(slot).await?;
@@ -224,7 +233,50 @@ impl RedisLimiter {
     }
 }
 
-fn map_error(e: &RedisError) -> LimiterError {
+/// The `EVALSHA` of [`SCRIPT`] for `batch` (argument layout documented there).
+pub(crate) fn invocation<'s>(
+    script: &'s Script,
+    batch: &[Hit],
+    now: Option<u64>,
+) -> redis::ScriptInvocation<'s> {
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(now_arg(now));
+    for hit in batch {
+        let (limit, window_ms, hits, kind) = item_args(hit);
+        invocation
+            .key(hit.key.as_str())
+            .arg(limit)
+            .arg(window_ms)
+            .arg(hits)
+            .arg(kind);
+    }
+    invocation
+}
+
+/// ARGV[1]: the explicit clock in ms, or empty for Redis `TIME`.
+fn now_arg(now: Option<u64>) -> String {
+    now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string())
+}
+
+/// One item's four ARGV values: limit, window_ms, hits, kind.
+fn item_args(hit: &Hit) -> (u64, u64, u64, &'static str) {
+    // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact. Limits cap one
+    // below hits, so that a clamped huge `hits` still fails like the original, and still counts
+    // as at least any limit for later items on the key.
+    let kind = match hit.kind {
+        HitKind::Consume => KIND_CONSUME,
+        HitKind::Shadow => KIND_SHADOW,
+        HitKind::Refund => KIND_REFUND,
+    };
+    (
+        hit.limit.min(MAX_EXACT - 1),
+        hit.window_ms.min(MAX_EXACT),
+        hit.hits.min(MAX_EXACT),
+        kind,
+    )
+}
+
+pub(crate) fn map_error(e: &RedisError) -> LimiterError {
     if e.is_timeout() {
         return LimiterError::Timeout(RESPONSE_TIMEOUT.as_millis() as u64);
     }

@@ -32,11 +32,14 @@ pub const KIND_REFUND: &str = "r";
 ///   (`c` consume, `s` shadow, `r` refund). Decimal integers, each at most [`MAX_EXACT`] (limits
 ///   at most `MAX_EXACT - 1`).
 ///
-/// Reply: a flat array of integers, `1 + 3n` long:
-/// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n}` with
-/// `admitted`/`passed` 0 or 1, `count` the key's entries after the decision and `reset_ms` the ms
-/// until its oldest entry leaves the window (`window_ms` when empty). Malformed arguments give an
-/// error reply starting with `sluice:`.
+/// Reply: a flat array of integers, `1 + 4n` long:
+/// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n, first_1, ...,
+/// first_n}` with `admitted`/`passed` 0 or 1, `count` the key's entries after the decision,
+/// `reset_ms` the ms until its oldest entry leaves the window (`window_ms` when empty) and
+/// `first` the first member this item added (it added `hits` consecutive integers from there), 0
+/// when it added nothing. The added ranges let the cluster backend undo exactly this call's
+/// entries when another slot's part of the request was rejected ([`COMPENSATE`]). Malformed
+/// arguments give an error reply starting with `sluice:`.
 ///
 /// Data layout: each key is a sorted set with one member per hit; score = the ms it was recorded.
 /// - Phase 1, per item in order: `ZREMRANGEBYSCORE key -inf (now - window)` (an entry at `t`
@@ -135,6 +138,7 @@ end
 
 local function add(key, h)
   local score, member = now_ms, MEMBER_BASE + now_us
+  local first
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if top[1] then
     local tm, ts = tonumber(top[1]), tonumber(top[2])
@@ -146,6 +150,7 @@ local function add(key, h)
     end
   end
   local s = fmt(score)
+  first = member
   while h > 0 do
     local m = h
     if m > CHUNK then
@@ -160,9 +165,11 @@ local function add(key, h)
     redis.call('ZADD', key, unpack(args))
     h = h - m
   end
+  return first
 end
 
 -- Phase 2: write, only for an admitted batch.
+local first = {}
 if admitted == 1 then
   local written, written_window = {}, {}
   for i = 1, n do
@@ -180,7 +187,7 @@ if admitted == 1 then
           wrote = true
         end
       elseif kind[i] == 'c' or passed[i] then
-        add(key, h)
+        first[i] = add(key, h)
         wrote = true
       end
     end
@@ -223,18 +230,60 @@ for i = 1, n do
   reply[#reply + 1] = st[1]
   reply[#reply + 1] = reset
 end
+for i = 1, n do
+  reply[#reply + 1] = first[i] or 0
+end
 return reply
+"#;
+
+/// Undoes exactly what earlier [`SCRIPT`] calls added: KEYS = keys, ARGV = per key `first`,
+/// `hits` (the member range `first ..= first + hits - 1` from that call's reply). Members are
+/// unique per key and never reused, so this removes those entries and nothing else, even after
+/// other requests added theirs. Reply: the number of members removed.
+pub const COMPENSATE: &str = r#"
+local CHUNK = 1000
+local removed = 0
+if #ARGV ~= 2 * #KEYS then
+  return redis.error_reply('sluice: expected 2 * #KEYS arguments')
+end
+for i = 1, #KEYS do
+  local first = tonumber(ARGV[2 * i - 1])
+  local hits = tonumber(ARGV[2 * i])
+  if not (first and hits) then
+    return redis.error_reply('sluice: bad number in item ' .. i)
+  end
+  local j = 0
+  while j < hits do
+    local args = {}
+    local m = 0
+    while m < CHUNK and j < hits do
+      m = m + 1
+      args[m] = string.format('%.0f', first + j)
+      j = j + 1
+    end
+    removed = removed + redis.call('ZREM', KEYS[i], unpack(args))
+  end
+end
+return removed
 "#;
 
 /// Decodes the script's reply for a batch of `items` items (layout documented on [`SCRIPT`]).
 pub fn decode_reply(value: &Value, items: usize) -> Result<BatchOutcome, LimiterError> {
+    decode_reply_with_added(value, items).map(|(outcome, _)| outcome)
+}
+
+/// Like [`decode_reply`], also returning each item's first added member (0: added nothing).
+pub fn decode_reply_with_added(
+    value: &Value,
+    items: usize,
+) -> Result<(BatchOutcome, Vec<u64>), LimiterError> {
     let Value::Array(values) = value else {
         return Err(LimiterError::Protocol(format!(
             "script reply is not an array: {value:?}"
         )));
     };
     let expected = items
-        .checked_mul(3)
+        .checked_mul(4)
         .and_then(|n| n.checked_add(1))
         .unwrap_or(usize::MAX);
     if values.len() != expected {
@@ -271,7 +320,10 @@ pub fn decode_reply(value: &Value, items: usize) -> Result<BatchOutcome, Limiter
             })
         })
         .collect::<Result<Vec<_>, LimiterError>>()?;
-    Ok(BatchOutcome { admitted, items })
+    let added = (0..items.len())
+        .map(|k| int(1 + 3 * items.len() + k))
+        .collect::<Result<Vec<_>, LimiterError>>()?;
+    Ok((BatchOutcome { admitted, items }, added))
 }
 
 #[cfg(test)]
@@ -284,7 +336,7 @@ mod tests {
 
     #[test]
     fn decodes_a_two_item_reply() {
-        let out = decode_reply(&ints(&[0, 1, 3, 250, 0, 5, 1000]), 2).expect("valid reply");
+        let out = decode_reply(&ints(&[0, 1, 3, 250, 0, 5, 1000, 0, 0]), 2).expect("valid reply");
         assert_eq!(
             out,
             BatchOutcome {
@@ -318,14 +370,17 @@ mod tests {
             (Value::Nil, 0),
             (Value::Int(1), 0),
             (ints(&[1, 1, 0]), 1),
-            (ints(&[1, 1, 0, 0, 9]), 1),
-            (ints(&[2, 1, 0, 0]), 1),
-            (ints(&[1, 7, 0, 0]), 1),
-            (ints(&[1, 1, -1, 0]), 1),
+            (ints(&[1, 1, 0, 0]), 1),
+            (ints(&[1, 1, 0, 0, 9, 9]), 1),
+            (ints(&[2, 1, 0, 0, 0]), 1),
+            (ints(&[1, 7, 0, 0, 0]), 1),
+            (ints(&[1, 1, -1, 0, 0]), 1),
+            (ints(&[1, 1, 1, 0, -5]), 1),
             (
                 Value::Array(vec![
                     Value::Int(1),
                     Value::BulkString(b"1".to_vec()),
+                    Value::Int(0),
                     Value::Int(0),
                     Value::Int(0),
                 ]),

@@ -1,0 +1,412 @@
+//! The local first tier: a bounded in-process cache of keys known to be over their limit, in
+//! front of any [`Limiter`].
+//!
+//! Why: a flood on a key that is already over its limit would otherwise cost one backend round
+//! trip per request, although the answer cannot change until the key's oldest entry leaves the
+//! window. For the sliding log that instant is exact: entries only leave by age, and admitted
+//! requests only add entries, so until then the key's count can only stay or grow. A request
+//! that would exceed the limit against the count seen then is certainly rejected, and is
+//! answered here without calling the backend.
+//!
+//! What makes a local answer safe:
+//! - only a certain rejection is answered locally: some `Consume` item whose key has a live
+//!   entry (same window) with `count + hits > limit` (`count >= limit` for a `hits = 0` probe).
+//!   A rejected batch records nothing on any backend, so answering it here changes nothing;
+//!   everything else goes to the backend. Shadow items never veto, so they never trigger it;
+//! - the entry's deadline is `now before the call + reset_ms`: the backend computed `reset_ms`
+//!   after that instant, so the local deadline is never later than the real one;
+//! - refunds are the one way a key's count drops early. A refund sent through this instance
+//!   drops the key's entry before it goes out; a refund sent through another instance is not
+//!   seen here, so until the entry expires this instance may reject a request the backend would
+//!   have admitted. That errs only towards rejection, never over-admission (documented in
+//!   docs/redis.md).
+//!
+//! In a locally answered request, the blocking item reports the cached count and reset; other
+//! items report what the cache knows about them, or "passed, count 0" when it knows nothing
+//! (the overall verdict is exact; those per-descriptor details are best effort).
+//!
+//! Memory is bounded by `capacity` entries: when full, expired entries are dropped, then the
+//! entry expiring soonest.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::{BatchOutcome, Clock, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+
+/// Default number of cached keys.
+pub const DEFAULT_CAPACITY: usize = 10_000;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    window_ms: u64,
+    count: u64,
+    /// Local clock (ms) at which the key's oldest entry leaves the window.
+    until_ms: u64,
+}
+
+pub struct RejectionCache {
+    inner: Arc<dyn Limiter>,
+    clock: Arc<dyn Clock>,
+    capacity: usize,
+    entries: Mutex<HashMap<String, Entry>>,
+    answered: AtomicU64,
+}
+
+/// The map holds plain values and the lock is never held across an await; a poisoned one still
+/// holds a valid map.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl RejectionCache {
+    /// `clock` is only used to age entries (a monotonic source is best); `capacity` 0 is allowed
+    /// but pointless: callers skip the wrapper instead.
+    pub fn new(inner: Arc<dyn Limiter>, clock: Arc<dyn Clock>, capacity: usize) -> Self {
+        RejectionCache {
+            inner,
+            clock,
+            capacity,
+            entries: Mutex::new(HashMap::new()),
+            answered: AtomicU64::new(0),
+        }
+    }
+
+    /// Requests answered locally so far.
+    pub fn answered_locally(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Keys currently cached (expired ones included until evicted).
+    pub fn len(&self) -> usize {
+        lock(&self.entries).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The outcome when the cache proves the batch is rejected, else `None`.
+    fn certain_rejection(&self, batch: &[Hit], now: u64) -> Option<BatchOutcome> {
+        let entries = lock(&self.entries);
+        let mut rejected = false;
+        let items = batch
+            .iter()
+            .map(|hit| {
+                let live = entries
+                    .get(&hit.key)
+                    .filter(|e| e.window_ms == hit.window_ms && now < e.until_ms);
+                match live {
+                    Some(e) => {
+                        let fails = if hit.hits == 0 {
+                            e.count >= hit.limit
+                        } else {
+                            e.count.saturating_add(hit.hits) > hit.limit
+                        };
+                        if fails && hit.kind == HitKind::Consume {
+                            rejected = true;
+                        }
+                        KeyOutcome {
+                            passed: hit.kind == HitKind::Refund || !fails,
+                            count: e.count,
+                            reset_ms: e.until_ms - now,
+                        }
+                    }
+                    None => KeyOutcome {
+                        passed: true,
+                        count: 0,
+                        reset_ms: hit.window_ms,
+                    },
+                }
+            })
+            .collect();
+        rejected.then_some(BatchOutcome {
+            admitted: false,
+            items,
+        })
+    }
+
+    /// Learns from the backend's outcome of a call sent at `sent_at`.
+    fn learn(&self, batch: &[Hit], outcome: &BatchOutcome, sent_at: u64) {
+        let mut entries = lock(&self.entries);
+        for (hit, item) in batch.iter().zip(&outcome.items) {
+            if hit.kind == HitKind::Refund {
+                continue;
+            }
+            let full = !item.passed || item.count >= hit.limit;
+            if !full || item.reset_ms == 0 {
+                entries.remove(&hit.key);
+                continue;
+            }
+            let entry = Entry {
+                window_ms: hit.window_ms,
+                count: item.count,
+                until_ms: sent_at.saturating_add(item.reset_ms),
+            };
+            if !entries.contains_key(&hit.key) && entries.len() >= self.capacity {
+                evict(&mut entries, sent_at);
+                if entries.len() >= self.capacity {
+                    continue;
+                }
+            }
+            entries.insert(hit.key.clone(), entry);
+        }
+    }
+
+    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+        let sent_at = now.unwrap_or_else(|| self.clock.now_ms());
+        if self.capacity > 0 {
+            if let Some(outcome) = self.certain_rejection(batch, sent_at) {
+                self.answered.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::record_local_cache_decision();
+                return Ok(outcome);
+            }
+            let mut entries = lock(&self.entries);
+            for hit in batch.iter().filter(|h| h.kind == HitKind::Refund) {
+                entries.remove(&hit.key);
+            }
+        }
+        let outcome = match now {
+            Some(now) => self.inner.decide_at(batch, now).await?,
+            None => self.inner.decide(batch).await?,
+        };
+        if self.capacity > 0 {
+            self.learn(batch, &outcome, sent_at);
+        }
+        Ok(outcome)
+    }
+}
+
+/// Makes room in a full map: expired entries first, else the one expiring soonest.
+fn evict(entries: &mut HashMap<String, Entry>, now: u64) {
+    entries.retain(|_, e| now < e.until_ms);
+    let soonest = entries
+        .iter()
+        .min_by_key(|(_, e)| e.until_ms)
+        .map(|(k, _)| k.clone());
+    if let Some(key) = soonest {
+        entries.remove(&key);
+    }
+}
+
+#[async_trait]
+impl Limiter for RejectionCache {
+    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+        self.run(batch, None).await
+    }
+
+    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
+        self.run(batch, Some(now_ms)).await
+    }
+
+    async fn ping(&self) -> Result<(), LimiterError> {
+        self.inner.ping().await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
+/// Milliseconds since this clock was made, from the monotonic clock: cache entries age by
+/// durations, and a wall-clock step must not make an entry outlive its real deadline.
+#[derive(Debug)]
+pub struct MonotonicClock(std::time::Instant);
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock(std::time::Instant::now())
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::memory::MemoryLimiter;
+    use crate::limiter::SystemClock;
+    use proptest::prelude::*;
+
+    /// The memory backend, counting the calls that reach it.
+    struct Counting {
+        inner: MemoryLimiter,
+        calls: AtomicU64,
+    }
+
+    #[async_trait]
+    impl Limiter for Counting {
+        async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.inner.decide(batch).await
+        }
+        async fn decide_at(&self, batch: &[Hit], now: u64) -> Result<BatchOutcome, LimiterError> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.inner.decide_at(batch, now).await
+        }
+        async fn ping(&self) -> Result<(), LimiterError> {
+            Ok(())
+        }
+        fn backend(&self) -> &'static str {
+            "counting"
+        }
+    }
+
+    fn setup(capacity: usize) -> (RejectionCache, Arc<Counting>) {
+        let inner = Arc::new(Counting {
+            inner: MemoryLimiter::new(Arc::new(SystemClock)),
+            calls: AtomicU64::new(0),
+        });
+        let cache = RejectionCache::new(inner.clone(), Arc::new(SystemClock), capacity);
+        (cache, inner)
+    }
+
+    fn hit(key: &str, limit: u64, hits: u64, kind: HitKind) -> Hit {
+        Hit {
+            key: key.into(),
+            limit,
+            window_ms: 1000,
+            hits,
+            kind,
+        }
+    }
+
+    const T: u64 = 1_700_000_000_000;
+
+    #[tokio::test]
+    async fn flood_on_a_full_key_reaches_the_backend_once_until_the_oldest_entry_leaves() {
+        let (cache, inner) = setup(100);
+        let b = [hit("k", 2, 1, HitKind::Consume)];
+        assert!(cache.decide_at(&b, T).await.unwrap().admitted);
+        assert!(cache.decide_at(&b, T + 100).await.unwrap().admitted);
+        assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
+        for i in 0..1000 {
+            let out = cache.decide_at(&b, T + 100 + i % 900).await.unwrap();
+            assert!(!out.admitted);
+            assert_eq!(out.items[0].count, 2);
+        }
+        assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
+        assert_eq!(cache.answered_locally(), 1000);
+        // One ms before the oldest entry leaves: still local; at the instant: the backend.
+        let out = cache.decide_at(&b, T + 999).await.unwrap();
+        assert_eq!(out.items[0].reset_ms, 1);
+        assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
+        assert!(cache.decide_at(&b, T + 1000).await.unwrap().admitted);
+        assert_eq!(inner.calls.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn only_certain_rejections_are_local() {
+        let (cache, inner) = setup(100);
+        // Full at 2 of limit 2, but a probe with a bigger limit, a shadow item and another
+        // window on the same key are not certain to fail.
+        cache
+            .decide_at(&[hit("k", 2, 2, HitKind::Consume)], T)
+            .await
+            .unwrap();
+        let calls = || inner.calls.load(Ordering::Relaxed);
+        assert!(
+            cache
+                .decide_at(&[hit("k", 3, 1, HitKind::Consume)], T + 1)
+                .await
+                .unwrap()
+                .admitted
+        );
+        assert_eq!(calls(), 2);
+        let shadow = [
+            hit("k", 1, 1, HitKind::Shadow),
+            hit("x", 5, 1, HitKind::Consume),
+        ];
+        assert!(cache.decide_at(&shadow, T + 2).await.unwrap().admitted);
+        assert_eq!(calls(), 3);
+        // A two-item request with one certain rejection is local, and records nothing.
+        let both = [
+            hit("y", 5, 1, HitKind::Consume),
+            hit("k", 3, 1, HitKind::Consume),
+        ];
+        assert!(!cache.decide_at(&both, T + 4).await.unwrap().admitted);
+        assert_eq!(calls(), 3);
+        let mut other_window = hit("k", 3, 1, HitKind::Consume);
+        other_window.window_ms = 2000;
+        cache.decide_at(&[other_window], T + 5).await.unwrap();
+        assert_eq!(calls(), 4);
+        let probe = [hit("y", 5, 0, HitKind::Consume)];
+        assert_eq!(
+            cache.decide_at(&probe, T + 5).await.unwrap().items[0].count,
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refund_through_this_instance_drops_the_entry() {
+        let (cache, inner) = setup(100);
+        cache
+            .decide_at(&[hit("k", 2, 2, HitKind::Consume)], T)
+            .await
+            .unwrap();
+        let refund = [
+            hit("k", 2, 1, HitKind::Refund),
+            hit("z", 9, 1, HitKind::Consume),
+        ];
+        assert!(cache.decide_at(&refund, T + 1).await.unwrap().admitted);
+        let out = cache
+            .decide_at(&[hit("k", 2, 1, HitKind::Consume)], T + 2)
+            .await
+            .unwrap();
+        assert!(out.admitted);
+        assert_eq!(inner.calls.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn memory_is_bounded() {
+        let (cache, _) = setup(10);
+        for i in 0..100u64 {
+            let key = format!("k{i}");
+            cache
+                .decide_at(&[hit(&key, 1, 1, HitKind::Consume)], T + i)
+                .await
+                .unwrap();
+            assert!(cache.len() <= 10);
+        }
+        assert_eq!(cache.len(), 10);
+    }
+
+    fn arb_batch() -> impl Strategy<Value = Vec<Hit>> {
+        let item = (0..3usize, 1..4u64, 0..3u64, 0..10u8).prop_map(|(k, limit, hits, kind)| {
+            let kind = match kind {
+                0 => HitKind::Shadow,
+                1 => HitKind::Refund,
+                _ => HitKind::Consume,
+            };
+            hit(["a", "b", "c"][k], limit, hits, kind)
+        });
+        prop::collection::vec(item, 1..4)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Through one instance the cache is invisible: every admission decision equals the
+        /// bare backend's.
+        #[test]
+        fn cache_never_changes_a_decision(
+            steps in prop::collection::vec((0..400u64, arb_batch()), 1..60)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let bare = MemoryLimiter::new(Arc::new(SystemClock));
+            let (cache, _) = setup(2);
+            let mut now = T;
+            for (dt, batch) in steps {
+                now += dt;
+                let a = rt.block_on(bare.decide_at(&batch, now)).unwrap();
+                let b = rt.block_on(cache.decide_at(&batch, now)).unwrap();
+                prop_assert_eq!(a.admitted, b.admitted, "batch {:?} at {}", batch, now);
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! A deadline and a bound on in-flight work around any [`Limiter`].
+//!
+//! Why: Envoy's rate-limit filter gives up after 20 ms, and envoyproxy/ratelimit users report
+//! multi-second stalls when Redis hangs. A decision must therefore come back within a fixed
+//! per-decision deadline whatever the backend does, and a hung backend must not turn into an
+//! ever-growing queue of calls waiting on it.
+//!
+//! How: each call takes a permit from a semaphore of `max_in_flight` permits without waiting
+//! (none free: fail fast with [`LimiterError::Overloaded`]), runs the backend call in its own task
+//! that keeps the permit until the backend call itself ends, and waits for it at most
+//! `deadline`. A caller that gives up does not free the permit: the abandoned call still
+//! occupies the backend connection (its request may already be on the wire and will be answered
+//! or time out there, see `RESPONSE_TIMEOUT` of the Redis backend), so the bound covers every
+//! call the backend still owes an answer, not just the ones someone is waiting for.
+//!
+//! A call that timed out may still have been executed by the backend (the script ran, the reply
+//! was late): the caller reports an error, so at worst the hits were recorded for a request the
+//! failure policy answered; that can only cause extra rejections later, never over-admission.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+
+use super::{BatchOutcome, Hit, Limiter, LimiterError};
+
+/// Default per-decision deadline: well under Envoy's 20 ms filter timeout, so sluice answers
+/// (with its failure policy) before Envoy applies its own.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(10);
+/// Default bound on backend calls in flight, abandoned ones included.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 1024;
+
+pub struct Guarded {
+    inner: Arc<dyn Limiter>,
+    deadline: Duration,
+    permits: Arc<Semaphore>,
+}
+
+impl Guarded {
+    pub fn new(inner: Arc<dyn Limiter>, deadline: Duration, max_in_flight: usize) -> Self {
+        Guarded {
+            inner,
+            deadline,
+            permits: Arc::new(Semaphore::new(max_in_flight.max(1))),
+        }
+    }
+
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    async fn bounded<F, Fut>(&self, call: F) -> Result<BatchOutcome, LimiterError>
+    where
+        F: FnOnce(Arc<dyn Limiter>) -> Fut,
+        Fut: Future<Output = Result<BatchOutcome, LimiterError>> + Send + 'static,
+    {
+        let permit = Arc::clone(&self.permits)
+            .try_acquire_owned()
+            .map_err(|_| LimiterError::Overloaded)?;
+        let work = call(Arc::clone(&self.inner));
+        let task = tokio::spawn(async move {
+            let result = work.await;
+            drop(permit);
+            result
+        });
+        match tokio::time::timeout(self.deadline, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(LimiterError::Unavailable(format!(
+                "backend call failed: {join}"
+            ))),
+            Err(_) => Err(LimiterError::Timeout(self.deadline.as_millis() as u64)),
+        }
+    }
+}
+
+#[async_trait]
+impl Limiter for Guarded {
+    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+        let batch = batch.to_vec();
+        self.bounded(move |l| async move { l.decide(&batch).await })
+            .await
+    }
+
+    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
+        let batch = batch.to_vec();
+        self.bounded(move |l| async move { l.decide_at(&batch, now_ms).await })
+            .await
+    }
+
+    /// Not bounded by the decision deadline: readiness has its own, longer timeout.
+    async fn ping(&self) -> Result<(), LimiterError> {
+        self.inner.ping().await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::HitKind;
+
+    /// Never answers until told to.
+    struct Hung(tokio::sync::Notify);
+
+    #[async_trait]
+    impl Limiter for Hung {
+        async fn decide(&self, _: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+            self.0.notified().await;
+            Err(LimiterError::Unavailable("released".into()))
+        }
+        async fn decide_at(&self, batch: &[Hit], _: u64) -> Result<BatchOutcome, LimiterError> {
+            self.decide(batch).await
+        }
+        async fn ping(&self) -> Result<(), LimiterError> {
+            Ok(())
+        }
+        fn backend(&self) -> &'static str {
+            "hung"
+        }
+    }
+
+    fn batch() -> Vec<Hit> {
+        vec![Hit {
+            key: "k".into(),
+            limit: 1,
+            window_ms: 1000,
+            hits: 1,
+            kind: HitKind::Consume,
+        }]
+    }
+
+    #[tokio::test]
+    async fn hung_backend_times_out_then_fails_fast_when_full() {
+        let hung = Arc::new(Hung(tokio::sync::Notify::new()));
+        let g = Guarded::new(hung.clone(), Duration::from_millis(5), 2);
+        for _ in 0..2 {
+            match g.decide(&batch()).await {
+                Err(LimiterError::Timeout(5)) => {}
+                other => panic!("expected a timeout, got {other:?}"),
+            }
+        }
+        // Both permits are still held by the abandoned calls: the third fails without waiting.
+        let started = std::time::Instant::now();
+        match g.decide(&batch()).await {
+            Err(LimiterError::Overloaded) => {}
+            other => panic!("expected overload, got {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_millis(5));
+        // Once the backend answers the abandoned calls, permits come back: a timeout again.
+        hung.0.notify_waiters();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        match g.decide(&batch()).await {
+            Err(LimiterError::Timeout(5)) => {}
+            other => panic!("expected a timeout after release, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! Redis Cluster backend: the same script and data layout as the standalone backend, spread
+//! over the cluster's primaries by key slot.
+//!
+//! Why it looks like this: a limiter key is `sluice:{<body>}`, one hash tag, so one key lives in
+//! one slot and its sorted set never spans nodes. A request's keys usually live in different
+//! slots, and one script call can only touch one slot. Forcing every key of a domain into one
+//! slot would make that slot (and its primary) the hot spot of the whole cluster, so instead:
+//!
+//! 1. the batch is split into slot groups (batch order kept inside each group); a request whose
+//!    keys share a slot is one script call, exactly like the standalone backend;
+//! 2. otherwise each group's consume and shadow items are evaluated in parallel, each group
+//!    atomically, and each call returns the member range it added per item;
+//! 3. if every group admitted, refunds (which never reject) are applied per group;
+//! 4. if any group rejected or failed, a compensation script removes exactly the members the
+//!    admitted groups added (members are unique integers per key, never reused).
+//!
+//! The guarantee (docs/redis.md): never over-admit, since each group checks its own limits
+//! atomically and a request is admitted only when all groups admitted; a rejected request
+//! leaves nothing behind once compensation ran; between a group's write and its compensation
+//! its entries are visible to other requests, which can only make those extra rejections.
+//! When compensation itself fails (a node went away), the leftover entries expire with their
+//! window: again only extra rejections. redis-rs follows MOVED/ASK and re-reads the slot map;
+//! a script call it retries after a lost reply may record twice, with the same consequence.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisError, Script, Value};
+
+use super::connect::{cluster_client, RedisOptions};
+use super::script::{decode_reply_with_added, COMPENSATE, MAX_EXACT, SCRIPT};
+use super::{
+    invocation, map_error, CONNECT_TIMEOUT, PING_TIMEOUT, RECONNECT_BACKOFF, RESPONSE_TIMEOUT,
+};
+use crate::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+
+/// Number of hash slots in a Redis Cluster.
+const SLOTS: u16 = 16384;
+
+/// CRC16/XMODEM, the hash Redis Cluster uses for key slots.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The slot of `key`, honouring a `{hash tag}` like Redis does.
+pub fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(bytes)) % SLOTS
+}
+
+/// Batch indices grouped by slot, each group in batch order.
+fn slot_groups(batch: &[Hit]) -> Vec<Vec<usize>> {
+    let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (i, hit) in batch.iter().enumerate() {
+        groups.entry(key_slot(&hit.key)).or_default().push(i);
+    }
+    groups.into_values().collect()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One group's evaluated part: batch indices, outcome, first added member per item.
+struct Part {
+    indices: Vec<usize>,
+    outcome: BatchOutcome,
+    added: Vec<u64>,
+}
+
+pub struct ClusterLimiter {
+    client: ClusterClient,
+    conn: Mutex<Option<ClusterConnection>>,
+    failed_at: Mutex<Option<Instant>>,
+    connecting: tokio::sync::Mutex<()>,
+    script: Script,
+    compensate: Script,
+}
+
+impl std::fmt::Debug for ClusterLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterLimiter").finish_non_exhaustive()
+    }
+}
+
+impl ClusterLimiter {
+    /// Builds the client for a `redis+cluster://` setting; connects on first use.
+    pub fn open(url: &str, options: &RedisOptions) -> Result<Self, LimiterError> {
+        Ok(ClusterLimiter {
+            client: cluster_client(url, options, CONNECT_TIMEOUT, RESPONSE_TIMEOUT)?,
+            conn: Mutex::new(None),
+            failed_at: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            script: Script::new(SCRIPT),
+            compensate: Script::new(COMPENSATE),
+        })
+    }
+
+    /// Like [`ClusterLimiter::open`] but fails unless the cluster is reachable now.
+    pub async fn connect(url: &str, options: &RedisOptions) -> Result<Self, LimiterError> {
+        let limiter = Self::open(url, options)?;
+        limiter.connection().await?;
+        Ok(limiter)
+    }
+
+    async fn connection(&self) -> Result<ClusterConnection, LimiterError> {
+        if let Some(conn) = lock(&self.conn).clone() {
+            return Ok(conn);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(conn) = lock(&self.conn).clone() {
+            return Ok(conn);
+        }
+        if let Some(at) = *lock(&self.failed_at) {
+            if at.elapsed() < RECONNECT_BACKOFF {
+                return Err(LimiterError::Unavailable(
+                    "redis cluster unreachable (reconnect backing off)".into(),
+                ));
+            }
+        }
+        match self.client.get_async_connection().await {
+            Ok(conn) => {
+                *lock(&self.failed_at) = None;
+                *lock(&self.conn) = Some(conn.clone());
+                Ok(conn)
+            }
+            Err(e) => {
+                *lock(&self.failed_at) = Some(Instant::now());
+                Err(map_error(&e))
+            }
+        }
+    }
+
+    /// Maps an error; the cluster connection repairs itself (slot map refresh, per-node
+    /// reconnects), so it is only dropped when redis-rs says it cannot be used again.
+    fn fail(&self, e: &RedisError) -> LimiterError {
+        if e.is_unrecoverable_error() {
+            *lock(&self.conn) = None;
+        }
+        map_error(e)
+    }
+
+    /// One script call for the items at `indices` (all in one slot).
+    async fn eval(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Hit],
+        indices: Vec<usize>,
+        now: Option<u64>,
+    ) -> Result<Part, LimiterError> {
+        let hits: Vec<Hit> = indices.iter().map(|&i| batch[i].clone()).collect();
+        let mut conn = conn.clone();
+        let reply: Value = invocation(&self.script, &hits, now)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.fail(&e))?;
+        let (outcome, added) = decode_reply_with_added(&reply, hits.len())?;
+        Ok(Part {
+            indices,
+            outcome,
+            added,
+        })
+    }
+
+    /// Removes the members an admitted part added.
+    async fn undo(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Hit],
+        part: &Part,
+    ) -> Result<(), LimiterError> {
+        let mut invocation = self.compensate.prepare_invoke();
+        let mut any = false;
+        for (k, &i) in part.indices.iter().enumerate() {
+            if part.added[k] > 0 {
+                any = true;
+                invocation
+                    .key(batch[i].key.as_str())
+                    .arg(part.added[k])
+                    .arg(batch[i].hits.min(MAX_EXACT));
+            }
+        }
+        if !any {
+            return Ok(());
+        }
+        let mut conn = conn.clone();
+        let _: Value = invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| self.fail(&e))?;
+        Ok(())
+    }
+
+    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+        if batch.is_empty() {
+            return Ok(BatchOutcome {
+                admitted: true,
+                items: Vec::new(),
+            });
+        }
+        let conn = self.connection().await?;
+        let groups = slot_groups(batch);
+        if groups.len() == 1 {
+            let all = (0..batch.len()).collect();
+            return Ok(self.eval(&conn, batch, all, now).await?.outcome);
+        }
+
+        // Phase 1: every group's checking items, in parallel.
+        let checking = groups.iter().filter_map(|g| {
+            let idx: Vec<usize> = g
+                .iter()
+                .copied()
+                .filter(|&i| batch[i].kind != HitKind::Refund)
+                .collect();
+            (!idx.is_empty()).then_some(idx)
+        });
+        let results = join_all(checking.map(|idx| self.eval(&conn, batch, idx, now))).await;
+        let admitted = results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
+
+        let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
+        if admitted {
+            // Phase 2: refunds never reject; they apply only once every group admitted.
+            let refunds = groups.iter().filter_map(|g| {
+                let idx: Vec<usize> = g
+                    .iter()
+                    .copied()
+                    .filter(|&i| batch[i].kind == HitKind::Refund)
+                    .collect();
+                (!idx.is_empty()).then_some(idx)
+            });
+            let refunded = join_all(refunds.map(|idx| self.eval(&conn, batch, idx, now))).await;
+            for part in results.into_iter().chain(refunded) {
+                let part = part?;
+                for (k, &i) in part.indices.iter().enumerate() {
+                    items[i] = Some(part.outcome.items[k]);
+                }
+            }
+        } else {
+            let admitted_parts: Vec<&Part> = results
+                .iter()
+                .filter_map(|r| r.as_ref().ok())
+                .filter(|p| p.outcome.admitted)
+                .collect();
+            let undone = join_all(admitted_parts.iter().map(|p| self.undo(&conn, batch, p))).await;
+            for err in undone.into_iter().filter_map(Result::err) {
+                tracing::warn!(error = %err, "cluster compensation failed; entries expire with their window");
+            }
+            for part in results {
+                let part = part?;
+                for (k, &i) in part.indices.iter().enumerate() {
+                    let mut item = part.outcome.items[k];
+                    if part.outcome.admitted {
+                        // What the key holds once this part's own entries are gone again.
+                        let undone: u64 = part
+                            .indices
+                            .iter()
+                            .zip(&part.added)
+                            .filter(|(&j, &first)| first > 0 && batch[j].key == batch[i].key)
+                            .map(|(&j, _)| batch[j].hits.min(MAX_EXACT))
+                            .sum();
+                        item.count = item.count.saturating_sub(undone);
+                    }
+                    items[i] = Some(item);
+                }
+            }
+        }
+        // Refunds of a rejected request were never sent (nothing applied): they report the
+        // state their key's other items saw, or an empty window when there is none.
+        let items = (0..batch.len())
+            .map(|i| {
+                items[i].unwrap_or_else(|| {
+                    let seen = batch
+                        .iter()
+                        .zip(&items)
+                        .find_map(|(h, o)| o.filter(|_| h.key == batch[i].key));
+                    KeyOutcome {
+                        passed: true,
+                        count: seen.map_or(0, |o| o.count),
+                        reset_ms: seen.map_or(batch[i].window_ms, |o| o.reset_ms),
+                    }
+                })
+            })
+            .collect();
+        Ok(BatchOutcome { admitted, items })
+    }
+}
+
+#[async_trait]
+impl Limiter for ClusterLimiter {
+    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+        self.run(batch, None).await
+    }
+
+    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
+        self.run(batch, Some(now_ms)).await
+    }
+
+    async fn ping(&self) -> Result<(), LimiterError> {
+        let attempt = async {
+            let mut conn = self.connection().await?;
+            let _: Value = redis::cmd("PING")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.fail(&e))?;
+            Ok(())
+        };
+        tokio::time::timeout(PING_TIMEOUT, attempt)
+            .await
+            .map_err(|_| LimiterError::Timeout(PING_TIMEOUT.as_millis() as u64))?
+    }
+
+    fn backend(&self) -> &'static str {
+        "redis-cluster"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis() {
+        // Values from `CLUSTER KEYSLOT` on a real server.
+        assert_eq!(key_slot("foo"), 12182);
+        assert_eq!(key_slot("bar"), 5061);
+        assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
+        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
+        assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
+        assert_eq!(key_slot("sluice:{a}"), key_slot("a"));
+    }
+
+    #[test]
+    fn groups_keep_batch_order() {
+        let hit = |key: &str| Hit {
+            key: key.into(),
+            limit: 1,
+            window_ms: 1,
+            hits: 1,
+            kind: HitKind::Consume,
+        };
+        let batch = [hit("sluice:{a}"), hit("sluice:{b}"), hit("sluice:{a}")];
+        let mut groups = slot_groups(&batch);
+        groups.sort();
+        assert_eq!(groups, vec![vec![0, 2], vec![1]]);
+    }
+}

@@ -1,0 +1,221 @@
+//! Turning the Redis setting into redis-rs clients: standalone or cluster, TLS, credentials.
+//!
+//! Why one place: the URL forms, the CA file and where the password comes from are the same for
+//! the standalone and the cluster limiter, and getting TLS or a secret wrong must not depend on
+//! which one is used.
+//!
+//! Forms of the setting:
+//! - `redis://[user[:password]@]host:port[/db]`, `rediss://...` for TLS: one Redis.
+//! - `redis+cluster://[user[:password]@]host1:port1,host2:port2,...` (`rediss+cluster://` for
+//!   TLS): a Redis Cluster, given by any of its nodes (seeds); the rest is discovered.
+//!
+//! Secrets: a password in the URL works, but puts the secret on a command line or in a
+//! manifest; [`RedisOptions::password`] (from `--redis-password-file` or `SLUICE_REDIS_PASSWORD`,
+//! read by `main`) overrides it. The user name (not a secret) stays in the URL.
+//! TLS: `rediss` verifies the server against the system roots, or only against the PEM
+//! certificates of [`RedisOptions::ca_file`] when given.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+
+use crate::limiter::LimiterError;
+
+/// How to reach Redis beyond the URL.
+#[derive(Clone, Default)]
+pub struct RedisOptions {
+    /// PEM file of the CA(s) that sign the server certificate (`rediss` only).
+    pub ca_file: Option<PathBuf>,
+    /// Overrides the URL's password.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("ca_file", &self.ca_file)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// Attempts redis-rs makes for one cluster command (redirects and reconnects included).
+pub const CLUSTER_RETRIES: u32 = 8;
+
+const CLUSTER_SCHEMES: [(&str, &str); 2] = [
+    ("redis+cluster://", "redis://"),
+    ("rediss+cluster://", "rediss://"),
+];
+
+/// The node URLs of a cluster setting, or `None` for a standalone URL.
+pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+    let (scheme, rest) = CLUSTER_SCHEMES
+        .iter()
+        .find_map(|(cluster, plain)| url.strip_prefix(cluster).map(|rest| (*plain, rest)))?;
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), rest),
+    };
+    let hosts = hosts.trim_end_matches('/');
+    Some(
+        hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("{scheme}{userinfo}{h}"))
+            .collect(),
+    )
+}
+
+/// Hides the password of any accepted Redis setting: logs and errors never carry secrets.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn invalid(url: &str, e: impl std::fmt::Display) -> LimiterError {
+    LimiterError::Unavailable(format!("invalid redis setting {}: {e}", redact_url(url)))
+}
+
+/// rustls needs a process-wide crypto provider before any TLS config is built; installing it
+/// twice is harmless (the second attempt is refused and ignored).
+fn ensure_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn read_ca(options: &RedisOptions) -> Result<Option<Vec<u8>>, LimiterError> {
+    options
+        .ca_file
+        .as_ref()
+        .map(|path| {
+            std::fs::read(path).map_err(|e| {
+                LimiterError::Unavailable(format!("reading CA file {}: {e}", path.display()))
+            })
+        })
+        .transpose()
+}
+
+fn with_password(info: ConnectionInfo, options: &RedisOptions) -> ConnectionInfo {
+    match &options.password {
+        Some(password) => {
+            let settings = info.redis_settings().clone().set_password(password);
+            info.set_redis_settings(settings)
+        }
+        None => info,
+    }
+}
+
+/// A standalone client for `url` (not a cluster setting).
+pub fn standalone_client(url: &str, options: &RedisOptions) -> Result<Client, LimiterError> {
+    ensure_crypto_provider();
+    let info = with_password(
+        url.into_connection_info().map_err(|e| invalid(url, e))?,
+        options,
+    );
+    match read_ca(options)? {
+        Some(root_cert) => Client::build_with_tls(
+            info,
+            TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            },
+        ),
+        None => Client::open(info),
+    }
+    .map_err(|e| invalid(url, e))
+}
+
+/// A cluster client for a `redis+cluster://` / `rediss+cluster://` setting.
+pub fn cluster_client(
+    url: &str,
+    options: &RedisOptions,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> Result<ClusterClient, LimiterError> {
+    ensure_crypto_provider();
+    let nodes = cluster_nodes(url)
+        .ok_or_else(|| invalid(url, "not a redis+cluster:// or rediss+cluster:// URL"))?;
+    if nodes.is_empty() {
+        return Err(invalid(url, "no cluster node given"));
+    }
+    let infos = nodes
+        .iter()
+        .map(|n| n.as_str().into_connection_info())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(url, e))?;
+    // redis-rs retries (MOVED/ASK redirects, refreshes after a node failure) with waits up to
+    // minutes by default; a rate-limit decision is worth milliseconds, so retries are few and
+    // short. The caller's deadline bounds the wait anyway; this bounds the work behind it.
+    let mut builder = ClusterClientBuilder::new(infos)
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(10)
+        .max_retry_wait(100);
+    if let Some(password) = &options.password {
+        builder = builder.password(password);
+    }
+    if let Some(root_cert) = read_ca(options)? {
+        builder = builder.certs(TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert),
+        });
+    }
+    builder.build().map_err(|e| invalid(url, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_name_every_seed_with_the_credentials() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://app:pw@h1:7000,h2:7001/"),
+            Some(vec![
+                "redis://app:pw@h1:7000".to_string(),
+                "redis://app:pw@h2:7001".to_string()
+            ])
+        );
+        assert_eq!(
+            cluster_nodes("rediss+cluster://h1:7000"),
+            Some(vec!["rediss://h1:7000".to_string()])
+        );
+        assert_eq!(cluster_nodes("redis://h1:7000"), None);
+    }
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(redact_url("redis://:s3cret@h:6379"), "redis://:***@h:6379");
+        assert_eq!(
+            redact_url("rediss://app:p@ss@h:6379/0"),
+            "rediss://app:***@h:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis+cluster://app:pw@h1:1,h2:2"),
+            "redis+cluster://app:***@h1:1,h2:2"
+        );
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        let options = RedisOptions {
+            ca_file: None,
+            password: Some("s3cret".into()),
+        };
+        assert!(!format!("{options:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn errors_never_carry_the_password() {
+        let err = standalone_client("redis://:s3cret@h:notaport", &RedisOptions::default())
+            .expect_err("bad port");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+}

@@ -1,0 +1,255 @@
+//! Redis Cluster under change: a real 3-primary cluster (tests/common) with a primary restarted
+//! and a slot migrated while traffic runs, plus the cross-slot compensation seen in the server.
+//!
+//! Exactness under change: a request that got an error may still have recorded its hits (the
+//! reply was lost), so the check is `admitted <= limit <= admitted + errors`: never more
+//! admitted than the limit, and every slot not admitted is explained by an error.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::RedisCluster;
+use sluice::limiter::redis::cluster::{key_slot, ClusterLimiter};
+use sluice::limiter::redis::RedisOptions;
+use sluice::limiter::{Hit, HitKind, Limiter};
+
+fn consume(key: &str, limit: u64, window_ms: u64) -> Hit {
+    Hit {
+        key: key.into(),
+        limit,
+        window_ms,
+        hits: 1,
+        kind: HitKind::Consume,
+    }
+}
+
+async fn limiter(cluster: &RedisCluster) -> Arc<dyn Limiter> {
+    Arc::new(
+        ClusterLimiter::connect(&cluster.url(), &RedisOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", cluster.url())),
+    )
+}
+
+/// Two limiter keys whose slots live on different primaries.
+fn keys_on_two_nodes(cluster: &RedisCluster) -> (String, String) {
+    let first = "sluice:{a}".to_string();
+    let owner = cluster.owner(key_slot(&first));
+    let second = (0..1000)
+        .map(|i| format!("sluice:{{b{i}}}"))
+        .find(|k| cluster.owner(key_slot(k)) != owner)
+        .expect("a key on another node");
+    (first, second)
+}
+
+fn zcard(cluster: &RedisCluster, key: &str) -> u64 {
+    let node = &cluster.nodes[cluster.owner(key_slot(key))];
+    RedisCluster::cli(node.port(), &["ZCARD", key])
+        .trim()
+        .parse()
+        .expect("ZCARD answer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_slot_rejection_leaves_nothing_behind() {
+    let cluster = RedisCluster::start();
+    let l = limiter(&cluster).await;
+    let (a, b) = keys_on_two_nodes(&cluster);
+    // Fill b, then ask for a (free) and b (full) together: a's part admits on its node, b's
+    // rejects, and a's entries must be removed again.
+    assert!(l.decide(&[consume(&b, 1, 60_000)]).await.unwrap().admitted);
+    let mut big = consume(&a, 5000, 60_000);
+    big.hits = 2500;
+    let out = l
+        .decide(&[big.clone(), consume(&b, 1, 60_000)])
+        .await
+        .unwrap();
+    assert!(!out.admitted);
+    assert!(out.items[0].passed);
+    assert_eq!(out.items[0].count, 0, "count reported after compensation");
+    assert!(!out.items[1].passed);
+    assert_eq!(zcard(&cluster, &a), 0, "compensation left entries");
+    assert_eq!(zcard(&cluster, &b), 1);
+    // And an admitted cross-slot request records on both nodes.
+    let c = format!("{b}x");
+    let out = l
+        .decide(&[consume(&a, 5, 60_000), consume(&c, 5, 60_000)])
+        .await
+        .unwrap();
+    assert!(out.admitted);
+    assert_eq!(zcard(&cluster, &a), 1);
+}
+
+/// Hammers `key` (limit `limit`) from 8 tasks for `calls` calls in total while `disturb` runs;
+/// returns (admitted, errors).
+async fn hammer_during<F>(
+    l: &Arc<dyn Limiter>,
+    key: &str,
+    limit: u64,
+    calls: usize,
+    disturb: F,
+) -> (u64, u64)
+where
+    F: FnOnce() + Send + 'static,
+{
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let l = Arc::clone(l);
+        let key = key.to_string();
+        tasks.push(tokio::spawn(async move {
+            let (mut admitted, mut errors) = (0, 0);
+            for _ in 0..calls / 8 {
+                let batch = [consume(&key, limit, 3_600_000)];
+                match tokio::time::timeout(Duration::from_secs(5), l.decide(&batch)).await {
+                    Ok(Ok(out)) if out.admitted => admitted += 1,
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        if errors < 2 {
+                            println!("error during the disturbance: {e}");
+                        }
+                        errors += 1
+                    }
+                    Err(_) => errors += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (admitted, errors)
+        }));
+    }
+    let disturber = tokio::task::spawn_blocking(disturb);
+    let mut totals = (0, 0);
+    for task in tasks {
+        let (a, e) = task.await.expect("traffic task");
+        totals.0 += a;
+        totals.1 += e;
+    }
+    disturber.await.expect("disturbance");
+    totals
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_migration_during_traffic_stays_exact() {
+    let cluster = RedisCluster::start();
+    let l = limiter(&cluster).await;
+    let key = "sluice:{migrating}".to_string();
+    let slot = key_slot(&key);
+    let from = cluster.owner(slot);
+    let to = (from + 1) % 3;
+    let (from_port, to_port) = (cluster.nodes[from].port(), cluster.nodes[to].port());
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port()).collect();
+    // Some entries before the migration starts, so there is data to move.
+    for _ in 0..10 {
+        assert!(
+            l.decide(&[consume(&key, 300, 3_600_000)])
+                .await
+                .unwrap()
+                .admitted
+        );
+    }
+    let migrate = move || {
+        std::thread::sleep(Duration::from_millis(50));
+        let (from_id, to_id) = (
+            RedisCluster::node_id(from_port),
+            RedisCluster::node_id(to_port),
+        );
+        let s = slot.to_string();
+        RedisCluster::cli(to_port, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]);
+        RedisCluster::cli(from_port, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]);
+        std::thread::sleep(Duration::from_millis(50));
+        loop {
+            let keys = RedisCluster::cli(from_port, &["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+            let keys: Vec<&str> = keys.split_whitespace().collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = to_port.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys);
+            RedisCluster::cli(from_port, &args);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        for port in ports {
+            RedisCluster::cli(port, &["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        }
+    };
+    let started = Instant::now();
+    let (admitted, errors) = hammer_during(&l, &key, 300, 800, migrate).await;
+    println!(
+        "slot migration: {admitted} admitted + 10 before, {errors} errors, limit 300, {:?}",
+        started.elapsed()
+    );
+    assert_eq!(cluster.owner(slot), to, "slot did not move");
+    let admitted = admitted + 10;
+    assert!(admitted <= 300, "over-admitted: {admitted} > 300");
+    assert!(
+        admitted + errors >= 300,
+        "{admitted} admitted, {errors} errors"
+    );
+    assert_eq!(zcard(&cluster, &key), 300, "the log moved whole");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_restart_during_traffic() {
+    let mut cluster = RedisCluster::start();
+    let l = limiter(&cluster).await;
+    let (down_key, up_key) = keys_on_two_nodes(&cluster);
+    let down = cluster.owner(key_slot(&down_key));
+
+    cluster.nodes[down].stop();
+    // While that primary is down: its keys fail (fast, within the guard's deadline in
+    // production), keys on the other primaries keep being decided exactly.
+    let started = Instant::now();
+    let failed = tokio::time::timeout(
+        Duration::from_secs(5),
+        l.decide(&[consume(&down_key, 5, 60_000)]),
+    )
+    .await;
+    assert!(
+        !matches!(failed, Ok(Ok(_))),
+        "a dead primary answered: {failed:?}"
+    );
+    println!(
+        "call on the dead primary failed after {:?}",
+        started.elapsed()
+    );
+    for i in 0..5 {
+        let out = l
+            .decide(&[consume(&up_key, 3, 60_000)])
+            .await
+            .expect("other primary serves");
+        assert_eq!(out.admitted, i < 3);
+    }
+
+    cluster.nodes[down].start_again();
+    cluster.wait_ok();
+    let back = Instant::now();
+    loop {
+        if let Ok(Ok(out)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            l.decide(&[consume(&down_key, 5, 60_000)]),
+        )
+        .await
+        {
+            assert!(out.admitted);
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "restarted primary never served again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "restarted primary serving again {:?} after it was ok",
+        back.elapsed()
+    );
+    // The restarted primary lost its data (no persistence), the others kept theirs.
+    let out = l
+        .decide(&[consume(&up_key, 3, 60_000)])
+        .await
+        .expect("decide");
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].count, 3);
+}
