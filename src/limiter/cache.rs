@@ -208,6 +208,10 @@ impl Limiter for RejectionCache {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+
+    fn stats(&self) -> Option<super::BackendStats> {
+        self.inner.stats()
+    }
 }
 
 /// Milliseconds since this clock was made, from the monotonic clock: cache entries age by

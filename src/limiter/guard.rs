@@ -97,6 +97,10 @@ impl Limiter for Guarded {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+
+    fn stats(&self) -> Option<super::BackendStats> {
+        self.inner.stats()
+    }
 }
 
 #[cfg(test)]
