@@ -21,6 +21,8 @@ pub struct Sluice {
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub log: Arc<Mutex<Vec<String>>>,
+    /// Reads stderr into `log`; ends when the process closes it (exits).
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Sluice {
@@ -64,7 +66,7 @@ impl Sluice {
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel();
         let sink = log.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains("listening") {
                     let _ = tx.send(line.clone());
@@ -96,6 +98,7 @@ impl Sluice {
             admin_addr: field("admin_addr="),
             child,
             log,
+            reader: Some(reader),
         }
     }
 
@@ -128,6 +131,10 @@ impl Sluice {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait sluice") {
+                // The last lines may still be in the pipe: read them all before returning.
+                if let Some(reader) = self.reader.take() {
+                    let _ = reader.join();
+                }
                 return status;
             }
             assert!(
