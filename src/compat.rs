@@ -171,7 +171,18 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
         parsed
     };
 
+    // `user:password` or a bare password, as envoyproxy/ratelimit reads REDIS_AUTH; the user
+    // goes into the URL it builds, the password into SLUICE_REDIS_PASSWORD (never logged).
+    let auth = get("REDIS_AUTH").filter(|a| !a.is_empty());
+    let (auth_user, auth_password) = match auth.as_deref().map(|a| a.split_once(':')) {
+        Some(Some((user, password))) => (Some(user.to_owned()), Some(password.to_owned())),
+        Some(None) => (None, auth.clone()),
+        None => (None, None),
+    };
     if let Some(url) = get("REDIS_URL").filter(|u| !u.is_empty()) {
+        let userinfo = auth_user
+            .as_deref()
+            .map_or(String::new(), |u| format!("{u}@"));
         let tls = flag("REDIS_TLS", &mut out).unwrap_or(false);
         let kind = get("REDIS_TYPE").unwrap_or_else(|| "single".into());
         let socket = get("REDIS_SOCKET_TYPE").unwrap_or_default();
@@ -182,9 +193,12 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
                 "single" | "" if url.starts_with('/') || socket.eq_ignore_ascii_case("unix") => {
                     Some(format!("redis+unix://{url}"))
                 }
-                "single" | "" => Some(format!("{}://{url}", if tls { "rediss" } else { "redis" })),
+                "single" | "" => Some(format!(
+                    "{}://{userinfo}{url}",
+                    if tls { "rediss" } else { "redis" }
+                )),
                 "cluster" => Some(format!(
-                    "{}+cluster://{url}",
+                    "{}+cluster://{userinfo}{url}",
                     if tls { "rediss" } else { "redis" }
                 )),
                 _ => {
@@ -199,25 +213,8 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             map("REDIS_URL", "SLUICE_REDIS_URL", url, &mut out);
         }
     }
-    if let Some(auth) = get("REDIS_AUTH").filter(|a| !a.is_empty()) {
-        // `user:password` or a bare password, as envoyproxy/ratelimit reads it. Never logged.
-        match auth.split_once(':') {
-            Some((user, password)) => {
-                map(
-                    "REDIS_AUTH",
-                    "SLUICE_REDIS_USERNAME",
-                    user.to_owned(),
-                    &mut out,
-                );
-                map(
-                    "REDIS_AUTH",
-                    "SLUICE_REDIS_PASSWORD",
-                    password.to_owned(),
-                    &mut out,
-                );
-            }
-            None => map("REDIS_AUTH", "SLUICE_REDIS_PASSWORD", auth, &mut out),
-        }
+    if let Some(password) = auth_password {
+        map("REDIS_AUTH", "SLUICE_REDIS_PASSWORD", password, &mut out);
     }
     if let Some(ca) = get("REDIS_TLS_CACERT").filter(|c| !c.is_empty()) {
         map("REDIS_TLS_CACERT", "SLUICE_REDIS_CA_FILE", ca, &mut out);
@@ -398,9 +395,8 @@ mod tests {
         ]);
         assert_eq!(
             t.set["SLUICE_REDIS_URL"],
-            "rediss+cluster://h1:7000,h2:7001"
+            "rediss+cluster://app@h1:7000,h2:7001"
         );
-        assert_eq!(t.set["SLUICE_REDIS_USERNAME"], "app");
         assert_eq!(t.set["SLUICE_REDIS_PASSWORD"], "s3cret");
         let t = run(&[("REDIS_URL", "/var/run/redis.sock"), ("REDIS_AUTH", "pw")]);
         assert_eq!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::{Config, LoadOptions};
+use sluice::config::{Config, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::FailurePolicy;
 use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
 use sluice::limiter::guard::{self, Guarded};
@@ -136,6 +136,10 @@ struct ServeArgs {
     /// them is still an error) instead of rejecting the duplicate domain.
     #[arg(long, env = "SLUICE_MERGE_DOMAIN_CONFIG")]
     merge_domain_config: bool,
+    /// Response headers (none, draft, legacy) for domains whose config sets no
+    /// `response_headers` of its own.
+    #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "none", value_parser = parse_header_format)]
+    response_headers: HeaderFormat,
     /// Global shadow mode: every limit is evaluated and reported, but every request is
     /// answered OK overall.
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
@@ -180,7 +184,7 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             path,
             merge_domain_config,
-        } => check_config(&path, load_options(merge_domain_config)),
+        } => check_config(&path, load_options(merge_domain_config, HeaderFormat::None)),
         Command::Explain {
             config,
             domain,
@@ -205,8 +209,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_options(merge_domains: bool) -> LoadOptions {
-    LoadOptions { merge_domains }
+fn load_options(merge_domains: bool, default_headers: HeaderFormat) -> LoadOptions {
+    LoadOptions {
+        merge_domains,
+        default_headers: HeaderPolicy {
+            format: default_headers,
+            hide_remaining: false,
+        },
+    }
+}
+
+fn parse_header_format(text: &str) -> Result<HeaderFormat, String> {
+    HeaderFormat::parse(text).ok_or_else(|| format!("{text:?} is not one of none, draft, legacy"))
 }
 
 fn check_config(path: &Path, options: LoadOptions) -> ExitCode {
@@ -268,7 +282,8 @@ fn init_logging(format: LogFormat) {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sluice::descriptor::validate_key_prefix(&args.key_prefix)
         .map_err(|e| anyhow::anyhow!("--key-prefix: {e}"))?;
-    let config = Config::load_with(&args.config, load_options(args.merge_domain_config))
+    let options = load_options(args.merge_domain_config, args.response_headers);
+    let config = Config::load_with(&args.config, options)
         .map_err(|errors| anyhow::anyhow!("{errors}"))
         .with_context(|| format!("loading config from {}", args.config.display()))?;
 
@@ -338,7 +353,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             path: args.config.clone(),
             // A floor keeps a typo (0) from turning the poll into a busy loop.
             interval: Duration::from_millis(args.watch_interval_ms.max(50)),
-            load_options: load_options(args.merge_domain_config),
+            load_options: options,
         }),
         on_backend_error: args.on_backend_error.into(),
     };

@@ -336,6 +336,7 @@ fn merge_domain_config_merges_one_domain_across_files() {
     use sluice::descriptor::Entry;
     let merge = LoadOptions {
         merge_domains: true,
+        ..LoadOptions::default()
     };
     let config = Config::load_with(&fixture("bad/duplicate_domain"), merge).expect("merged");
     assert_eq!(config.domains().collect::<Vec<_>>(), ["edge"]);
@@ -351,6 +352,7 @@ fn merge_domain_config_rejects_a_repeated_top_level_descriptor() {
     use sluice::config::LoadOptions;
     let merge = LoadOptions {
         merge_domains: true,
+        ..LoadOptions::default()
     };
     let errors = Config::load_with(&fixture("bad/merge_conflict"), merge)
         .expect_err("conflict")

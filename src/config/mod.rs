@@ -206,7 +206,7 @@ impl Config {
         for (file, text) in sources {
             paths.push(file.to_path_buf());
             let before = errors.len();
-            let compiled = validate::compile_file(file, text, &mut errors);
+            let compiled = validate::compile_file(file, text, options.default_headers, &mut errors);
             let Some((name, line)) = compiled.domain else {
                 continue;
             };
@@ -404,6 +404,9 @@ pub struct LoadOptions {
     /// Files naming the same domain are merged (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`)
     /// instead of being an error; a top-level descriptor defined in two of them still is.
     pub merge_domains: bool,
+    /// Response headers of domains that set no `response_headers` (`--response-headers`,
+    /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`).
+    pub default_headers: HeaderPolicy,
 }
 
 /// How [`Config::trace`] walked a descriptor: the rule matched at each entry, in order.

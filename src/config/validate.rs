@@ -32,7 +32,13 @@ pub(crate) struct CompiledFile {
 }
 
 /// Parses, validates and compiles one file, appending its problems to `errors`.
-pub(crate) fn compile_file(file: &Path, text: &str, errors: &mut Vec<ConfigError>) -> CompiledFile {
+/// `default_headers` is the response-header policy of a domain that sets none itself.
+pub(crate) fn compile_file(
+    file: &Path,
+    text: &str,
+    default_headers: HeaderPolicy,
+    errors: &mut Vec<ConfigError>,
+) -> CompiledFile {
     let root = match raw::parse(text) {
         Ok(root) => root,
         Err(failure) => {
@@ -49,7 +55,7 @@ pub(crate) fn compile_file(file: &Path, text: &str, errors: &mut Vec<ConfigError
         }
     };
     let mut checker = Checker { file, errors };
-    checker.root(root)
+    checker.root(root, default_headers)
 }
 
 struct Checker<'a> {
@@ -86,7 +92,7 @@ impl Checker<'_> {
         }
     }
 
-    fn root(&mut self, root: RawRoot) -> CompiledFile {
+    fn root(&mut self, root: RawRoot, default_headers: HeaderPolicy) -> CompiledFile {
         self.extras(&root.extra, DOMAIN_RULE, ROOT_FIELDS, &[]);
         let domain = match root.domain {
             None => {
@@ -107,7 +113,7 @@ impl Checker<'_> {
             root.response_headers,
             root.response_headers_line,
             DOMAIN_RULE,
-            HeaderPolicy::default(),
+            default_headers,
         );
         let root = self.level(root.descriptors.unwrap_or_default(), "", 0, &[], headers);
         CompiledFile {
