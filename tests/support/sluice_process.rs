@@ -61,6 +61,25 @@ impl Sluice {
         if let Some(url) = redis_url {
             cmd.args(["--redis-url", url]);
         }
+        Self::launch(cmd)
+    }
+
+    /// Starts `sluice serve` with no flag at all: everything comes from `env` (e.g. an
+    /// envoyproxy/ratelimit Deployment's variables). `env` must pick ephemeral ports.
+    pub fn start_env_only(env: &[(&str, &str)]) -> Sluice {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("serve")
+            .env_remove("SLUICE_REDIS_URL")
+            .env("SLUICE_BACKEND_TIMEOUT_MS", "500")
+            .env("SLUICE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd.envs(env.iter().copied());
+        Self::launch(cmd)
+    }
+
+    fn launch(mut cmd: Command) -> Sluice {
         let mut child = cmd.spawn().expect("spawn sluice binary");
         let stderr = child.stderr.take().expect("stderr piped");
         let log = Arc::new(Mutex::new(Vec::new()));
