@@ -13,7 +13,7 @@ use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descript
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use sluice_process::{descriptor, request, Sluice};
+use sluice_process::{descriptor, http_get, http_request, request, Sluice};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -560,38 +560,6 @@ fn serve_refuses_a_bad_config() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("x.yaml"));
-}
-
-/// A plain HTTP/1.1 GET over loopback; returns (status, body).
-fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    http_request(addr, "GET", path, "")
-}
-
-/// A plain HTTP/1.1 request over loopback; returns (status, body).
-fn http_request(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read response");
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,11 +7,10 @@ mod common;
 mod sluice_process;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use common::RedisServer;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use sluice_process::{descriptor, request, Sluice};
+use sluice_process::{descriptor, http_get, http_request, request, Sluice};
 
 /// One expected status: code, requests_per_unit (None: no current_limit), remaining.
 type Expect = (Code, Option<u32>, u32);
@@ -225,7 +224,7 @@ async fn envoyproxy_config_and_environment_serve_unchanged() {
     // The same service over envoyproxy/ratelimit's HTTP face on PORT.
     let body = r#"{"domain":"rl","descriptors":[{"entries":[{"key":"foo","value":"qux"}]}]}"#;
     for (status, remaining) in [(200, Some(1)), (200, None), (429, None)] {
-        let (code, text) = http_post(sluice.admin_addr, "/json", body);
+        let (code, text) = http_request(sluice.admin_addr, "POST", "/json", body);
         assert_eq!(code, status, "{text}");
         let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
         assert_eq!(json["statuses"][0]["currentLimit"]["requestsPerUnit"], 2);
@@ -235,7 +234,7 @@ async fn envoyproxy_config_and_environment_serve_unchanged() {
             "{text}"
         );
     }
-    let (code, rules) = http_post(sluice.admin_addr, "/rlconfig", "");
+    let (code, rules) = http_request(sluice.admin_addr, "POST", "/rlconfig", "");
     assert_eq!(code, 405, "rlconfig is GET-only");
     let (code, rules_get) = http_get(sluice.admin_addr, "/rlconfig");
     assert_eq!(code, 200, "{rules}");
@@ -244,38 +243,4 @@ async fn envoyproxy_config_and_environment_serve_unchanged() {
         "{rules_get}"
     );
     assert!(rules_get.contains("mongo_cps.database_users: unit=SECOND requests_per_unit=500"));
-}
-
-fn http_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
-    http(addr, "POST", path, body)
-}
-
-fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    http(addr, "GET", path, "")
-}
-
-fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read response");
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::RedisServer;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice_process::{descriptor, request, Sluice};
+use sluice_process::{descriptor, http_get, request, Sluice};
 use tonic::transport::Channel;
 
 const DEADLINE_MS: u64 = 10;
@@ -163,22 +163,6 @@ async fn dead_redis_is_answered_within_the_deadline_and_decisions_resume() {
     assert!(took < Duration::from_secs(1), "recovery took {took:?}");
 }
 
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write request");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read response");
-    text
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_policy_decides_the_answer_and_is_counted() {
     let redis = RedisServer::start();
@@ -206,7 +190,7 @@ async fn failure_policy_decides_the_answer_and_is_counted() {
     // At least the 10 hung calls (a warm-up call may also miss the 10 ms deadline on a loaded
     // machine, and is then counted too).
     for (sluice, policy) in [(&allow, "allow"), (&deny, "deny")] {
-        let metrics = http_get(sluice.admin_addr, "/metrics");
+        let metrics = http_get(sluice.admin_addr, "/metrics").1;
         let series = format!("sluice_backend_failures_total{{policy=\"{policy}\"}} ");
         let count: u64 = metrics
             .lines()

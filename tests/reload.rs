@@ -4,13 +4,11 @@
 #[path = "support/sluice_process.rs"]
 mod sluice_process;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use sluice_process::{descriptor, request, Sluice};
+use sluice_process::{descriptor, http_get, request, Sluice};
 
 fn limits(per_minute: u32) -> String {
     format!(
@@ -50,18 +48,6 @@ async fn served_limit(sluice: &Sluice, probe: &mut u32) -> u32 {
         .as_ref()
         .expect("a limited descriptor reports its limit")
         .requests_per_unit
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).unwrap();
-    body
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,7 +128,7 @@ async fn configmap_symlink_swap_reloads_and_invalid_update_keeps_serving() {
         1
     );
 
-    let metrics = http_get(sluice.admin_addr, "/metrics");
+    let metrics = http_get(sluice.admin_addr, "/metrics").1;
     // Start-up and the first reload succeeded; the broken generation failed once.
     assert!(
         metrics.contains("sluice_config_loads_total{result=\"success\"} 2"),
