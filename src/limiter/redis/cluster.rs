@@ -24,13 +24,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script, Value};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions};
 use super::script::{decode_reply_with_added, COMPENSATE, MAX_EXACT, SCRIPT};
@@ -78,6 +78,19 @@ fn slot_groups(batch: &[Hit]) -> Vec<Vec<usize>> {
         groups.entry(key_slot(&hit.key)).or_default().push(i);
     }
     groups.into_values().collect()
+}
+
+/// Extra attempts of a script call refused with a redirect or TRYAGAIN.
+const REDIRECT_RETRIES: u64 = 8;
+
+/// Errors the server sends before running anything (the slot is elsewhere or moving).
+fn not_executed(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Ask | ServerErrorKind::Moved | ServerErrorKind::TryAgain
+        )
+    )
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -173,10 +186,22 @@ impl ClusterLimiter {
     ) -> Result<Part, LimiterError> {
         let hits: Vec<Hit> = indices.iter().map(|&i| batch[i].clone()).collect();
         let mut conn = conn.clone();
-        let reply: Value = invocation(&self.script, &hits, now)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.fail(&e))?;
+        let invocation = invocation(&self.script, &hits, now);
+        let mut attempt = 0;
+        let reply: Value = loop {
+            match invocation.invoke_async(&mut conn).await {
+                Ok(reply) => break reply,
+                // A redirect or TRYAGAIN reply means the script did not run, so sending it again
+                // cannot record twice. redis-rs follows them itself, but under concurrent traffic
+                // during a slot migration the ASKING it sends can be consumed by another command
+                // on the shared connection; a few quick retries ride the migration out.
+                Err(e) if attempt < REDIRECT_RETRIES && not_executed(&e) => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(2 * attempt)).await;
+                }
+                Err(e) => return Err(self.fail(&e)),
+            }
+        };
         let (outcome, added) = decode_reply_with_added(&reply, hits.len())?;
         Ok(Part {
             indices,
