@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -197,6 +198,31 @@ async fn primary_restart_during_traffic() {
     let (down_key, up_key) = keys_on_two_nodes(&cluster);
     let down = cluster.owner(key_slot(&down_key));
 
+    // Background traffic on both primaries for the whole outage: same slots as the two keys
+    // (same hash tags), so one stream loses its primary and the other keeps it.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut traffic = Vec::new();
+    for key in [format!("{down_key}:traffic"), format!("{up_key}:traffic")] {
+        for _ in 0..2 {
+            let (l, key, stop) = (l.clone(), key.clone(), stop.clone());
+            traffic.push(tokio::spawn(async move {
+                let (mut admitted, mut rejected, mut failed) = (0u64, 0u64, 0u64);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let hit = [consume(&key, 50, 60_000)];
+                    match tokio::time::timeout(Duration::from_secs(2), l.decide(&hit)).await {
+                        Ok(Ok(out)) if out.admitted => admitted += 1,
+                        Ok(Ok(_)) => rejected += 1,
+                        Ok(Err(_)) => failed += 1,
+                        Err(_) => panic!("a call on {key} hung past 2 s"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                (key, admitted, rejected, failed)
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
     cluster.nodes[down].stop();
     // While that primary is down: its keys fail (fast, within the guard's deadline in
     // production), keys on the other primaries keep being decided exactly.
@@ -245,6 +271,24 @@ async fn primary_restart_during_traffic() {
         "restarted primary serving again {:?} after it was ok",
         back.elapsed()
     );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut per_key: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+    for task in traffic {
+        let (key, a, r, f) = task.await.expect("traffic task");
+        let e = per_key.entry(key).or_default();
+        *e = (e.0 + a, e.1 + r, e.2 + f);
+    }
+    for (key, (a, r, f)) in &per_key {
+        println!("traffic on {key}: {a} admitted, {r} rejected, {f} failed");
+    }
+    // The surviving primary's key kept its log through the outage: exactly its limit admitted.
+    let (up_admitted, up_rejected, _) = per_key[&format!("{up_key}:traffic")];
+    assert!(up_admitted <= 50, "over-admitted on the surviving primary");
+    assert!(
+        up_admitted + up_rejected > 0,
+        "no traffic reached the surviving primary"
+    );
+
     // The restarted primary lost its data (no persistence), the others kept theirs.
     let out = l
         .decide(&[consume(&up_key, 3, 60_000)])
