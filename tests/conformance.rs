@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sluice::limiter::redis::cluster::ClusterLimiter;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use sluice::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
     Hit {
@@ -22,6 +22,7 @@ fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
         window_ms,
         hits,
         kind,
+        algorithm: Algorithm::SlidingLog,
     }
 }
 

@@ -62,6 +62,7 @@ fn batch(i: u64) -> Vec<Hit> {
         window_ms: 1000,
         hits: 1,
         kind: HitKind::Consume,
+        algorithm: sluice::limiter::Algorithm::SlidingLog,
     }]
 }
 

@@ -362,6 +362,7 @@ mod tests {
             window_ms: 1,
             hits: 1,
             kind: HitKind::Consume,
+            algorithm: crate::limiter::Algorithm::SlidingLog,
         };
         let batch = [hit("sluice:{a}"), hit("sluice:{b}"), hit("sluice:{a}")];
         let mut groups = slot_groups(&batch);
