@@ -532,6 +532,17 @@ mod differential {
     use sluice::limiter::memory::MemoryLimiter;
     use sluice::limiter::SystemClock;
 
+    /// Each key has one algorithm, as the engine's keys do (the algorithm is part of the key).
+    fn algorithm_of(key: &str, burst: u64) -> Algorithm {
+        match key {
+            "q" => Algorithm::QuantizedLog { quantum_ms: 100 },
+            "s" => Algorithm::SlidingCounter,
+            "g" => Algorithm::Gcra { burst },
+            "f" => Algorithm::FixedWindow,
+            _ => Algorithm::SlidingLog,
+        }
+    }
+
     fn arb_hit() -> impl Strategy<Value = Hit> {
         let kind = prop_oneof![
             4 => Just(HitKind::Consume),
@@ -540,12 +551,16 @@ mod differential {
         ];
         let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 1 => 5u64..2000];
         (
-            prop::sample::select(vec!["a", "b", "c"]),
+            prop::sample::select(vec!["a", "b", "c", "q", "s", "g", "f"]),
             0u64..6,
             hits,
             kind,
+            0u64..6,
         )
-            .prop_map(|(key, limit, hits, kind)| hit(key, limit, 1000, hits, kind))
+            .prop_map(|(key, limit, hits, kind, burst)| Hit {
+                algorithm: algorithm_of(key, burst),
+                ..hit(key, limit, 1000, hits, kind)
+            })
     }
 
     /// (time step in ms, may be negative: clocks of other instances lag; batch)
@@ -569,7 +584,7 @@ mod differential {
             )
             .expect("raw connection");
         let config = ProptestConfig {
-            cases: 300,
+            cases: 500,
             ..ProptestConfig::default()
         };
         proptest!(config, |(steps in arb_steps())| {

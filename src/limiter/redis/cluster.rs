@@ -185,7 +185,7 @@ impl ClusterLimiter {
         })
     }
 
-    /// Removes the members an admitted part added.
+    /// Takes back what an admitted part recorded (per algorithm: [`COMPENSATE`]).
     async fn undo(
         &self,
         conn: &ClusterConnection,
@@ -199,8 +199,10 @@ impl ClusterLimiter {
                 any = true;
                 invocation
                     .key(batch[i].key.as_str())
+                    .arg(batch[i].algorithm.code())
                     .arg(part.added[k])
-                    .arg(batch[i].hits.min(MAX_EXACT));
+                    .arg(batch[i].hits.min(MAX_EXACT))
+                    .arg(batch[i].window_ms.min(MAX_EXACT));
             }
         }
         if !any {
