@@ -943,4 +943,73 @@ descriptors:
         assert_eq!(third.verdicts[0].outcome, Outcome::Rejected);
         assert_eq!(third.hits, 1);
     }
+
+    #[tokio::test]
+    async fn stacked_limits_admit_only_if_all_admit_and_report_the_tightest() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, name: burst}
+      - {window: 90s, requests_per_unit: 4, algorithm: gcra, burst: 4, name: sustained}
+";
+        let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap();
+        let limiter = Arc::new(Recording {
+            inner: MemoryLimiter::new(Arc::new(FixedClock(1_000_000))),
+            batches: Mutex::new(Vec::new()),
+        });
+        let engine = Engine::new(config, limiter.clone());
+        let one = req(&[&[("user", "a")]]);
+        let first = engine.decide(&one).await.unwrap();
+        let v = &first.verdicts[0];
+        // Both admit; the per-second limit has 2 left, the 90 s GCRA 3: the first is tighter.
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert_eq!(v.limit.as_ref().unwrap().name.as_deref(), Some("burst"));
+        assert_eq!(v.remaining, 2);
+        {
+            let batches = limiter.batches.lock().unwrap();
+            let keys: Vec<&str> = batches[0].iter().map(|h| h.key.as_str()).collect();
+            assert_eq!(
+                keys,
+                ["sluice:{d|user=a|1000}", "sluice:{d|user=a|90000|gcras1}"]
+            );
+            assert_eq!(batches[0][1].algorithm, Algorithm::Gcra { burst: 4 });
+        }
+        engine.decide(&one).await.unwrap();
+        engine.decide(&one).await.unwrap();
+        // The GCRA (4 per 90 s, burst 4) has one token left, the per-second limit none.
+        let fourth = engine.decide(&one).await.unwrap();
+        assert_eq!(fourth.overall, Code::OverLimit);
+        let v = &fourth.verdicts[0];
+        assert_eq!(v.outcome, Outcome::Rejected);
+        let limit = v.limit.as_ref().unwrap();
+        assert_eq!(limit.name.as_deref(), Some("burst"));
+        // Nothing was recorded on the other limit of the rejected request.
+        let probe = Hit {
+            hits: 0,
+            ..limiter.batches.lock().unwrap()[0][1].clone()
+        };
+        let out = limiter.inner.decide(&[probe]).await.unwrap();
+        assert_eq!(out.items[0].count, 3);
+    }
+
+    #[tokio::test]
+    async fn custom_windows_report_the_nearest_unit_and_the_real_window() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {window: 30s, requests_per_unit: 1}
+";
+        let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap();
+        let engine = Engine::new(
+            config,
+            Arc::new(MemoryLimiter::new(Arc::new(FixedClock(0)))),
+        );
+        let d = engine.decide(&req(&[&[("k", "v")]])).await.unwrap();
+        let limit = d.verdicts[0].limit.as_ref().unwrap();
+        assert_eq!((limit.unit, limit.window_ms), (Unit::Minute, 30_000));
+        assert_eq!(d.verdicts[0].reset_ms, 30_000);
+    }
 }
