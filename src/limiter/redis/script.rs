@@ -63,13 +63,16 @@ pub const KIND_REFUND: &str = "r";
 ///   the newest entry leaves the window.
 /// - quantized log: a hash `bucket start (ms) -> hits`; a hit is recorded in the bucket
 ///   `max(floor(now / quantum) * quantum, newest bucket)`. TTL: until the newest bucket leaves.
-/// - fixed window: a hash `a` = window start, `b` = count. TTL: two windows from its start.
-/// - sliding counter: a hash `a` = current window start, `b` = its count, `c` = the previous
-///   window's count. TTL: two windows from its start.
-/// - GCRA: a hash `a` = last update (ms), `b` = tokens in use × window_ms as of then (integer
-///   token-ms: refill is exactly `limit` token-ms per ms). TTL: until empty, plus one window.
-///   TTLs outlive the state by about a window so that a lagging clock (`now` behind the last
-///   write) finds the same state the memory backend keeps; an emptied key is deleted.
+/// - the O(1) algorithms keep a short string of decimal numbers `a:b` or `a:b:c` (one `SET ..
+///   PX`; a string costs fewer bytes than a hash):
+///   - fixed window: `a` = window start, `b` = count. TTL: two windows from its start;
+///   - sliding counter: `a` = current window start, `b` = its count, `c` = the previous
+///     window's count. TTL: two windows from its start;
+///   - GCRA: `a` = last update (ms), `b` = tokens in use × window_ms as of then (integer
+///     token-ms: refill is exactly `limit` token-ms per ms). TTL: until empty, plus one window.
+///
+/// TTLs outlive the state by about a window so that a lagging clock (`now` behind the last
+/// write) finds the same state the memory backend keeps; an emptied key is deleted.
 ///
 /// Log members must be unique per key and short. They are integers, which a listpack stores in a
 /// few bytes (a UUID would cost 36): `member = max(1e15 + now_us, top_member + 1)`, then +1 per
@@ -170,8 +173,15 @@ local function load(i)
     end
     table.sort(s.list, function(x, y) return x[1] < y[1] end)
   else
-    local v = redis.call('HMGET', key, 'a', 'b', 'c')
-    s = {a = tonumber(v[1]) or 0, b = tonumber(v[2]) or 0, c = tonumber(v[3]) or 0}
+    s = {a = 0, b = 0, c = 0}
+    local v = redis.call('GET', key)
+    if v then
+      local t = {}
+      for x in string.gmatch(v, '[^:]+') do
+        t[#t + 1] = tonumber(x)
+      end
+      s.a, s.b, s.c = t[1] or 0, t[2] or 0, t[3] or 0
+    end
   end
   st[key] = s
   return s
@@ -330,19 +340,25 @@ local function store(i, s)
   elseif s.b == 0 and s.c == 0 then
     redis.call('DEL', key)
     return
-  elseif a == 's' then
-    redis.call('HSET', key, 'a', fmt(s.a), 'b', fmt(s.b), 'c', fmt(s.c))
-    ttl = s.a + 2 * w - now_ms
-  elseif a == 'f' then
-    redis.call('HSET', key, 'a', fmt(s.a), 'b', fmt(s.b))
-    ttl = s.a + 2 * w - now_ms
   else
-    redis.call('HSET', key, 'a', fmt(s.a), 'b', fmt(s.b))
-    local l = limit[i]
-    if l < 1 then
-      l = 1
+    local value = fmt(s.a) .. ':' .. fmt(s.b)
+    if a == 's' then
+      value = value .. ':' .. fmt(s.c)
+      ttl = s.a + 2 * w - now_ms
+    elseif a == 'f' then
+      ttl = s.a + 2 * w - now_ms
+    else
+      local l = limit[i]
+      if l < 1 then
+        l = 1
+      end
+      ttl = s.a + ceil_div(s.b, l) + w - now_ms
     end
-    ttl = s.a + ceil_div(s.b, l) + w - now_ms
+    if ttl < 1 then
+      ttl = 1
+    end
+    redis.call('SET', key, value, 'PX', fmt(ttl))
+    return
   end
   if ttl < 1 then
     ttl = 1
@@ -594,8 +610,14 @@ for i = 1, #KEYS do
     end
     removed = removed + take
   else
-    local v = redis.call('HMGET', key, 'a', 'b', 'c')
-    local sa, sb, sc = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
+    local v = redis.call('GET', key)
+    local t = {}
+    if v then
+      for x in string.gmatch(v, '[^:]+') do
+        t[#t + 1] = tonumber(x)
+      end
+    end
+    local sa, sb, sc = t[1], t[2] or 0, t[3] or 0
     if sa then
       local b0, c0 = sb, sc
       if a == 'f' or a == 's' then
@@ -611,9 +633,9 @@ for i = 1, #KEYS do
       if sb == 0 and sc == 0 then
         redis.call('DEL', key)
       elseif a == 's' then
-        redis.call('HSET', key, 'b', fmt(sb), 'c', fmt(sc))
+        redis.call('SET', key, fmt(sa) .. ':' .. fmt(sb) .. ':' .. fmt(sc), 'KEEPTTL')
       else
-        redis.call('HSET', key, 'b', fmt(sb))
+        redis.call('SET', key, fmt(sa) .. ':' .. fmt(sb), 'KEEPTTL')
       end
     end
   end
