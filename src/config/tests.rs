@@ -638,7 +638,7 @@ descriptors:
     let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
     let expect = [
         "t.yaml:4: a: `unit: second` and `window: 5s` are both set",
-        "t.yaml:6: b: `rate_limit` has no `unit` (or `window`)",
+        "t.yaml:6: b: `rate_limit` has no `unit` and is not `unlimited: true`",
         "t.yaml:6: b: invalid algorithm `leaky`",
         "t.yaml:8: c: invalid window `2fortnights`",
         "t.yaml:10: d: `burst` applies only to `algorithm: gcra`",

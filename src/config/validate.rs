@@ -404,8 +404,8 @@ impl Checker<'_> {
                         rl_line,
                         path,
                         format!(
-                            "`rate_limit` has no `unit` (or `window`) and is not `unlimited: true`; \
-                             valid units: {VALID_UNITS}"
+                            "`rate_limit` has no `unit` and is not `unlimited: true`; \
+                             valid units: {VALID_UNITS}; or a custom `window` (e.g. 30s)"
                         ),
                     );
                     None
