@@ -319,6 +319,49 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn sliding_counters_bypass_the_cache_and_gcra_checks_its_burst() {
+        use crate::limiter::Algorithm;
+        let (cache, inner) = setup(100);
+        let calls = || inner.calls.load(Ordering::Relaxed);
+        // A full sliding counter: its estimate decays continuously, so never answered here.
+        let s = [Hit {
+            algorithm: Algorithm::SlidingCounter,
+            ..hit("s", 1, 1, HitKind::Consume)
+        }];
+        assert!(cache.decide_at(&s, T).await.unwrap().admitted);
+        for i in 1..4 {
+            assert!(!cache.decide_at(&s, T + i).await.unwrap().admitted);
+            assert_eq!(calls(), 1 + i);
+        }
+        assert!(cache.is_empty());
+        // GCRA at 1 per second with a burst of 3: full only at 3 tokens, not at the rate.
+        let g = [Hit {
+            algorithm: Algorithm::Gcra { burst: 3 },
+            ..hit("g", 1, 1, HitKind::Consume)
+        }];
+        let before = calls();
+        for i in 0..3 {
+            assert!(cache.decide_at(&g, T).await.unwrap().admitted);
+            assert_eq!(
+                calls(),
+                before + i + 1,
+                "within the burst: the backend decides"
+            );
+        }
+        let out = cache.decide_at(&g, T + 999).await.unwrap();
+        assert!(!out.admitted);
+        assert_eq!(out.items[0].count, 3);
+        assert_eq!(
+            calls(),
+            before + 3,
+            "full at the burst: certain until a token frees"
+        );
+        assert_eq!(cache.answered_locally(), 1);
+        // One token every 1000 ms: free again at T + 1000 exactly.
+        assert!(cache.decide_at(&g, T + 1000).await.unwrap().admitted);
+    }
+
+    #[tokio::test]
     async fn only_certain_rejections_are_local() {
         let (cache, inner) = setup(100);
         // Full at 2 of limit 2, but a probe with a bigger limit, a shadow item and another
