@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::config::{Config, HeaderPolicy, LimitSpec, Lookup, Rule, Unit};
-use crate::descriptor::{limiter_key_with_prefix, Entry, KEY_PREFIX};
-use crate::limiter::{Hit, HitKind, Limiter, LimiterError};
+use crate::config::{Config, HeaderPolicy, LimitAlgorithm, LimitSpec, Lookup, Rule, Unit};
+use crate::descriptor::{limiter_key_tagged, Entry, KEY_PREFIX};
+use crate::limiter::{Algorithm, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// A limit Envoy sends inside a descriptor; it wins over the configured one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,8 +116,11 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CurrentLimit {
     pub requests_per_unit: u32,
+    /// The unit reported to Envoy (for a custom window, the nearest one: [`Unit::nearest`]).
     pub unit: Unit,
     pub name: Option<String>,
+    /// The real window length.
+    pub window_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,6 +182,9 @@ pub enum Resolution<'c> {
         limit: CurrentLimit,
         hit: Hit,
         headers: HeaderPolicy,
+        /// Stacked limits after the first (`rate_limits`): each its own key; the descriptor is
+        /// admitted only if all admit, and its verdict reports the tightest.
+        stacked: Vec<(CurrentLimit, Hit)>,
     },
 }
 
@@ -279,9 +285,13 @@ impl Engine {
         let batch: Vec<Hit> = plans
             .iter()
             .filter_map(|p| match p {
-                Resolution::Limited { hit, .. } => Some(hit.clone()),
+                Resolution::Limited { hit, stacked, .. } => {
+                    Some(std::iter::once(hit).chain(stacked.iter().map(|(_, h)| h)))
+                }
                 Resolution::Done(_) => None,
             })
+            .flatten()
+            .cloned()
             .collect();
         let hits = batch
             .iter()
@@ -314,35 +324,19 @@ impl Engine {
                     limit,
                     hit,
                     headers,
+                    stacked,
                 } => {
-                    let item = items.next().ok_or_else(|| {
-                        LimiterError::Protocol("fewer outcomes than batch items".into())
-                    })?;
-                    let (code, outcome) = match (hit.kind, item.passed, admitted) {
-                        (HitKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
-                        (HitKind::Refund, _, false) => (Code::Ok, Outcome::NotRecorded),
-                        (HitKind::Shadow, false, _) if self.options.shadow_mode => {
-                            (Code::OverLimit, Outcome::ShadowRejected)
+                    let mut best: Option<Verdict> = None;
+                    for (limit, hit) in std::iter::once((limit, hit)).chain(stacked) {
+                        let item = items.next().ok_or_else(|| {
+                            LimiterError::Protocol("fewer outcomes than batch items".into())
+                        })?;
+                        let verdict = self.verdict(rule, limit, hit, headers, item, admitted);
+                        if best.as_ref().is_none_or(|b| tighter(&verdict, b)) {
+                            best = Some(verdict);
                         }
-                        (HitKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
-                        (_, false, _) => (Code::OverLimit, Outcome::Rejected),
-                        (_, true, true) => (Code::Ok, Outcome::Admitted),
-                        (_, true, false) => (Code::Ok, Outcome::NotRecorded),
-                    };
-                    let remaining = hit.limit.saturating_sub(item.count);
-                    Verdict {
-                        code,
-                        outcome,
-                        remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-                        reset_ms: item.reset_ms,
-                        rule: rule.map(|r| r.path.clone()),
-                        window_count: item.count,
-                        detailed_metric: rule
-                            .is_some_and(|r| r.detailed_metric || r.value_to_metric),
-                        key: Some(hit.key),
-                        limit: Some(limit),
-                        headers,
                     }
+                    best.ok_or_else(|| LimiterError::Protocol("empty limit stack".into()))?
                 }
             };
             verdicts.push(verdict);
@@ -362,22 +356,91 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// One limit's verdict from its item's outcome.
+    fn verdict(
+        &self,
+        rule: Option<&Rule>,
+        limit: CurrentLimit,
+        hit: Hit,
+        headers: HeaderPolicy,
+        item: &KeyOutcome,
+        admitted: bool,
+    ) -> Verdict {
+        let (code, outcome) = match (hit.kind, item.passed, admitted) {
+            (HitKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
+            (HitKind::Refund, _, false) => (Code::Ok, Outcome::NotRecorded),
+            (HitKind::Shadow, false, _) if self.options.shadow_mode => {
+                (Code::OverLimit, Outcome::ShadowRejected)
+            }
+            (HitKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
+            (_, false, _) => (Code::OverLimit, Outcome::Rejected),
+            (_, true, true) => (Code::Ok, Outcome::Admitted),
+            (_, true, false) => (Code::Ok, Outcome::NotRecorded),
+        };
+        let remaining = hit.capacity().saturating_sub(item.count);
+        Verdict {
+            code,
+            outcome,
+            remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+            reset_ms: item.reset_ms,
+            rule: rule.map(|r| r.path.clone()),
+            window_count: item.count,
+            detailed_metric: rule.is_some_and(|r| r.detailed_metric || r.value_to_metric),
+            key: Some(hit.key),
+            limit: Some(limit),
+            headers,
+        }
+    }
+}
+
+/// Whether `a` is the tighter of two stacked limits' verdicts: over the limit first, then
+/// failed in shadow mode, then fewer remaining, then the later reset.
+fn tighter(a: &Verdict, b: &Verdict) -> bool {
+    let rank = |v: &Verdict| {
+        (
+            v.code == Code::OverLimit,
+            v.outcome == Outcome::ShadowRejected,
+            std::cmp::Reverse(v.remaining),
+            v.reset_ms,
+        )
+    };
+    rank(a) > rank(b)
+}
+
+/// The limiter's algorithm for a configured one.
+fn algorithm_of(spec: LimitAlgorithm) -> Algorithm {
+    match spec {
+        LimitAlgorithm::SlidingLog => Algorithm::SlidingLog,
+        LimitAlgorithm::QuantizedLog { quantum_ms } => Algorithm::QuantizedLog { quantum_ms },
+        LimitAlgorithm::SlidingCounter => Algorithm::SlidingCounter,
+        LimitAlgorithm::Gcra { burst } => Algorithm::Gcra {
+            burst: u64::from(burst),
+        },
+        LimitAlgorithm::FixedWindow => Algorithm::FixedWindow,
+    }
+}
+
 /// The limiter key of a limited descriptor: its own entries, except that values matched by a
 /// `share_threshold` wildcard are replaced by the wildcard, so all of them share one counter.
+/// `tag` keeps algorithms and stacked limits apart (empty for a lone sliding-log limit, whose
+/// key is what it always was).
 fn key_for(
     options: &EngineOptions,
     domain: &str,
     descriptor: &Descriptor,
     rule: Option<&Rule>,
     window_ms: u64,
+    tag: &str,
 ) -> String {
     let shared = rule.map_or(&[][..], |r| r.shared_values.as_slice());
     if shared.is_empty() {
-        return limiter_key_with_prefix(
+        return limiter_key_tagged(
             &options.key_prefix,
             domain,
             &descriptor.entries,
             window_ms,
+            tag,
         );
     }
     let mut entries = descriptor.entries.clone();
@@ -386,7 +449,7 @@ fn key_for(
             entry.value.clone_from(pattern);
         }
     }
-    limiter_key_with_prefix(&options.key_prefix, domain, &entries, window_ms)
+    limiter_key_tagged(&options.key_prefix, domain, &entries, window_ms, tag)
 }
 
 /// The decision the failure policy gives when the backend could not decide: limited descriptors
@@ -407,6 +470,7 @@ fn fallback(
                 limit,
                 hit,
                 headers: _,
+                stacked: _,
             } => {
                 let (code, outcome) = match (policy, hit.kind) {
                     (FailurePolicy::Deny, HitKind::Consume) => {
@@ -500,13 +564,45 @@ pub fn resolve<'c>(
                 Lookup::Rule { rule, .. } => Some(rule),
                 Lookup::NoRule | Lookup::UnknownDomain => None,
             };
-            let (requests_per_unit, unit, name) = match (descriptor.limit_override, rule) {
-                (Some(o), _) => (o.requests_per_unit, o.unit, None),
+            let limits: Vec<(CurrentLimit, Algorithm)> = match (descriptor.limit_override, rule) {
+                // An override names a count and a unit only: it counts with the sliding log.
+                (Some(o), _) => vec![(
+                    CurrentLimit {
+                        requests_per_unit: o.requests_per_unit,
+                        unit: o.unit,
+                        name: None,
+                        window_ms: o.unit.window_ms(),
+                    },
+                    Algorithm::SlidingLog,
+                )],
                 (None, Some(r)) => match r.limit {
                     Some(LimitSpec::PerUnit {
                         requests_per_unit,
                         unit,
-                    }) => (requests_per_unit, unit, r.name.clone()),
+                    }) if r.limits.is_empty() => vec![(
+                        CurrentLimit {
+                            requests_per_unit,
+                            unit,
+                            name: r.name.clone(),
+                            window_ms: unit.window_ms(),
+                        },
+                        Algorithm::SlidingLog,
+                    )],
+                    Some(LimitSpec::PerUnit { .. }) => r
+                        .limits
+                        .iter()
+                        .map(|l| {
+                            (
+                                CurrentLimit {
+                                    requests_per_unit: l.requests_per_unit,
+                                    unit: l.unit,
+                                    name: l.name.clone(),
+                                    window_ms: l.window_ms,
+                                },
+                                algorithm_of(l.algorithm),
+                            )
+                        })
+                        .collect(),
                     Some(LimitSpec::Unlimited) => {
                         return Resolution::Done(Verdict::unlimited_or_none(
                             Outcome::Unlimited,
@@ -528,28 +624,47 @@ pub fn resolve<'c>(
             } else {
                 HitKind::Consume
             };
-            let window_ms = unit.window_ms();
             let headers = match kind {
                 HitKind::Consume => {
                     rule.map_or_else(|| config.domain_headers(&request.domain), |r| r.headers)
                 }
                 HitKind::Shadow | HitKind::Refund => HeaderPolicy::default(),
             };
+            let hits = descriptor.hits_addend.unwrap_or(request_hits);
+            let mut parts = limits
+                .into_iter()
+                .enumerate()
+                .map(|(i, (limit, algorithm))| {
+                    let mut tag = algorithm.key_tag();
+                    if i > 0 {
+                        tag.push_str(&format!("s{i}"));
+                    }
+                    let hit = Hit {
+                        key: key_for(
+                            options,
+                            &request.domain,
+                            descriptor,
+                            rule,
+                            limit.window_ms,
+                            &tag,
+                        ),
+                        limit: u64::from(limit.requests_per_unit),
+                        window_ms: limit.window_ms,
+                        hits,
+                        kind,
+                        algorithm,
+                    };
+                    (limit, hit)
+                });
+            let Some((limit, hit)) = parts.next() else {
+                return Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, rule));
+            };
             Resolution::Limited {
                 rule,
                 headers,
-                limit: CurrentLimit {
-                    requests_per_unit,
-                    unit,
-                    name,
-                },
-                hit: Hit {
-                    key: key_for(options, &request.domain, descriptor, rule, window_ms),
-                    limit: u64::from(requests_per_unit),
-                    window_ms,
-                    hits: descriptor.hits_addend.unwrap_or(request_hits),
-                    kind,
-                },
+                limit,
+                hit,
+                stacked: parts.collect(),
             }
         })
         .collect();
@@ -827,5 +942,74 @@ descriptors:
         assert_eq!(third.overall, Code::OverLimit);
         assert_eq!(third.verdicts[0].outcome, Outcome::Rejected);
         assert_eq!(third.hits, 1);
+    }
+
+    #[tokio::test]
+    async fn stacked_limits_admit_only_if_all_admit_and_report_the_tightest() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, name: burst}
+      - {window: 90s, requests_per_unit: 4, algorithm: gcra, burst: 4, name: sustained}
+";
+        let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap();
+        let limiter = Arc::new(Recording {
+            inner: MemoryLimiter::new(Arc::new(FixedClock(1_000_000))),
+            batches: Mutex::new(Vec::new()),
+        });
+        let engine = Engine::new(config, limiter.clone());
+        let one = req(&[&[("user", "a")]]);
+        let first = engine.decide(&one).await.unwrap();
+        let v = &first.verdicts[0];
+        // Both admit; the per-second limit has 2 left, the 90 s GCRA 3: the first is tighter.
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert_eq!(v.limit.as_ref().unwrap().name.as_deref(), Some("burst"));
+        assert_eq!(v.remaining, 2);
+        {
+            let batches = limiter.batches.lock().unwrap();
+            let keys: Vec<&str> = batches[0].iter().map(|h| h.key.as_str()).collect();
+            assert_eq!(
+                keys,
+                ["sluice:{d|user=a|1000}", "sluice:{d|user=a|90000|gcras1}"]
+            );
+            assert_eq!(batches[0][1].algorithm, Algorithm::Gcra { burst: 4 });
+        }
+        engine.decide(&one).await.unwrap();
+        engine.decide(&one).await.unwrap();
+        // The GCRA (4 per 90 s, burst 4) has one token left, the per-second limit none.
+        let fourth = engine.decide(&one).await.unwrap();
+        assert_eq!(fourth.overall, Code::OverLimit);
+        let v = &fourth.verdicts[0];
+        assert_eq!(v.outcome, Outcome::Rejected);
+        let limit = v.limit.as_ref().unwrap();
+        assert_eq!(limit.name.as_deref(), Some("burst"));
+        // Nothing was recorded on the other limit of the rejected request.
+        let probe = Hit {
+            hits: 0,
+            ..limiter.batches.lock().unwrap()[0][1].clone()
+        };
+        let out = limiter.inner.decide(&[probe]).await.unwrap();
+        assert_eq!(out.items[0].count, 3);
+    }
+
+    #[tokio::test]
+    async fn custom_windows_report_the_nearest_unit_and_the_real_window() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {window: 30s, requests_per_unit: 1}
+";
+        let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap();
+        let engine = Engine::new(
+            config,
+            Arc::new(MemoryLimiter::new(Arc::new(FixedClock(0)))),
+        );
+        let d = engine.decide(&req(&[&[("k", "v")]])).await.unwrap();
+        let limit = d.verdicts[0].limit.as_ref().unwrap();
+        assert_eq!((limit.unit, limit.window_ms), (Unit::Minute, 30_000));
+        assert_eq!(d.verdicts[0].reset_ms, 30_000);
     }
 }

@@ -63,6 +63,21 @@ pub fn limiter_key_with_prefix(
     entries: &[Entry],
     window_ms: u64,
 ) -> String {
+    limiter_key_tagged(prefix, domain, entries, window_ms, "")
+}
+
+/// [`limiter_key_with_prefix`] with a `tag` after the window, which keeps the keys of other
+/// algorithms and of stacked limits apart (`|tag`; an empty tag gives the untagged key). Tags
+/// are made by the engine from `[a-z0-9]` and start with a letter, so a tagged body never
+/// equals an untagged one (whose last part is all digits) nor one with more entries (whose
+/// parts hold `=`).
+pub fn limiter_key_tagged(
+    prefix: &str,
+    domain: &str,
+    entries: &[Entry],
+    window_ms: u64,
+    tag: &str,
+) -> String {
     let mut body = String::with_capacity(64);
     escape_into(&mut body, domain);
     for entry in entries {
@@ -72,6 +87,10 @@ pub fn limiter_key_with_prefix(
         escape_into(&mut body, &entry.value);
     }
     let _ = write!(body, "|{window_ms}");
+    if !tag.is_empty() {
+        body.push('|');
+        escape_into(&mut body, tag);
+    }
 
     let mut key = String::with_capacity(prefix.len() + 2 + MAX_BODY_LEN.min(body.len()) + 2);
     key.push_str(prefix);

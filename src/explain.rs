@@ -110,7 +110,11 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 let _ = writeln!(out, "  result: OK without a limit ({reason})");
             }
             Resolution::Limited {
-                rule, limit, hit, ..
+                rule,
+                limit,
+                hit,
+                stacked,
+                ..
             } => {
                 let rule_text = rule.map_or("(no rule)".to_owned(), |r| format!("`{}`", r.path));
                 let name = limit
@@ -127,7 +131,24 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                     "  result: limit {} per {}{name} from rule {rule_text}{mode}",
                     limit.requests_per_unit, limit.unit
                 );
-                let _ = writeln!(out, "  limiter key: {}", hit.key);
+                let _ = writeln!(
+                    out,
+                    "  limiter key: {} ({}, window {} ms)",
+                    hit.key,
+                    hit.algorithm.name(),
+                    hit.window_ms
+                );
+                for (limit, hit) in stacked {
+                    let _ = writeln!(
+                        out,
+                        "  and stacked limit {} per {}: key {} ({}, window {} ms)",
+                        limit.requests_per_unit,
+                        limit.unit,
+                        hit.key,
+                        hit.algorithm.name(),
+                        hit.window_ms
+                    );
+                }
             }
         }
     }

@@ -52,7 +52,7 @@ pub fn response_headers(decision: &Decision) -> Vec<(String, String)> {
         }
         HeaderFormat::Draft => {
             let name = sf_string(limit.name.as_deref().unwrap_or("default"));
-            let window = whole_seconds(limit.unit.window_ms());
+            let window = whole_seconds(limit.window_ms);
             out.push((
                 "RateLimit-Policy".into(),
                 format!("{name};q={};w={window}", limit.requests_per_unit),
@@ -140,6 +140,7 @@ mod tests {
                 requests_per_unit: rpu,
                 unit: Unit::Minute,
                 name: None,
+                window_ms: 60_000,
             }),
             remaining,
             reset_ms,

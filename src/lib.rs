@@ -3,8 +3,8 @@
 //! Module map (each layer knows only the one below it):
 //! - [`config`]: envoyproxy/ratelimit's YAML -> validated lookup tree of rules.
 //! - [`descriptor`]: request descriptor entries -> limiter keys (one pure function).
-//! - [`limiter`]: the sliding-window log behind a trait; `memory`, `redis` (standalone and
-//!   cluster) backends; `guard` (deadline, in-flight bound) and `cache` (local rejections) wrappers.
+//! - [`limiter`]: the sliding-window log (and the other algorithms, `limiter::algorithms`)
+//!   behind a trait; `memory`, `redis` (standalone and cluster) backends; `guard` (deadline, in-flight bound) and `cache` (local rejections) wrappers.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.

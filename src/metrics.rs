@@ -296,7 +296,7 @@ impl Observer {
                 metrics::counter!(NEAR_LIMIT_TOTAL, "domain" => domain.to_owned(), "rule" => rule)
                     .increment(1);
             }
-            let window_ms = limit.unit.window_ms();
+            let window_ms = limit.window_ms;
             let Some(key) = verdict.key.as_deref() else {
                 continue;
             };

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use sluice::limiter::redis::cluster::ClusterLimiter;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use sluice::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
     Hit {
@@ -22,6 +22,7 @@ fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
         window_ms,
         hits,
         kind,
+        algorithm: Algorithm::SlidingLog,
     }
 }
 
@@ -289,6 +290,180 @@ async fn concurrent_single_key(l: Arc<dyn Limiter>) {
     assert_eq!(admitted, 10);
 }
 
+fn with(alg: Algorithm, h: Hit) -> Hit {
+    Hit {
+        algorithm: alg,
+        ..h
+    }
+}
+
+const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::SlidingLog,
+    Algorithm::QuantizedLog { quantum_ms: 100 },
+    Algorithm::SlidingCounter,
+    Algorithm::Gcra { burst: 3 },
+    Algorithm::FixedWindow,
+];
+
+/// Every algorithm keeps the all-or-nothing promise when mixed in one batch: a batch rejected
+/// by one key records nothing on any other (on the cluster, compensation takes each
+/// algorithm's hits back exactly), and an admitted one records on all.
+async fn algorithms_mix_all_or_nothing(l: Arc<dyn Limiter>) {
+    let item = |alg: Algorithm, hits: u64| {
+        with(
+            alg,
+            hit(
+                &format!("mix-{}", alg.name()),
+                3,
+                1000,
+                hits,
+                HitKind::Consume,
+            ),
+        )
+    };
+    let probe = |alg: Algorithm| item(alg, 0);
+    assert!(at(&l, &[c("blocker", 1, 1)], T).await.admitted);
+    let mut batch: Vec<Hit> = ALGORITHMS.iter().map(|&a| item(a, 2)).collect();
+    batch.push(c("blocker", 1, 1));
+    let out = at(&l, &batch, T + 10).await;
+    assert!(!out.admitted);
+    for (alg, o) in ALGORITHMS.iter().zip(&out.items) {
+        assert!(o.passed, "{}", alg.name());
+    }
+    for &alg in &ALGORITHMS {
+        let out = at(&l, &[probe(alg)], T + 20).await;
+        assert_eq!(
+            out.items[0].count,
+            0,
+            "{} after a rejected batch",
+            alg.name()
+        );
+    }
+    batch.pop();
+    let out = at(&l, &batch, T + 30).await;
+    assert!(out.admitted);
+    for (alg, o) in ALGORITHMS.iter().zip(&out.items) {
+        assert_eq!(o.count, 2, "{}", alg.name());
+    }
+    // Capacity 3 everywhere: two more hits are over on every algorithm.
+    for &alg in &ALGORITHMS {
+        let out = at(&l, &[item(alg, 2)], T + 40).await;
+        assert!(!out.admitted, "{}", alg.name());
+        assert_eq!(out.items[0].count, 2, "{}", alg.name());
+    }
+}
+
+/// Per-algorithm arithmetic the models define, checked on every backend.
+async fn algorithm_specifics(l: Arc<dyn Limiter>) {
+    // GCRA: 10 per second, burst 3: one token every 100 ms, exact retry-after.
+    let g = |hits: u64| {
+        with(
+            Algorithm::Gcra { burst: 3 },
+            hit("g", 10, 1000, hits, HitKind::Consume),
+        )
+    };
+    let out = at(&l, &[g(3)], T).await;
+    assert_eq!(out.items[0], ko(true, 3, 100));
+    let out = at(&l, &[g(1)], T + 99).await;
+    assert_eq!(out.items[0], ko(false, 3, 1));
+    let out = at(&l, &[g(1)], T + 100).await;
+    assert_eq!(out.items[0], ko(true, 3, 100));
+    // Refunds give tokens back.
+    let refund = with(
+        Algorithm::Gcra { burst: 3 },
+        hit("g", 10, 1000, 2, HitKind::Refund),
+    );
+    assert_eq!(at(&l, &[refund], T + 100).await.items[0].count, 1);
+
+    // Fixed window: resets at the boundary, reports the window's end.
+    let f = |hits: u64| {
+        with(
+            Algorithm::FixedWindow,
+            hit("f", 2, 1000, hits, HitKind::Consume),
+        )
+    };
+    assert_eq!(at(&l, &[f(2)], T + 900).await.items[0], ko(true, 2, 100));
+    assert!(!at(&l, &[f(1)], T + 999).await.admitted);
+    assert_eq!(at(&l, &[f(2)], T + 1000).await.items[0], ko(true, 2, 1000));
+
+    // Sliding counter: 25% into the next window, 75% of the previous count still counts.
+    let s = |hits: u64| {
+        with(
+            Algorithm::SlidingCounter,
+            hit("s", 10, 1000, hits, HitKind::Consume),
+        )
+    };
+    assert!(at(&l, &[s(10)], T + 500).await.admitted);
+    let out = at(&l, &[s(0)], T + 1250).await;
+    assert_eq!(out.items[0], ko(true, 8, 750));
+    assert!(at(&l, &[s(2)], T + 1250).await.admitted);
+    assert!(!at(&l, &[s(1)], T + 1250).await.admitted);
+
+    // Quantized log: buckets of 100 ms; a bucket counts until start + quantum + window.
+    let q = |hits: u64| {
+        with(
+            Algorithm::QuantizedLog { quantum_ms: 100 },
+            hit("q", 4, 1000, hits, HitKind::Consume),
+        )
+    };
+    assert!(at(&l, &[q(2)], T + 50).await.admitted);
+    assert!(at(&l, &[q(2)], T + 199).await.admitted);
+    assert_eq!(at(&l, &[q(0)], T + 1099).await.items[0], ko(false, 4, 1));
+    assert_eq!(at(&l, &[q(0)], T + 1100).await.items[0], ko(true, 2, 100));
+}
+
+/// The edge table (docs/algorithms.md): `limit` single hits in the last `limit` ms before a
+/// fixed-window boundary, `limit` more in the first ms after it; the most admitted within any
+/// window of the configured length. The sliding log admits exactly the limit, the fixed window
+/// twice the limit.
+async fn edge_table(l: Arc<dyn Limiter>) {
+    let window = 1000;
+    for limit in [10u64, 100] {
+        for alg in ALGORITHMS {
+            let alg = match alg {
+                Algorithm::Gcra { .. } => Algorithm::Gcra { burst: limit },
+                other => other,
+            };
+            let key = format!("edge-{}-{limit}", alg.name());
+            let boundary = T + 10 * window;
+            let mut admitted = Vec::new();
+            for i in 0..2 * limit {
+                let now = boundary - limit + i;
+                let out = at(
+                    &l,
+                    &[with(alg, hit(&key, limit, window, 1, HitKind::Consume))],
+                    now,
+                )
+                .await;
+                if out.admitted {
+                    admitted.push(now);
+                }
+            }
+            let most = admitted
+                .iter()
+                .map(|&start| {
+                    admitted
+                        .iter()
+                        .filter(|&&t| t >= start && t < start + window)
+                        .count()
+                })
+                .max()
+                .unwrap_or(0) as u64;
+            println!(
+                "edge {:<16} limit {limit:>4}: {most:>4} admitted within one window ({} backend)",
+                alg.name(),
+                l.backend()
+            );
+            match alg {
+                Algorithm::SlidingLog => assert_eq!(most, limit),
+                Algorithm::FixedWindow => assert_eq!(most, 2 * limit),
+                Algorithm::QuantizedLog { .. } => assert!(most <= limit),
+                _ => assert!(most <= 2 * limit),
+            }
+        }
+    }
+}
+
 /// Instantiates every check above for one backend: `$make` is an async block yielding
 /// `(guard, Arc<dyn Limiter>)`, where the guard (e.g. a Redis server) must outlive the test.
 macro_rules! conformance {
@@ -311,7 +486,10 @@ macro_rules! conformance {
                 reset_ms_tracks_oldest_entry,
                 clock_step_back_does_not_shorten_entries,
                 real_clock,
-                concurrent_single_key
+                concurrent_single_key,
+                algorithms_mix_all_or_nothing,
+                algorithm_specifics,
+                edge_table
             );
         }
     };
@@ -531,6 +709,17 @@ mod differential {
     use sluice::limiter::memory::MemoryLimiter;
     use sluice::limiter::SystemClock;
 
+    /// Each key has one algorithm, as the engine's keys do (the algorithm is part of the key).
+    fn algorithm_of(key: &str, burst: u64) -> Algorithm {
+        match key {
+            "q" => Algorithm::QuantizedLog { quantum_ms: 100 },
+            "s" => Algorithm::SlidingCounter,
+            "g" => Algorithm::Gcra { burst },
+            "f" => Algorithm::FixedWindow,
+            _ => Algorithm::SlidingLog,
+        }
+    }
+
     fn arb_hit() -> impl Strategy<Value = Hit> {
         let kind = prop_oneof![
             4 => Just(HitKind::Consume),
@@ -539,12 +728,16 @@ mod differential {
         ];
         let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 1 => 5u64..2000];
         (
-            prop::sample::select(vec!["a", "b", "c"]),
+            prop::sample::select(vec!["a", "b", "c", "q", "s", "g", "f"]),
             0u64..6,
             hits,
             kind,
+            0u64..6,
         )
-            .prop_map(|(key, limit, hits, kind)| hit(key, limit, 1000, hits, kind))
+            .prop_map(|(key, limit, hits, kind, burst)| Hit {
+                algorithm: algorithm_of(key, burst),
+                ..hit(key, limit, 1000, hits, kind)
+            })
     }
 
     /// (time step in ms, may be negative: clocks of other instances lag; batch)
@@ -568,7 +761,7 @@ mod differential {
             )
             .expect("raw connection");
         let config = ProptestConfig {
-            cases: 300,
+            cases: 500,
             ..ProptestConfig::default()
         };
         proptest!(config, |(steps in arb_steps())| {

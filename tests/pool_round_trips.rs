@@ -62,6 +62,7 @@ fn batch(i: u64) -> Vec<Hit> {
         window_ms: 1000,
         hits: 1,
         kind: HitKind::Consume,
+        algorithm: sluice::limiter::Algorithm::SlidingLog,
     }]
 }
 
@@ -104,6 +105,8 @@ async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more(
                 .arg(hit.window_ms)
                 .arg(hit.hits)
                 .arg("c")
+                .arg(hit.algorithm.code())
+                .arg(hit.algorithm.param())
                 .invoke_async(&mut conn)
                 .await
                 .expect("script via pool");

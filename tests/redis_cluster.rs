@@ -23,6 +23,7 @@ fn consume(key: &str, limit: u64, window_ms: u64) -> Hit {
         window_ms,
         hits: 1,
         kind: HitKind::Consume,
+        algorithm: sluice::limiter::Algorithm::SlidingLog,
     }
 }
 

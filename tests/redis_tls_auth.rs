@@ -130,6 +130,7 @@ fn one_hit() -> Vec<Hit> {
         window_ms: 1000,
         hits: 1,
         kind: HitKind::Consume,
+        algorithm: sluice::limiter::Algorithm::SlidingLog,
     }]
 }
 

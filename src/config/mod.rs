@@ -24,7 +24,9 @@ mod tree;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use tree::{HeaderFormat, HeaderPolicy, LimitSpec, Lookup, MatchKind, Rule};
+pub use tree::{
+    HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind, Rule,
+};
 
 use crate::descriptor::Entry;
 use std::collections::HashMap;
@@ -79,6 +81,34 @@ impl Unit {
             .map(|(_, unit)| *unit)
     }
 
+    /// The unit that best names a custom window, for Envoy's reply (which can only name a
+    /// unit): the one nearest by ratio, a tie going to the longer unit. Exact when the window is
+    /// a unit; the exact window is in the `RateLimit-Policy` header and `duration_until_reset`.
+    pub fn nearest(window_ms: u64) -> Unit {
+        const ALL: [Unit; 7] = [
+            Unit::Second,
+            Unit::Minute,
+            Unit::Hour,
+            Unit::Day,
+            Unit::Week,
+            Unit::Month,
+            Unit::Year,
+        ];
+        let w = u128::from(window_ms);
+        let mut best = Unit::Second;
+        for pair in ALL.windows(2) {
+            let (short, long) = (
+                u128::from(pair[0].window_ms()),
+                u128::from(pair[1].window_ms()),
+            );
+            // Past the geometric mean of two neighbours the longer one is nearer.
+            if w * w >= short * long {
+                best = pair[1];
+            }
+        }
+        best
+    }
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Unit::Second => "second",
@@ -90,6 +120,24 @@ impl Unit {
             Unit::Year => "year",
         }
     }
+}
+
+/// Parses a window or quantum length: a positive integer and a suffix `ms`, `s`, `m`, `h` or
+/// `d` (`1500ms`, `30s`, `5m`). `None` when malformed or zero.
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, suffix) = text.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let scale = match suffix {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(scale).filter(|&ms| ms > 0)
 }
 
 impl fmt::Display for Unit {

@@ -48,6 +48,9 @@ pub(crate) struct RawDescriptor {
     pub rate_limit: Option<Spanned<RawRateLimit>>,
     /// Line of the `rate_limit` key itself (the mapping's own span starts at its first key).
     pub rate_limit_line: Option<usize>,
+    /// sluice extension: stacked limits, all of which must admit.
+    pub rate_limits: Option<Vec<Spanned<RawRateLimit>>>,
+    pub rate_limits_line: Option<usize>,
     pub descriptors: Option<Vec<Spanned<RawDescriptor>>>,
     pub shadow_mode: Option<bool>,
     pub detailed_metric: Option<bool>,
@@ -72,6 +75,11 @@ pub(crate) struct RawHeaders {
 #[derive(Debug, Default)]
 pub(crate) struct RawRateLimit {
     pub unit: Option<Spanned<String>>,
+    /// sluice extensions: `window` (instead of `unit`), `algorithm`, `quantum`, `burst`.
+    pub window: Option<Spanned<String>>,
+    pub algorithm: Option<Spanned<String>>,
+    pub quantum: Option<Spanned<String>>,
+    pub burst: Option<Spanned<u32>>,
     pub requests_per_unit: Option<Spanned<u32>>,
     pub unlimited: Option<Spanned<bool>>,
     pub name: Option<Spanned<String>>,
@@ -181,6 +189,10 @@ impl Fields for RawDescriptor {
                 self.rate_limit = map.next_value()?;
                 self.rate_limit_line = line;
             }
+            "rate_limits" => {
+                self.rate_limits = map.next_value()?;
+                self.rate_limits_line = line;
+            }
             "descriptors" => self.descriptors = map.next_value()?,
             "shadow_mode" => self.shadow_mode = map.next_value()?,
             "detailed_metric" => self.detailed_metric = map.next_value()?,
@@ -216,6 +228,10 @@ impl Fields for RawRateLimit {
     ) -> Result<bool, A::Error> {
         match name {
             "unit" => self.unit = map.next_value()?,
+            "window" => self.window = map.next_value()?,
+            "algorithm" => self.algorithm = map.next_value()?,
+            "quantum" => self.quantum = map.next_value()?,
+            "burst" => self.burst = map.next_value()?,
             "requests_per_unit" => self.requests_per_unit = map.next_value()?,
             "unlimited" => self.unlimited = map.next_value()?,
             "name" => self.name = map.next_value()?,
@@ -279,6 +295,7 @@ pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
     "rate_limit",
+    "rate_limits",
     "descriptors",
     "shadow_mode",
     "detailed_metric",
@@ -288,8 +305,17 @@ pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "response_headers",
 ];
 pub(crate) const HEADERS_FIELDS: &[&str] = &["format", "hide_remaining"];
-pub(crate) const RATE_LIMIT_FIELDS: &[&str] =
-    &["unit", "requests_per_unit", "unlimited", "name", "replaces"];
+pub(crate) const RATE_LIMIT_FIELDS: &[&str] = &[
+    "unit",
+    "window",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "quantum",
+    "burst",
+];
 pub(crate) const REPLACE_FIELDS: &[&str] = &["name"];
 
 /// Descriptor fields envoyproxy/ratelimit accepts that sluice does not implement yet. They are

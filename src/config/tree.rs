@@ -19,6 +19,35 @@ pub enum LimitSpec {
     },
 }
 
+/// How a limit counts (sluice extension `algorithm`; see docs/algorithms.md). The decision
+/// engine maps it onto the limiter's algorithm.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LimitAlgorithm {
+    #[default]
+    SlidingLog,
+    QuantizedLog {
+        quantum_ms: u64,
+    },
+    SlidingCounter,
+    Gcra {
+        burst: u32,
+    },
+    FixedWindow,
+}
+
+/// One counted limit of a rule: `rate_limit`, or one entry of `rate_limits`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    pub requests_per_unit: u32,
+    /// The unit reported to Envoy: the configured `unit`, or for a custom `window` the nearest
+    /// unit ([`Unit::nearest`]).
+    pub unit: Unit,
+    /// The real window length.
+    pub window_ms: u64,
+    pub algorithm: LimitAlgorithm,
+    pub name: Option<String>,
+}
+
 /// Which rate-limit response headers a rule asks for (sluice extension `response_headers`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum HeaderFormat {
@@ -59,8 +88,12 @@ pub struct Rule {
     /// Config path of this descriptor: `key_value` segments (`key` when it has no value) joined
     /// by `.`, e.g. `client.path`, `database_users`, `path_/api/*`. The domain is not included.
     pub path: String,
-    /// `None`: this node has no `rate_limit` (a whitelist when a request ends here).
+    /// `None`: this node has no `rate_limit` (a whitelist when a request ends here). With
+    /// stacked `rate_limits`, the first of them.
     pub limit: Option<LimitSpec>,
+    /// Every counted limit (one for `rate_limit`, several for `rate_limits`); empty when
+    /// `limit` is `None` or `Unlimited`. A request is admitted only if all of them admit.
+    pub limits: Vec<Limit>,
     /// `rate_limit.name`.
     pub name: Option<String>,
     /// The names listed in `rate_limit.replaces`.

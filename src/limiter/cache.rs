@@ -25,6 +25,12 @@
 //! items report what the cache knows about them, or "passed, count 0" when it knows nothing
 //! (the overall verdict is exact; those per-descriptor details are best effort).
 //!
+//! Other algorithms (src/limiter/algorithms.rs): the quantized log, the fixed window and GCRA
+//! keep this exact (their count only drops at the reported `reset_ms` or later, GCRA's being the
+//! exact time one token frees; the check uses the item's capacity, i.e. the GCRA burst). The
+//! sliding counter does not (its estimate decays continuously), so its items are never cached
+//! and never answered here; a batch holding one is answered locally only through another item.
+//!
 //! Memory is bounded by `capacity` entries: when full, expired entries are dropped, then the
 //! entry expiring soonest.
 
@@ -95,15 +101,17 @@ impl RejectionCache {
         let items = batch
             .iter()
             .map(|hit| {
-                let live = entries
-                    .get(&hit.key)
-                    .filter(|e| e.window_ms == hit.window_ms && now < e.until_ms);
+                let live = entries.get(&hit.key).filter(|e| {
+                    e.window_ms == hit.window_ms
+                        && now < e.until_ms
+                        && hit.algorithm.rejection_is_stable()
+                });
                 match live {
                     Some(e) => {
                         let fails = if hit.hits == 0 {
-                            e.count >= hit.limit
+                            e.count >= hit.capacity()
                         } else {
-                            e.count.saturating_add(hit.hits) > hit.limit
+                            e.count.saturating_add(hit.hits) > hit.capacity()
                         };
                         if fails && hit.kind == HitKind::Consume {
                             rejected = true;
@@ -135,7 +143,11 @@ impl RejectionCache {
             if hit.kind == HitKind::Refund {
                 continue;
             }
-            let full = !item.passed || item.count >= hit.limit;
+            if !hit.algorithm.rejection_is_stable() {
+                entries.remove(&hit.key);
+                continue;
+            }
+            let full = !item.passed || item.count >= hit.capacity();
             if !full || item.reset_ms == 0 {
                 entries.remove(&hit.key);
                 continue;
@@ -278,6 +290,7 @@ mod tests {
             window_ms: 1000,
             hits,
             kind,
+            algorithm: crate::limiter::Algorithm::SlidingLog,
         }
     }
 
@@ -303,6 +316,49 @@ mod tests {
         assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
         assert!(cache.decide_at(&b, T + 1000).await.unwrap().admitted);
         assert_eq!(inner.calls.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn sliding_counters_bypass_the_cache_and_gcra_checks_its_burst() {
+        use crate::limiter::Algorithm;
+        let (cache, inner) = setup(100);
+        let calls = || inner.calls.load(Ordering::Relaxed);
+        // A full sliding counter: its estimate decays continuously, so never answered here.
+        let s = [Hit {
+            algorithm: Algorithm::SlidingCounter,
+            ..hit("s", 1, 1, HitKind::Consume)
+        }];
+        assert!(cache.decide_at(&s, T).await.unwrap().admitted);
+        for i in 1..4 {
+            assert!(!cache.decide_at(&s, T + i).await.unwrap().admitted);
+            assert_eq!(calls(), 1 + i);
+        }
+        assert!(cache.is_empty());
+        // GCRA at 1 per second with a burst of 3: full only at 3 tokens, not at the rate.
+        let g = [Hit {
+            algorithm: Algorithm::Gcra { burst: 3 },
+            ..hit("g", 1, 1, HitKind::Consume)
+        }];
+        let before = calls();
+        for i in 0..3 {
+            assert!(cache.decide_at(&g, T).await.unwrap().admitted);
+            assert_eq!(
+                calls(),
+                before + i + 1,
+                "within the burst: the backend decides"
+            );
+        }
+        let out = cache.decide_at(&g, T + 999).await.unwrap();
+        assert!(!out.admitted);
+        assert_eq!(out.items[0].count, 3);
+        assert_eq!(
+            calls(),
+            before + 3,
+            "full at the burst: certain until a token frees"
+        );
+        assert_eq!(cache.answered_locally(), 1);
+        // One token every 1000 ms: free again at T + 1000 exactly.
+        assert!(cache.decide_at(&g, T + 1000).await.unwrap().admitted);
     }
 
     #[tokio::test]

@@ -135,6 +135,7 @@ mod tests {
             window_ms: 1000,
             hits: 1,
             kind: HitKind::Consume,
+            algorithm: crate::limiter::Algorithm::SlidingLog,
         }]
     }
 

@@ -1,13 +1,14 @@
 //! In-process limiter backend: the embedded default when no Redis is configured.
 //!
-//! Why it looks like this: the decision itself is the pure [`super::window::decide_batch`];
-//! this module only supplies locking and memory bounds around it.
+//! Why it looks like this: the decision itself is the pure [`super::window::decide_batch`] over
+//! each key's [`State`] (every algorithm of [`super::algorithms`]); this module only supplies
+//! locking and memory bounds around it.
 //! - Logs live in `shards` of `std::sync::Mutex<HashMap>`, chosen by a hash of the key, so
 //!   unrelated keys rarely contend. A batch locks the shards it touches in ascending index
 //!   order (deduplicated), which makes multi-key batches atomic without deadlock. Nothing here
 //!   awaits, so holding a std mutex is fine (and cheaper than an async one).
-//! - Memory is bounded: a key holds at most `limit` entries (run-length encoded, see
-//!   [`Log`]); expired entries are evicted whenever a key is touched and a key whose log becomes
+//! - Memory is bounded: a log key holds at most `limit` entries (run-length encoded, see
+//!   [`Log`]), a quantized log one run per quantum, other algorithms O(1); expired entries are evicted whenever a key is touched and a key whose log becomes
 //!   empty is removed; every [`SWEEP_EVERY`] decisions one shard is swept (at the `now` of that
 //!   decision) so keys nobody touches again are reclaimed too.
 //! - At most `max_keys` keys: the cap is split evenly across shards and enforced per shard, so
@@ -24,7 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::window::{decide_batch, slots_for, Log};
+use super::algorithms::State;
+use super::window::{decide_batch, slots_for};
 use super::{BatchOutcome, Clock, Hit, Limiter, LimiterError};
 
 /// Default cap on the number of keys kept in memory.
@@ -35,11 +37,11 @@ const MAX_SHARDS: usize = 64;
 /// One shard is swept every this many decisions.
 pub const SWEEP_EVERY: u64 = 256;
 
-/// A key's log plus the window it was last used with, which a sweep needs to evict it.
+/// A key's state plus the item it was last used with, which a sweep needs to expire it.
 #[derive(Debug)]
 struct Entry {
-    window_ms: u64,
-    log: Log,
+    last_hit: Hit,
+    state: State,
 }
 
 type Shard = HashMap<String, Entry>;
@@ -126,7 +128,7 @@ impl MemoryLimiter {
         // Take the logs out of the maps so the pure function can own them for the decision;
         // `remove_entry` hands the key String back, so re-inserting allocates nothing.
         let mut owned: Vec<Option<String>> = Vec::with_capacity(distinct);
-        let mut logs: Vec<Log> = Vec::with_capacity(distinct);
+        let mut logs: Vec<State> = Vec::with_capacity(distinct);
         for slot in 0..distinct {
             let key = &batch[key_item[slot]].key;
             let taken = match guard_of(key_shard[slot]) {
@@ -136,11 +138,11 @@ impl MemoryLimiter {
             match taken {
                 Some((k, entry)) => {
                     owned.push(Some(k));
-                    logs.push(entry.log);
+                    logs.push(entry.state);
                 }
                 None => {
                     owned.push(None);
-                    logs.push(Log::new());
+                    logs.push(State::fresh(batch[key_item[slot]].algorithm));
                 }
             }
         }
@@ -160,11 +162,15 @@ impl MemoryLimiter {
                 make_room(map, now);
             }
             let key = key.unwrap_or_else(|| hit.key.clone());
+            let last_hit = Hit {
+                key: String::new(),
+                ..*hit
+            };
             map.insert(
                 key,
                 Entry {
-                    window_ms: hit.window_ms,
-                    log,
+                    last_hit,
+                    state: log,
                 },
             );
         }
@@ -179,11 +185,18 @@ impl MemoryLimiter {
     }
 }
 
-/// Evicts expired entries of every key in the shard and drops keys left empty.
+/// Drops the keys of the shard whose state has emptied by `now`. Only logs keep their
+/// evictions; other states are settled on a copy (see [`decide_batch`] for why).
 fn sweep(map: &mut Shard, now: u64) {
     map.retain(|_, entry| {
-        entry.log.evict(now, entry.window_ms);
-        !entry.log.is_empty()
+        if let State::Log(_) = entry.state {
+            entry.state.settle(&entry.last_hit, now);
+            !entry.state.is_empty()
+        } else {
+            let mut settled = entry.state.clone();
+            settled.settle(&entry.last_hit, now);
+            !settled.is_empty()
+        }
     });
 }
 
@@ -196,7 +209,7 @@ fn make_room(map: &mut Shard, now: u64) {
     }
     let victim = map
         .iter()
-        .min_by_key(|(_, entry)| entry.log.newest().unwrap_or(0))
+        .min_by_key(|(_, entry)| entry.state.last_activity())
         .map(|(key, _)| key.clone());
     if let Some(key) = victim {
         map.remove(&key);
@@ -234,6 +247,7 @@ mod tests {
             window_ms: 1000,
             hits,
             kind: HitKind::Consume,
+            algorithm: crate::limiter::Algorithm::SlidingLog,
         }
     }
 

@@ -7,11 +7,13 @@
 //! Two wrappers implement the trait around a shared backend: [`guard`] (per-decision deadline,
 //! bounded in-flight calls) and [`cache`] (local answers for requests certain to be rejected).
 //!
-//! Semantics shared by every backend, for one call with a batch of [`Hit`]s:
+//! Semantics shared by every backend, for one call with a batch of [`Hit`]s (described for the
+//! default sliding log; each [`Algorithm`] defines its own `count` and `reset_ms`, see
+//! [`algorithms`], and everything else below holds for all of them):
 //! - An entry recorded at time `t` counts while `now - t < window_ms`.
-//! - A `Consume` hit with `hits > 0` passes when `count + hits <= limit` (hits of earlier items of
-//!   the same batch on the same key count too). `hits == 0` is a check-only probe: it passes when
-//!   `count < limit` and never records anything.
+//! - A `Consume` hit with `hits > 0` passes when `count + hits <= capacity` (the limit, or the
+//!   GCRA burst; hits of earlier items of the same batch on the same key count too). `hits == 0`
+//!   is a check-only probe: it passes when `count < capacity` and never records anything.
 //! - The batch is all-or-nothing: it is admitted when every `Consume` item passes; only then are
 //!   the hits recorded (one entry per hit) and refunds applied. A rejected batch changes nothing.
 //! - `Shadow` items are checked like `Consume` but never veto the batch; on an admitted batch they
@@ -21,6 +23,7 @@
 //! - The clock: Redis uses its own `TIME` (instances with skewed clocks agree); the memory backend
 //!   uses the [`Clock`] it was built with. Both also accept an explicit `now` for tests.
 
+pub mod algorithms;
 pub mod cache;
 pub mod guard;
 pub mod memory;
@@ -28,6 +31,8 @@ pub mod redis;
 pub mod window;
 
 use async_trait::async_trait;
+
+pub use algorithms::Algorithm;
 
 /// How a batch item treats its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +51,16 @@ pub struct Hit {
     pub window_ms: u64,
     pub hits: u64,
     pub kind: HitKind,
+    /// How the key counts ([`algorithms`]); one batch may mix algorithms and stays
+    /// all-or-nothing. For GCRA, `limit` is the rate per window and the burst the capacity.
+    pub algorithm: Algorithm,
+}
+
+impl Hit {
+    /// What the key may hold: the limit, or the burst for GCRA.
+    pub fn capacity(&self) -> u64 {
+        self.algorithm.capacity(self.limit)
+    }
 }
 
 /// What the backend saw for one item, in the order of the batch.

@@ -15,6 +15,7 @@
 
 use std::collections::VecDeque;
 
+use super::algorithms::State;
 use super::{BatchOutcome, Hit, HitKind, KeyOutcome};
 
 /// One key's log of hits, oldest first.
@@ -110,31 +111,49 @@ pub fn check(count: u64, earlier: u64, hits: u64, limit: u64) -> bool {
     }
 }
 
-/// Decides `batch` at `now` over `logs`, mutating them only as the decision requires.
+/// Decides `batch` at `now` over `states`, mutating them only as the decision requires.
 ///
-/// `slots[i]` is the index in `logs` of item `i`'s key; items with the same key must share a
-/// slot (that is how "the same key twice in one batch" is cumulative). Steps:
-/// 1. for each item in order: evict its key; `Refund` passes; `Consume`/`Shadow` pass by
-///    [`check`] with the hits that earlier items on the key would record (`Consume` always
+/// `slots[i]` is the index in `states` of item `i`'s key; items with the same key must share a
+/// slot (that is how "the same key twice in one batch" is cumulative). A state that does not
+/// belong to its item's algorithm is started afresh. Steps:
+/// 1. for each item in order: settle its key at `now` (evict, rotate, decay; see
+///    [`State::settle`]); `Refund` passes; `Consume`/`Shadow` pass by [`check`] against the
+///    item's capacity with the hits that earlier items on the key would record (`Consume` always
 ///    counts, since an admitted batch records all of them; `Shadow` only if it passed);
 /// 2. admitted iff every `Consume` passed; only then, in batch order, `Consume` and passed
-///    `Shadow` items record their hits and `Refund` items remove newest entries;
+///    `Shadow` items record their hits and `Refund` items give hits back;
 /// 3. every item reports its key's count and reset after the decision.
 ///
-/// A rejected batch only evicts expired entries, which changes nothing observable.
-pub fn decide_batch(batch: &[Hit], slots: &[usize], logs: &mut [Log], now: u64) -> BatchOutcome {
-    let mut earlier = vec![0u64; logs.len()];
+/// What is kept: a log keeps its evictions (the Redis script evicts in its first phase too);
+/// any other state is written back only when an item wrote to it, so a rejected batch changes
+/// nothing observable, not even after a later call with an earlier clock.
+pub fn decide_batch(
+    batch: &[Hit],
+    slots: &[usize],
+    states: &mut [State],
+    now: u64,
+) -> BatchOutcome {
+    let mut work: Vec<State> = states.to_vec();
+    let mut dirty = vec![false; states.len()];
+    let mut earlier = vec![0u64; states.len()];
     let mut passed = Vec::with_capacity(batch.len());
     let mut admitted = true;
 
     for (hit, &slot) in batch.iter().zip(slots) {
-        let log = &mut logs[slot];
-        log.evict(now, hit.window_ms);
+        let state = &mut work[slot];
+        if !state.fits(hit.algorithm) {
+            *state = State::fresh(hit.algorithm);
+            dirty[slot] = true;
+        }
+        state.settle(hit, now);
         let ok = match hit.kind {
             HitKind::Refund => true,
-            HitKind::Consume | HitKind::Shadow => {
-                check(log.count(), earlier[slot], hit.hits, hit.limit)
-            }
+            HitKind::Consume | HitKind::Shadow => check(
+                state.count(hit, now),
+                earlier[slot],
+                hit.hits,
+                hit.capacity(),
+            ),
         };
         let records = match hit.kind {
             HitKind::Consume => {
@@ -152,12 +171,19 @@ pub fn decide_batch(batch: &[Hit], slots: &[usize], logs: &mut [Log], now: u64) 
 
     if admitted {
         for ((hit, &slot), &ok) in batch.iter().zip(slots).zip(&passed) {
-            let log = &mut logs[slot];
+            let state = &mut work[slot];
             match hit.kind {
-                HitKind::Consume => log.record(now, hit.hits),
-                HitKind::Shadow if ok => log.record(now, hit.hits),
-                HitKind::Shadow => {}
-                HitKind::Refund => log.refund(hit.hits),
+                HitKind::Consume | HitKind::Shadow
+                    if hit.hits > 0 && (ok || hit.kind == HitKind::Consume) =>
+                {
+                    state.record(hit, now, hit.hits);
+                    dirty[slot] = true;
+                }
+                HitKind::Refund if hit.hits > 0 => {
+                    state.refund(hit, hit.hits);
+                    dirty[slot] = true;
+                }
+                _ => {}
             }
         }
     }
@@ -168,10 +194,15 @@ pub fn decide_batch(batch: &[Hit], slots: &[usize], logs: &mut [Log], now: u64) 
         .zip(passed)
         .map(|((hit, &slot), passed)| KeyOutcome {
             passed,
-            count: logs[slot].count(),
-            reset_ms: logs[slot].reset_ms(now, hit.window_ms),
+            count: work[slot].count(hit, now),
+            reset_ms: work[slot].reset_ms(hit, now),
         })
         .collect();
+    for (slot, state) in work.into_iter().enumerate() {
+        if dirty[slot] || matches!(state, State::Log(_)) {
+            states[slot] = state;
+        }
+    }
     BatchOutcome { admitted, items }
 }
 
@@ -205,13 +236,14 @@ mod tests {
             window_ms: 1000,
             hits,
             kind,
+            algorithm: crate::limiter::Algorithm::SlidingLog,
         }
     }
 
     /// Keeps logs by key across batches, like the memory backend does.
     fn run(
         batch: &[Hit],
-        store: &mut std::collections::HashMap<String, Log>,
+        store: &mut std::collections::HashMap<String, State>,
         now: u64,
     ) -> BatchOutcome {
         let (slots, n) = slots_for(batch);
@@ -219,9 +251,9 @@ mod tests {
         for (hit, &slot) in batch.iter().zip(&slots) {
             keys[slot] = hit.key.clone();
         }
-        let mut logs: Vec<Log> = keys
+        let mut logs: Vec<State> = keys
             .iter()
-            .map(|k| store.remove(k).unwrap_or_default())
+            .map(|k| store.remove(k).unwrap_or(State::Log(Log::new())))
             .collect();
         let out = decide_batch(batch, &slots, &mut logs, now);
         store.extend(keys.into_iter().zip(logs));
@@ -342,7 +374,7 @@ mod tests {
         assert!(!out.admitted);
         assert!(out.items[0].passed);
         assert!(!out.items[1].passed);
-        assert_eq!(logs["k"].count(), 10);
+        assert!(matches!(&logs["k"], State::Log(l) if l.count() == 10));
     }
 
     #[test]
@@ -390,6 +422,6 @@ mod tests {
         );
         assert!(out.admitted);
         assert_eq!(out.items[0].count, u64::MAX);
-        assert_eq!(logs["k"].runs.len(), 1);
+        assert!(matches!(&logs["k"], State::Log(l) if l.runs.len() == 1));
     }
 }

@@ -210,7 +210,7 @@ impl ClusterLimiter {
         })
     }
 
-    /// Removes the members an admitted part added.
+    /// Takes back what an admitted part recorded (per algorithm: [`COMPENSATE`]).
     async fn undo(
         &self,
         conn: &ClusterConnection,
@@ -224,8 +224,10 @@ impl ClusterLimiter {
                 any = true;
                 invocation
                     .key(batch[i].key.as_str())
+                    .arg(batch[i].algorithm.code())
                     .arg(part.added[k])
-                    .arg(batch[i].hits.min(MAX_EXACT));
+                    .arg(batch[i].hits.min(MAX_EXACT))
+                    .arg(batch[i].window_ms.min(MAX_EXACT));
             }
         }
         if !any {
@@ -387,6 +389,7 @@ mod tests {
             window_ms: 1,
             hits: 1,
             kind: HitKind::Consume,
+            algorithm: crate::limiter::Algorithm::SlidingLog,
         };
         let batch = [hit("sluice:{a}"), hit("sluice:{b}"), hit("sluice:{a}")];
         let mut groups = slot_groups(&batch);

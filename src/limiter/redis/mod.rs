@@ -16,8 +16,9 @@
 //! spaced by [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
 //! A failed decision is never retried here: the script may have run before the connection broke.
 //!
-//! Cost: recording stores one member per hit, so an admitted item costs O(hits) inside the
-//! script (Redis is blocked meanwhile). Limits, which bound the hits an item can record, must
+//! Cost: the sliding log stores one member per hit, so an admitted item costs O(hits) inside the
+//! script (Redis is blocked meanwhile); the other algorithms cost O(1) per item (the quantized
+//! log O(window / quantum)). Limits, which bound the hits an item can record, must
 //! therefore stay reasonable (config validation's job); the memory backend has no such cost.
 
 pub mod cluster;
@@ -208,8 +209,14 @@ impl RedisLimiter {
         }
         evalsha.arg(now_arg(now));
         for hit in batch {
-            let (limit, window_ms, hits, kind) = item_args(hit);
-            evalsha.arg(limit).arg(window_ms).arg(hits).arg(kind);
+            let (limit, window_ms, hits, kind, algorithm, param) = item_args(hit);
+            evalsha
+                .arg(limit)
+                .arg(window_ms)
+                .arg(hits)
+                .arg(kind)
+                .arg(algorithm)
+                .arg(param);
         }
         let slot = self.slot();
         let mut conn = self.connection(slot).await?;
@@ -242,13 +249,15 @@ pub(crate) fn invocation<'s>(
     let mut invocation = script.prepare_invoke();
     invocation.arg(now_arg(now));
     for hit in batch {
-        let (limit, window_ms, hits, kind) = item_args(hit);
+        let (limit, window_ms, hits, kind, algorithm, param) = item_args(hit);
         invocation
             .key(hit.key.as_str())
             .arg(limit)
             .arg(window_ms)
             .arg(hits)
-            .arg(kind);
+            .arg(kind)
+            .arg(algorithm)
+            .arg(param);
     }
     invocation
 }
@@ -258,8 +267,8 @@ fn now_arg(now: Option<u64>) -> String {
     now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string())
 }
 
-/// One item's four ARGV values: limit, window_ms, hits, kind.
-fn item_args(hit: &Hit) -> (u64, u64, u64, &'static str) {
+/// One item's six ARGV values: limit, window_ms, hits, kind, algorithm code, parameter.
+fn item_args(hit: &Hit) -> (u64, u64, u64, &'static str, &'static str, u64) {
     // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact. Limits cap one
     // below hits, so that a clamped huge `hits` still fails like the original, and still counts
     // as at least any limit for later items on the key.
@@ -273,6 +282,8 @@ fn item_args(hit: &Hit) -> (u64, u64, u64, &'static str) {
         hit.window_ms.min(MAX_EXACT),
         hit.hits.min(MAX_EXACT),
         kind,
+        hit.algorithm.code(),
+        hit.algorithm.param().min(MAX_EXACT - 1),
     )
 }
 

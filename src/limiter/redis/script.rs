@@ -4,13 +4,14 @@
 //! Why a script: the decision must read every key of the batch, check them all and then write
 //! all or nothing. One `EVALSHA` with every key in `KEYS` runs atomically on the server, in one
 //! round trip, so concurrent sidecars can never interleave between check and record. The steps
-//! are a transcription of [`crate::limiter::window::decide_batch`], which is the reference.
+//! are a transcription of [`crate::limiter::window::decide_batch`] over the per-algorithm
+//! models of [`crate::limiter::algorithms`], which are the reference.
 
 use crate::limiter::{BatchOutcome, KeyOutcome, LimiterError};
 use redis::Value;
 
 /// Arguments per batch item after `ARGV[1]`.
-pub const ARGS_PER_ITEM: usize = 4;
+pub const ARGS_PER_ITEM: usize = 6;
 
 /// Largest number sent to the script. Lua numbers are doubles, exact up to 2^53; capping every
 /// input at 2^52 keeps sums of two of them exact. Limits are capped at `MAX_EXACT - 1` (no real
@@ -23,38 +24,60 @@ pub const KIND_CONSUME: &str = "c";
 pub const KIND_SHADOW: &str = "s";
 pub const KIND_REFUND: &str = "r";
 
-/// KEYS: one per batch item, in batch order (a key may repeat; repeats are cumulative).
+/// KEYS: one per batch item, in batch order (a key may repeat; repeats are cumulative). A key is
+/// used with one algorithm only (the engine puts the algorithm in the key).
 ///
 /// ARGV:
 /// - `ARGV[1]`: `now` in ms, or the empty string to read Redis `TIME` (production: every sidecar
 ///   then uses the same clock, however skewed their hosts are). An explicit `now` is for tests.
-/// - then per item `i` (1-based), at `ARGV[2 + 4(i-1)] ..`: `limit`, `window_ms`, `hits`, `kind`
-///   (`c` consume, `s` shadow, `r` refund). Decimal integers, each at most [`MAX_EXACT`] (limits
-///   at most `MAX_EXACT - 1`).
+/// - then per item `i` (1-based), at `ARGV[2 + 6(i-1)] ..`: `limit`, `window_ms`, `hits`, `kind`
+///   (`c` consume, `s` shadow, `r` refund), `algorithm` (the code of
+///   [`crate::limiter::Algorithm::code`]: `l` sliding log, `q` quantized log, `s` sliding
+///   counter, `g` GCRA, `f` fixed window) and its parameter (quantum ms, burst; else 0).
+///   Decimal integers, each at most [`MAX_EXACT`] (limits and bursts at most `MAX_EXACT - 1`).
 ///
 /// Reply: a flat array of integers, `1 + 4n` long:
-/// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n, first_1, ...,
-/// first_n}` with `admitted`/`passed` 0 or 1, `count` the key's entries after the decision,
-/// `reset_ms` the ms until its oldest entry leaves the window (`window_ms` when empty) and
-/// `first` the first member this item added (it added `hits` consecutive integers from there), 0
-/// when it added nothing. The added ranges let the cluster backend undo exactly this call's
-/// entries when another slot's part of the request was rejected ([`COMPENSATE`]). Malformed
-/// arguments give an error reply starting with `sluice:`.
+/// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n, undo_1, ...,
+/// undo_n}` with `admitted`/`passed` 0 or 1, `count` what counts against the item's capacity
+/// after the decision, `reset_ms` as the reference models define it
+/// ([`crate::limiter::algorithms`]) and `undo` 0 when the item added nothing, else what
+/// [`COMPENSATE`] needs to take its hits back: for the log the first member it added (it added
+/// `hits` consecutive integers from there); for the quantized log the bucket start + 1; for the
+/// fixed window and the sliding counter the window start + 1; for GCRA 1. Malformed arguments
+/// give an error reply starting with `sluice:`.
 ///
-/// Data layout: each key is a sorted set with one member per hit; score = the ms it was recorded.
-/// - Phase 1, per item in order: `ZREMRANGEBYSCORE key -inf (now - window)` (an entry at `t`
-///   counts while `now - t < window`), then consume/shadow check `ZCARD + earlier + hits <= limit`
-///   (`< limit` for a `hits = 0` probe), `earlier` being the hits earlier items of the batch would
-///   record on the same key (consume always, shadow only if it passed).
+/// The step structure is [`crate::limiter::window::decide_batch`]'s, which is the reference:
+/// - Phase 1, per item in order: bring the key to `now` (log: `ZREMRANGEBYSCORE key -inf
+///   (now - window)`; quantized log: `HDEL` of buckets with `start + quantum + window <= now`;
+///   other algorithms: rotate / decay a copy in Lua), then consume/shadow check
+///   `count + earlier + hits <= capacity` (`< capacity` for a `hits = 0` probe), `earlier` being
+///   the hits earlier items of the batch would record on the same key (consume always, shadow
+///   only if it passed), capacity the limit or, for GCRA, the burst.
 /// - Phase 2, only if every consume item passed, in batch order: consume and passed shadow items
-///   with `hits > 0` add `hits` members; refunds `ZPOPMAX` up to `hits` members; then each written
-///   key gets `PEXPIRE` = time until its newest entry leaves the window, so idle keys vanish on
-///   their own and never outlive their window. A rejected batch writes nothing and leaves TTLs.
+///   with `hits > 0` record them; refunds take back up to `hits`, newest first; then each
+///   written key gets its TTL, so idle keys vanish on their own. A rejected batch writes nothing
+///   but phase 1's evictions and leaves TTLs.
 ///
-/// Members must be unique per key and short. They are integers, which a listpack stores in a few
-/// bytes (a UUID would cost 36): `member = max(1e15 + now_us, top_member + 1)`, then +1 per hit,
-/// with `now_us` the microsecond `TIME` (or `now * 1000` with an explicit now) and `top` the last
-/// element (`ZRANGE key -1 -1 WITHSCORES`). Scores are kept non-decreasing the same way:
+/// Data layout per algorithm (MEMORY USAGE measured in docs/algorithms.md):
+/// - sliding log: a sorted set with one member per hit; score = the ms it was recorded. TTL: until
+///   the newest entry leaves the window.
+/// - quantized log: a hash `bucket start (ms) -> hits`; a hit is recorded in the bucket
+///   `max(floor(now / quantum) * quantum, newest bucket)`. TTL: until the newest bucket leaves.
+/// - the O(1) algorithms keep a short string of decimal numbers `a:b` or `a:b:c` (one `SET ..
+///   PX`; a string costs fewer bytes than a hash):
+///   - fixed window: `a` = window start, `b` = count. TTL: two windows from its start;
+///   - sliding counter: `a` = current window start, `b` = its count, `c` = the previous
+///     window's count. TTL: two windows from its start;
+///   - GCRA: `a` = last update (ms), `b` = tokens in use × window_ms as of then (integer
+///     token-ms: refill is exactly `limit` token-ms per ms). TTL: until empty, plus one window.
+///
+/// TTLs outlive the state by about a window so that a lagging clock (`now` behind the last
+/// write) finds the same state the memory backend keeps; an emptied key is deleted.
+///
+/// Log members must be unique per key and short. They are integers, which a listpack stores in a
+/// few bytes (a UUID would cost 36): `member = max(1e15 + now_us, top_member + 1)`, then +1 per
+/// hit, with `now_us` the microsecond `TIME` (or `now * 1000` with an explicit now) and `top` the
+/// last element (`ZRANGE key -1 -1 WITHSCORES`). Scores are kept non-decreasing the same way:
 /// `score = max(now_ms, top_score)`. Why this is safe across instances and clock steps:
 /// - members strictly increase per key whatever any clock does, so they never collide (a
 ///   collision would silently update an existing member instead of adding one);
@@ -67,6 +90,10 @@ pub const KIND_REFUND: &str = "r";
 /// - members stay below 2^53, so Lua computes them exactly; `string.format('%.0f')` prints them
 ///   (`tostring` would switch to exponent notation).
 ///
+/// Numbers: integer divisions go through `ceil_div`, exact for operands below 2^53; the sliding
+/// counter's weight `ceil(prev * left / window)` is the same IEEE-754 double expression as the
+/// Rust model's, so both round identically.
+///
 /// Members go in `ZADD` chunks of at most 1000 (2000 arguments), far below Lua's `unpack` limit.
 pub const SCRIPT: &str = r#"
 local CHUNK = 1000
@@ -76,9 +103,23 @@ local function fmt(x)
   return string.format('%.0f', x)
 end
 
+local function ceil_div(a, b)
+  if a <= 0 or b <= 0 then
+    return 0
+  end
+  local q = math.floor(a / b)
+  while q * b < a do
+    q = q + 1
+  end
+  while q > 0 and (q - 1) * b >= a do
+    q = q - 1
+  end
+  return q
+end
+
 local n = #KEYS
-if #ARGV ~= 1 + 4 * n then
-  return redis.error_reply('sluice: expected 1 + 4 * #KEYS arguments')
+if #ARGV ~= 1 + 6 * n then
+  return redis.error_reply('sluice: expected 1 + 6 * #KEYS arguments')
 end
 
 local now_ms, now_us
@@ -95,34 +136,284 @@ else
   now_us = now_ms * 1000
 end
 
-local limit, window, hits, kind, passed = {}, {}, {}, {}, {}
+local limit, window, hits, kind, algo, param, passed = {}, {}, {}, {}, {}, {}, {}
 local earlier = {}
+local st = {}
 local admitted = 1
 
--- Phase 1: evict and check; nothing but expired entries is removed.
+local function wnd(i)
+  if window[i] < 1 then
+    return 1
+  end
+  return window[i]
+end
+
+local function quantum(i)
+  if param[i] < 1 then
+    return 1
+  end
+  return param[i]
+end
+
+-- State of a non-log key, read once per call: the quantized log's buckets (sorted by start)
+-- and their total, or the a/b/c numbers of the other algorithms.
+local function load(i)
+  local key = KEYS[i]
+  local s = st[key]
+  if s then
+    return s
+  end
+  if algo[i] == 'q' then
+    s = {list = {}, total = 0}
+    local flat = redis.call('HGETALL', key)
+    for j = 1, #flat, 2 do
+      local b, c = tonumber(flat[j]), tonumber(flat[j + 1])
+      s.list[#s.list + 1] = {b, c}
+      s.total = s.total + c
+    end
+    table.sort(s.list, function(x, y) return x[1] < y[1] end)
+  else
+    s = {a = 0, b = 0, c = 0}
+    local v = redis.call('GET', key)
+    if v then
+      local t = {}
+      for x in string.gmatch(v, '[^:]+') do
+        t[#t + 1] = tonumber(x)
+      end
+      s.a, s.b, s.c = t[1] or 0, t[2] or 0, t[3] or 0
+    end
+  end
+  st[key] = s
+  return s
+end
+
+local function settle(i, s)
+  local a, w = algo[i], wnd(i)
+  if a == 'q' then
+    local span = window[i] + quantum(i)
+    local dead = {}
+    while s.list[1] and s.list[1][1] + span <= now_ms do
+      local b = table.remove(s.list, 1)
+      s.total = s.total - b[2]
+      dead[#dead + 1] = fmt(b[1])
+    end
+    if #dead > 0 then
+      redis.call('HDEL', KEYS[i], unpack(dead))
+    end
+  elseif a == 'f' then
+    local start = math.floor(now_ms / w) * w
+    if start > s.a then
+      s.a = start
+      s.b = 0
+    end
+  elseif a == 's' then
+    local start = math.floor(now_ms / w) * w
+    if start > s.a then
+      if start == s.a + w then
+        s.c = s.b
+      else
+        s.c = 0
+      end
+      s.b = 0
+      s.a = start
+    end
+  else
+    if now_ms > s.a then
+      local decay = (now_ms - s.a) * limit[i]
+      if decay >= s.b then
+        s.b = 0
+      else
+        s.b = s.b - decay
+      end
+      s.a = now_ms
+    end
+  end
+end
+
+local function count(i, s)
+  local a, w = algo[i], wnd(i)
+  if a == 'q' then
+    return s.total
+  elseif a == 'f' then
+    return s.b
+  elseif a == 's' then
+    local e = now_ms - s.a
+    if e < 0 then
+      e = 0
+    end
+    local left = w - e
+    if left < 0 then
+      left = 0
+    end
+    return s.b + math.ceil(s.c * left / w)
+  else
+    return ceil_div(s.b, w)
+  end
+end
+
+local function reset(i, s)
+  local a, w = algo[i], wnd(i)
+  local r
+  if a == 'q' then
+    if not s.list[1] then
+      return window[i]
+    end
+    r = s.list[1][1] + window[i] + quantum(i) - now_ms
+  elseif a == 'f' or a == 's' then
+    r = s.a + w - now_ms
+  else
+    if s.b == 0 or limit[i] == 0 then
+      return window[i]
+    end
+    local c = ceil_div(s.b, w)
+    r = ceil_div(s.b - (c - 1) * w, limit[i])
+  end
+  if r < 0 then
+    r = 0
+  end
+  return r
+end
+
+-- Records h hits; returns the undo token (see the reply).
+local function record(i, s, h)
+  local a, w = algo[i], wnd(i)
+  if a == 'q' then
+    local q = quantum(i)
+    local b = math.floor(now_ms / q) * q
+    local last = s.list[#s.list]
+    if last and last[1] >= b then
+      b = last[1]
+      last[2] = last[2] + h
+    else
+      s.list[#s.list + 1] = {b, h}
+    end
+    s.total = s.total + h
+    redis.call('HINCRBY', KEYS[i], fmt(b), fmt(h))
+    return b + 1
+  elseif a == 'f' or a == 's' then
+    s.b = s.b + h
+    return s.a + 1
+  else
+    s.b = s.b + h * w
+    return 1
+  end
+end
+
+local function refund(i, s, h)
+  local a, w = algo[i], wnd(i)
+  if a == 'q' then
+    while h > 0 and s.list[#s.list] do
+      local last = s.list[#s.list]
+      local take = math.min(last[2], h)
+      last[2] = last[2] - take
+      h = h - take
+      s.total = s.total - take
+      if last[2] == 0 then
+        table.remove(s.list)
+        redis.call('HDEL', KEYS[i], fmt(last[1]))
+      else
+        redis.call('HSET', KEYS[i], fmt(last[1]), fmt(last[2]))
+      end
+    end
+  elseif a == 'f' then
+    s.b = math.max(0, s.b - h)
+  elseif a == 's' then
+    local take = math.min(h, s.b)
+    s.b = s.b - take
+    s.c = math.max(0, s.c - (h - take))
+  else
+    s.b = math.max(0, s.b - h * w)
+  end
+end
+
+-- Stores a written non-log key with its TTL, or deletes it once empty.
+local function store(i, s)
+  local key, a, w = KEYS[i], algo[i], wnd(i)
+  local ttl
+  if a == 'q' then
+    local last = s.list[#s.list]
+    if not last then
+      redis.call('DEL', key)
+      return
+    end
+    ttl = last[1] + window[i] + quantum(i) - now_ms
+  elseif s.b == 0 and s.c == 0 then
+    redis.call('DEL', key)
+    return
+  else
+    local value = fmt(s.a) .. ':' .. fmt(s.b)
+    if a == 's' then
+      value = value .. ':' .. fmt(s.c)
+      ttl = s.a + 2 * w - now_ms
+    elseif a == 'f' then
+      ttl = s.a + 2 * w - now_ms
+    else
+      local l = limit[i]
+      if l < 1 then
+        l = 1
+      end
+      ttl = s.a + ceil_div(s.b, l) + w - now_ms
+    end
+    if ttl < 1 then
+      ttl = 1
+    end
+    redis.call('SET', key, value, 'PX', fmt(ttl))
+    return
+  end
+  if ttl < 1 then
+    ttl = 1
+  end
+  redis.call('PEXPIRE', key, fmt(ttl))
+end
+
+-- Phase 1: bring keys to now and check; nothing but expired entries is removed.
 for i = 1, n do
   local key = KEYS[i]
-  local a = 1 + (i - 1) * 4
+  local a = 1 + (i - 1) * 6
   limit[i] = tonumber(ARGV[a + 1])
   window[i] = tonumber(ARGV[a + 2])
   hits[i] = tonumber(ARGV[a + 3])
   kind[i] = ARGV[a + 4]
-  if not (limit[i] and window[i] and hits[i]) then
+  algo[i] = ARGV[a + 5]
+  param[i] = tonumber(ARGV[a + 6])
+  if not (limit[i] and window[i] and hits[i] and param[i]) then
     return redis.error_reply('sluice: bad number in item ' .. i)
   end
   if kind[i] ~= 'c' and kind[i] ~= 's' and kind[i] ~= 'r' then
     return redis.error_reply('sluice: bad kind in item ' .. i)
   end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now_ms - window[i]))
+  local cap = limit[i]
+  local seen
+  if algo[i] == 'l' then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now_ms - window[i]))
+    if kind[i] ~= 'r' then
+      seen = redis.call('ZCARD', key)
+    end
+  elseif algo[i] == 'q' or algo[i] == 's' or algo[i] == 'g' or algo[i] == 'f' then
+    local s = load(i)
+    settle(i, s)
+    if kind[i] ~= 'r' then
+      seen = count(i, s)
+    end
+    if algo[i] == 'g' then
+      if limit[i] > 0 then
+        cap = param[i]
+      else
+        cap = 0
+      end
+    end
+  else
+    return redis.error_reply('sluice: bad algorithm in item ' .. i)
+  end
   if kind[i] == 'r' then
     passed[i] = true
   else
-    local seen = redis.call('ZCARD', key) + (earlier[key] or 0)
+    seen = seen + (earlier[key] or 0)
     local ok
     if hits[i] == 0 then
-      ok = seen < limit[i]
+      ok = seen < cap
     else
-      ok = seen + hits[i] <= limit[i]
+      ok = seen + hits[i] <= cap
     end
     passed[i] = ok
     if kind[i] == 'c' then
@@ -172,11 +463,25 @@ end
 local first = {}
 if admitted == 1 then
   local written, written_window = {}, {}
+  local stored, stored_item = {}, {}
   for i = 1, n do
     local key = KEYS[i]
     local h = hits[i]
-    local wrote = false
-    if h > 0 then
+    local writes = h > 0 and (kind[i] == 'r' or kind[i] == 'c' or passed[i])
+    if algo[i] ~= 'l' then
+      if writes then
+        if kind[i] == 'r' then
+          refund(i, st[key], h)
+        else
+          first[i] = record(i, st[key], h)
+        end
+        if not stored_item[key] then
+          stored[#stored + 1] = key
+        end
+        stored_item[key] = i
+      end
+    elseif writes then
+      local wrote = false
       if kind[i] == 'r' then
         local size = redis.call('ZCARD', key)
         if h > size then
@@ -186,14 +491,14 @@ if admitted == 1 then
           redis.call('ZPOPMAX', key, fmt(h))
           wrote = true
         end
-      elseif kind[i] == 'c' or passed[i] then
+      else
         first[i] = add(key, h)
         wrote = true
       end
-    end
-    if wrote and not written_window[key] then
-      written[#written + 1] = key
-      written_window[key] = window[i]
+      if wrote and not written_window[key] then
+        written[#written + 1] = key
+        written_window[key] = window[i]
+      end
     end
   end
   for _, key in ipairs(written) do
@@ -206,6 +511,9 @@ if admitted == 1 then
       redis.call('PEXPIRE', key, fmt(ttl))
     end
   end
+  for _, key in ipairs(stored) do
+    store(stored_item[key], st[key])
+  end
 end
 
 -- Outcomes after the decision.
@@ -213,22 +521,29 @@ local reply = {admitted}
 local seen_key = {}
 for i = 1, n do
   local key = KEYS[i]
-  local st = seen_key[key]
-  if not st then
-    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    st = {redis.call('ZCARD', key), tonumber(oldest[2])}
-    seen_key[key] = st
-  end
-  local reset = window[i]
-  if st[2] then
-    reset = st[2] + window[i] - now_ms
-    if reset < 0 then
-      reset = 0
+  local c, reset_ms
+  if algo[i] == 'l' then
+    local sk = seen_key[key]
+    if not sk then
+      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      sk = {redis.call('ZCARD', key), tonumber(oldest[2])}
+      seen_key[key] = sk
     end
+    c = sk[1]
+    reset_ms = window[i]
+    if sk[2] then
+      reset_ms = sk[2] + window[i] - now_ms
+      if reset_ms < 0 then
+        reset_ms = 0
+      end
+    end
+  else
+    c = count(i, st[key])
+    reset_ms = reset(i, st[key])
   end
   reply[#reply + 1] = passed[i] and 1 or 0
-  reply[#reply + 1] = st[1]
-  reply[#reply + 1] = reset
+  reply[#reply + 1] = c
+  reply[#reply + 1] = reset_ms
 end
 for i = 1, n do
   reply[#reply + 1] = first[i] or 0
@@ -236,32 +551,93 @@ end
 return reply
 "#;
 
-/// Undoes exactly what earlier [`SCRIPT`] calls added: KEYS = keys, ARGV = per key `first`,
-/// `hits` (the member range `first ..= first + hits - 1` from that call's reply). Members are
-/// unique per key and never reused, so this removes those entries and nothing else, even after
-/// other requests added theirs. Reply: the number of members removed.
+/// Undoes exactly what earlier [`SCRIPT`] calls recorded. KEYS = keys; ARGV per key:
+/// `algorithm` code, `undo` (from that call's reply, non-zero), `hits`, `window_ms`.
+/// - log: removes the member range `undo ..= undo + hits - 1`; members are unique per key and
+///   never reused, so this removes those entries and nothing else, even after other requests
+///   added theirs;
+/// - quantized log: takes `hits` from the bucket `undo - 1` (deleting it at zero);
+/// - fixed window / sliding counter: takes `hits` from the window that started at `undo - 1`,
+///   i.e. the current count, or the previous one if the counter rotated since (nothing when the
+///   window is gone);
+/// - GCRA: takes `hits × window_ms` token-ms from the tokens in use. Exact when no other call
+///   wrote the key in between; otherwise the refill the undone hits would have had between the
+///   two writes is lost, i.e. the key may count up to (that interval × rate) tokens too few.
+///
+/// Counts never go below zero (a refund may have taken them meanwhile). Reply: the hits taken
+/// back (for the log, the members removed).
 pub const COMPENSATE: &str = r#"
 local CHUNK = 1000
 local removed = 0
-if #ARGV ~= 2 * #KEYS then
-  return redis.error_reply('sluice: expected 2 * #KEYS arguments')
+if #ARGV ~= 4 * #KEYS then
+  return redis.error_reply('sluice: expected 4 * #KEYS arguments')
+end
+local function fmt(x)
+  return string.format('%.0f', x)
 end
 for i = 1, #KEYS do
-  local first = tonumber(ARGV[2 * i - 1])
-  local hits = tonumber(ARGV[2 * i])
-  if not (first and hits) then
+  local key = KEYS[i]
+  local a = ARGV[4 * i - 3]
+  local token = tonumber(ARGV[4 * i - 2])
+  local hits = tonumber(ARGV[4 * i - 1])
+  local w = tonumber(ARGV[4 * i])
+  if not (token and hits and w) then
     return redis.error_reply('sluice: bad number in item ' .. i)
   end
-  local j = 0
-  while j < hits do
-    local args = {}
-    local m = 0
-    while m < CHUNK and j < hits do
-      m = m + 1
-      args[m] = string.format('%.0f', first + j)
-      j = j + 1
+  if w < 1 then
+    w = 1
+  end
+  if a == 'l' then
+    local j = 0
+    while j < hits do
+      local args = {}
+      local m = 0
+      while m < CHUNK and j < hits do
+        m = m + 1
+        args[m] = fmt(token + j)
+        j = j + 1
+      end
+      removed = removed + redis.call('ZREM', key, unpack(args))
     end
-    removed = removed + redis.call('ZREM', KEYS[i], unpack(args))
+  elseif a == 'q' then
+    local field = fmt(token - 1)
+    local have = tonumber(redis.call('HGET', key, field) or '0') or 0
+    local take = math.min(have, hits)
+    if take >= have then
+      redis.call('HDEL', key, field)
+    elseif take > 0 then
+      redis.call('HINCRBY', key, field, fmt(-take))
+    end
+    removed = removed + take
+  else
+    local v = redis.call('GET', key)
+    local t = {}
+    if v then
+      for x in string.gmatch(v, '[^:]+') do
+        t[#t + 1] = tonumber(x)
+      end
+    end
+    local sa, sb, sc = t[1], t[2] or 0, t[3] or 0
+    if sa then
+      local b0, c0 = sb, sc
+      if a == 'f' or a == 's' then
+        if sa == token - 1 then
+          sb = math.max(0, sb - hits)
+        elseif a == 's' and sa == token - 1 + w then
+          sc = math.max(0, sc - hits)
+        end
+      elseif a == 'g' then
+        sb = math.max(0, sb - hits * w)
+      end
+      removed = removed + (b0 - sb) + (c0 - sc)
+      if sb == 0 and sc == 0 then
+        redis.call('DEL', key)
+      elseif a == 's' then
+        redis.call('SET', key, fmt(sa) .. ':' .. fmt(sb) .. ':' .. fmt(sc), 'KEEPTTL')
+      else
+        redis.call('SET', key, fmt(sa) .. ':' .. fmt(sb), 'KEEPTTL')
+      end
+    end
   end
 end
 return removed

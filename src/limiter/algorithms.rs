@@ -1,0 +1,418 @@
+//! The limiting algorithms and the pure reference model of each one's per-key state.
+//!
+//! Why a separate, pure module: every algorithm must behave identically on the memory backend
+//! (which runs these functions) and in the Redis script (a transcription of them), and the
+//! property test in tests/conformance.rs holds the two to that on random traces over a virtual
+//! clock. Time is always passed in, so every edge is testable with explicit numbers.
+//!
+//! One key holds one [`State`]; its transition for one batch item is
+//! `settle(now)` (evict / rotate / decay: a pure function of time, idempotent at one `now`),
+//! then the check `count + earlier + hits <= capacity` (shared by every algorithm, see
+//! [`super::window::check`]), then on an admitted batch `record` or `refund`, and finally the
+//! report `count` / `reset_ms`.
+//!
+//! - [`Algorithm::SlidingLog`]: one entry per hit, counted while `now - t < window`. Exact.
+//! - [`Algorithm::QuantizedLog`]: hits counted per quantum-aligned bucket (recorded at
+//!   `floor(now / q) * q`); a bucket counts while `start + q + window > now`, so every hit counts
+//!   for at least the window (never more admitted than the limit in any window) and at most one
+//!   quantum longer. Memory O(window / quantum).
+//! - [`Algorithm::SlidingCounter`]: counters of the current and the previous fixed window;
+//!   `count = cur + ceil(prev * (window - elapsed) / window)` (computed in `f64`, exactly as the
+//!   Lua script does). O(1), approximate: it assumes the previous window's hits were spread
+//!   evenly.
+//! - [`Algorithm::Gcra`]: a token bucket of `burst` tokens refilled at `limit` per window, kept
+//!   as GCRA (last update, tokens in use × window in integer "token-ms" so that the refill of
+//!   `limit` token-ms per ms is exact). `count` is the tokens in use, rounded up; `reset_ms` the
+//!   exact time until one more token is free. O(1).
+//! - [`Algorithm::FixedWindow`]: envoyproxy/ratelimit's counter per `floor(now / window)`. O(1).
+//!   Admits up to twice the limit across a window boundary.
+//!
+//! Clock steps back: logs record at `max(now, newest)`; window starts and the GCRA update time
+//! never move backwards, so a lagging instance never rewinds a key.
+
+use super::window::Log;
+use super::Hit;
+
+/// How a limit counts. Part of the limiter key (see [`Algorithm::key_tag`]), so one key is
+/// only ever used with one algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    #[default]
+    SlidingLog,
+    QuantizedLog {
+        quantum_ms: u64,
+    },
+    SlidingCounter,
+    Gcra {
+        burst: u64,
+    },
+    FixedWindow,
+}
+
+/// Default quantum of `quantized_log`.
+pub const DEFAULT_QUANTUM_MS: u64 = 1_000;
+
+impl Algorithm {
+    /// The config name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::QuantizedLog { .. } => "quantized_log",
+            Algorithm::SlidingCounter => "sliding_counter",
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    /// The one-letter code the Redis script dispatches on.
+    pub const fn code(self) -> &'static str {
+        match self {
+            Algorithm::SlidingLog => "l",
+            Algorithm::QuantizedLog { .. } => "q",
+            Algorithm::SlidingCounter => "s",
+            Algorithm::Gcra { .. } => "g",
+            Algorithm::FixedWindow => "f",
+        }
+    }
+
+    /// The algorithm's parameter as the script takes it (quantum, burst; 0 otherwise).
+    pub const fn param(self) -> u64 {
+        match self {
+            Algorithm::QuantizedLog { quantum_ms } => quantum_ms,
+            Algorithm::Gcra { burst } => burst,
+            _ => 0,
+        }
+    }
+
+    /// What an item may hold: the burst for GCRA (none at a rate of 0), else the limit.
+    pub const fn capacity(self, limit: u64) -> u64 {
+        match self {
+            Algorithm::Gcra { burst } if limit > 0 => burst,
+            Algorithm::Gcra { .. } => 0,
+            _ => limit,
+        }
+    }
+
+    /// Whether a rejection stays certain until `reset_ms` (what the local rejection cache
+    /// needs): true when the count can only drop at `reset_ms` or later. Not for the sliding
+    /// counter, whose estimate decays continuously.
+    pub const fn rejection_is_stable(self) -> bool {
+        !matches!(self, Algorithm::SlidingCounter)
+    }
+
+    /// Suffix that keeps each algorithm's keys apart (empty for the sliding log, whose keys stay
+    /// as they always were). Letters, digits and `.` only; never all digits, never with `=`.
+    pub fn key_tag(self) -> String {
+        match self {
+            Algorithm::SlidingLog => String::new(),
+            Algorithm::QuantizedLog { quantum_ms } => format!("ql{quantum_ms}"),
+            Algorithm::SlidingCounter => "sc".into(),
+            Algorithm::Gcra { .. } => "gcra".into(),
+            Algorithm::FixedWindow => "fw".into(),
+        }
+    }
+}
+
+/// One key's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// `sliding_log` entries, or `quantized_log` buckets (timestamps = bucket starts).
+    Log(Log),
+    Fixed {
+        start: u64,
+        count: u64,
+    },
+    Counter {
+        start: u64,
+        cur: u64,
+        prev: u64,
+    },
+    /// `used` = tokens in use × window_ms, as of `last`.
+    Gcra {
+        last: u64,
+        used: u64,
+    },
+}
+
+fn ceil_div(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        return 0;
+    }
+    a.div_ceil(b)
+}
+
+/// The weighted share of the previous window still inside the sliding window (the script
+/// computes the same IEEE-754 double operations in the same order).
+fn weighted_prev(prev: u64, elapsed: u64, window: u64) -> u64 {
+    let left = window.saturating_sub(elapsed);
+    ((prev as f64) * (left as f64) / (window as f64)).ceil() as u64
+}
+
+impl State {
+    pub fn fresh(algorithm: Algorithm) -> State {
+        match algorithm {
+            Algorithm::SlidingLog | Algorithm::QuantizedLog { .. } => State::Log(Log::new()),
+            Algorithm::FixedWindow => State::Fixed { start: 0, count: 0 },
+            Algorithm::SlidingCounter => State::Counter {
+                start: 0,
+                cur: 0,
+                prev: 0,
+            },
+            Algorithm::Gcra { .. } => State::Gcra { last: 0, used: 0 },
+        }
+    }
+
+    /// Whether this state belongs to `algorithm` (else the key is started afresh).
+    pub fn fits(&self, algorithm: Algorithm) -> bool {
+        matches!(
+            (self, algorithm),
+            (
+                State::Log(_),
+                Algorithm::SlidingLog | Algorithm::QuantizedLog { .. }
+            ) | (State::Fixed { .. }, Algorithm::FixedWindow)
+                | (State::Counter { .. }, Algorithm::SlidingCounter)
+                | (State::Gcra { .. }, Algorithm::Gcra { .. })
+        )
+    }
+
+    /// Brings the state to `now`. Idempotent at one `now`, and never moves backwards.
+    pub fn settle(&mut self, hit: &Hit, now: u64) {
+        let w = hit.window_ms.max(1);
+        match (self, hit.algorithm) {
+            (State::Log(log), Algorithm::QuantizedLog { quantum_ms }) => {
+                log.evict(now, hit.window_ms.saturating_add(quantum_ms.max(1)))
+            }
+            (State::Log(log), _) => log.evict(now, hit.window_ms),
+            (State::Fixed { start, count }, _) => {
+                let s = now / w * w;
+                if s > *start {
+                    *start = s;
+                    *count = 0;
+                }
+            }
+            (State::Counter { start, cur, prev }, _) => {
+                let s = now / w * w;
+                if s > *start {
+                    *prev = if s == start.saturating_add(w) {
+                        *cur
+                    } else {
+                        0
+                    };
+                    *cur = 0;
+                    *start = s;
+                }
+            }
+            (State::Gcra { last, used }, _) => {
+                if now > *last {
+                    *used = used.saturating_sub((now - *last).saturating_mul(hit.limit));
+                    *last = now;
+                }
+            }
+        }
+    }
+
+    /// What counts against the capacity at `now` (after [`State::settle`]).
+    pub fn count(&self, hit: &Hit, now: u64) -> u64 {
+        let w = hit.window_ms.max(1);
+        match self {
+            State::Log(log) => log.count(),
+            State::Fixed { count, .. } => *count,
+            State::Counter { start, cur, prev } => {
+                cur.saturating_add(weighted_prev(*prev, now.saturating_sub(*start), w))
+            }
+            State::Gcra { used, .. } => ceil_div(*used, w),
+        }
+    }
+
+    /// Milliseconds until the count drops (exactly, except for the sliding counter, where it is
+    /// the end of the current fixed window); `window_ms` for an empty log or bucket.
+    pub fn reset_ms(&self, hit: &Hit, now: u64) -> u64 {
+        let w = hit.window_ms.max(1);
+        match (self, hit.algorithm) {
+            (State::Log(log), Algorithm::QuantizedLog { quantum_ms }) => {
+                if log.is_empty() {
+                    hit.window_ms
+                } else {
+                    log.reset_ms(now, hit.window_ms.saturating_add(quantum_ms.max(1)))
+                }
+            }
+            (State::Log(log), _) => log.reset_ms(now, hit.window_ms),
+            (State::Fixed { start, .. } | State::Counter { start, .. }, _) => {
+                start.saturating_add(w).saturating_sub(now)
+            }
+            (State::Gcra { used, .. }, _) => {
+                if *used == 0 || hit.limit == 0 {
+                    return hit.window_ms;
+                }
+                let c = ceil_div(*used, w);
+                ceil_div(used - (c - 1) * w, hit.limit)
+            }
+        }
+    }
+
+    /// Records `hits` admitted hits at `now` (after [`State::settle`]).
+    pub fn record(&mut self, hit: &Hit, now: u64, hits: u64) {
+        let w = hit.window_ms.max(1);
+        match (self, hit.algorithm) {
+            (State::Log(log), Algorithm::QuantizedLog { quantum_ms }) => {
+                let q = quantum_ms.max(1);
+                log.record(now / q * q, hits)
+            }
+            (State::Log(log), _) => log.record(now, hits),
+            (State::Fixed { count, .. }, _) => *count = count.saturating_add(hits),
+            (State::Counter { cur, .. }, _) => *cur = cur.saturating_add(hits),
+            (State::Gcra { used, .. }, _) => *used = used.saturating_add(hits.saturating_mul(w)),
+        }
+    }
+
+    /// Gives back up to `hits`, newest first.
+    pub fn refund(&mut self, hit: &Hit, hits: u64) {
+        let w = hit.window_ms.max(1);
+        match self {
+            State::Log(log) => log.refund(hits),
+            State::Fixed { count, .. } => *count = count.saturating_sub(hits),
+            State::Counter { cur, prev, .. } => {
+                let take = hits.min(*cur);
+                *cur -= take;
+                *prev = prev.saturating_sub(hits - take);
+            }
+            State::Gcra { used, .. } => *used = used.saturating_sub(hits.saturating_mul(w)),
+        }
+    }
+
+    /// Nothing left worth keeping: the key can be forgotten.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            State::Log(log) => log.is_empty(),
+            State::Fixed { count, .. } => *count == 0,
+            State::Counter { cur, prev, .. } => *cur == 0 && *prev == 0,
+            State::Gcra { used, .. } => *used == 0,
+        }
+    }
+
+    /// When the key was last written (the memory backend evicts the least recent at capacity).
+    pub fn last_activity(&self) -> u64 {
+        match self {
+            State::Log(log) => log.newest().unwrap_or(0),
+            State::Fixed { start, .. } | State::Counter { start, .. } => *start,
+            State::Gcra { last, .. } => *last,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::HitKind;
+
+    fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Hit {
+        Hit {
+            key: "k".into(),
+            limit,
+            window_ms,
+            hits: 1,
+            kind: HitKind::Consume,
+            algorithm,
+        }
+    }
+
+    /// Admits one hit at a time while `count < capacity`; returns the admitted count.
+    fn fill(state: &mut State, h: &Hit, now: u64, n: u64) -> u64 {
+        let mut admitted = 0;
+        for _ in 0..n {
+            state.settle(h, now);
+            if state.count(h, now) < h.algorithm.capacity(h.limit) {
+                state.record(h, now, 1);
+                admitted += 1;
+            }
+        }
+        admitted
+    }
+
+    #[test]
+    fn fixed_window_resets_at_the_boundary() {
+        let h = hit(Algorithm::FixedWindow, 3, 1000);
+        let mut s = State::fresh(h.algorithm);
+        assert_eq!(fill(&mut s, &h, 999, 5), 3);
+        assert_eq!(s.reset_ms(&h, 999), 1);
+        assert_eq!(
+            fill(&mut s, &h, 1000, 5),
+            3,
+            "a new window: the limit again"
+        );
+        // A lagging clock does not rewind the window.
+        s.settle(&h, 500);
+        assert_eq!(s.count(&h, 500), 3);
+    }
+
+    #[test]
+    fn sliding_counter_weighs_the_previous_window() {
+        let h = hit(Algorithm::SlidingCounter, 10, 1000);
+        let mut s = State::fresh(h.algorithm);
+        assert_eq!(fill(&mut s, &h, 900, 10), 10);
+        // 25% into the next window: 75% of 10 still counts, rounded up.
+        s.settle(&h, 1250);
+        assert_eq!(s.count(&h, 1250), 8);
+        assert_eq!(fill(&mut s, &h, 1250, 10), 2);
+        assert_eq!(s.reset_ms(&h, 1250), 750);
+        // Two windows later everything is gone.
+        s.settle(&h, 3000);
+        assert_eq!(s.count(&h, 3000), 0);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn gcra_refills_at_the_rate_with_exact_retry() {
+        // 10 per second, burst 5: one token every 100 ms.
+        let h = hit(Algorithm::Gcra { burst: 5 }, 10, 1000);
+        let mut s = State::fresh(h.algorithm);
+        assert_eq!(fill(&mut s, &h, 10_000, 9), 5);
+        assert_eq!(s.count(&h, 10_000), 5);
+        assert_eq!(s.reset_ms(&h, 10_000), 100);
+        s.settle(&h, 10_099);
+        assert_eq!(s.count(&h, 10_099), 5);
+        assert_eq!(s.reset_ms(&h, 10_099), 1);
+        assert_eq!(fill(&mut s, &h, 10_100, 3), 1);
+        s.refund(&h, 2);
+        s.settle(&h, 10_100);
+        assert_eq!(s.count(&h, 10_100), 3);
+        s.settle(&h, 20_000);
+        assert!(s.is_empty());
+        assert_eq!(s.reset_ms(&h, 20_000), 1000);
+    }
+
+    #[test]
+    fn quantized_log_counts_each_hit_at_least_a_window() {
+        let h = hit(Algorithm::QuantizedLog { quantum_ms: 100 }, 4, 1000);
+        let mut s = State::fresh(h.algorithm);
+        assert_eq!(fill(&mut s, &h, 1050, 2), 2);
+        assert_eq!(fill(&mut s, &h, 1199, 2), 2);
+        // Bucket 1000 counts until 1000 + 100 + 1000; a real hit at 1050 would leave at 2050.
+        s.settle(&h, 2099);
+        assert_eq!(s.count(&h, 2099), 4);
+        assert_eq!(s.reset_ms(&h, 2099), 1);
+        s.settle(&h, 2100);
+        assert_eq!(s.count(&h, 2100), 2);
+        let State::Log(log) = &s else { panic!() };
+        assert_eq!(log.newest(), Some(1100));
+    }
+
+    #[test]
+    fn capacity_and_tags() {
+        assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(3), 7);
+        assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(0), 0);
+        assert_eq!(Algorithm::FixedWindow.capacity(3), 3);
+        assert_eq!(Algorithm::SlidingLog.key_tag(), "");
+        let tags = [
+            Algorithm::QuantizedLog { quantum_ms: 1000 },
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra { burst: 1 },
+            Algorithm::FixedWindow,
+        ]
+        .map(|a| a.key_tag());
+        for t in &tags {
+            assert!(t.starts_with(|c: char| c.is_ascii_lowercase()));
+            assert!(!t.contains(['=', '|', '{', '}']));
+        }
+    }
+}
