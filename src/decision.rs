@@ -90,6 +90,9 @@ pub enum Outcome {
     ShadowRejected,
     /// A refund (is_negative_hits) applied.
     Refunded,
+    /// A `quota_mode` limit over its own limit while another quota limit of the request admitted
+    /// it: reported OK, nothing recorded for this limit.
+    QuotaExhausted,
     /// The backend failed and the failure policy `allow` answered OK.
     BackendAllowed,
     /// The backend failed and the failure policy `deny` answered OVER_LIMIT.
@@ -106,6 +109,7 @@ impl Outcome {
             Outcome::NotRecorded => "not_recorded",
             Outcome::ShadowRejected => "shadow_rejected",
             Outcome::Refunded => "refunded",
+            Outcome::QuotaExhausted => "quota_exhausted",
             Outcome::BackendAllowed => "backend_error_allowed",
             Outcome::BackendDenied => "backend_error_denied",
         }
@@ -374,6 +378,8 @@ impl Engine {
                 (Code::OverLimit, Outcome::ShadowRejected)
             }
             (HitKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
+            // quota_mode: over its own limit, but another quota descriptor let the request in.
+            (HitKind::Quota, false, true) => (Code::Ok, Outcome::QuotaExhausted),
             (_, false, _) => (Code::OverLimit, Outcome::Rejected),
             (_, true, true) => (Code::Ok, Outcome::Admitted),
             (_, true, false) => (Code::Ok, Outcome::NotRecorded),
@@ -621,11 +627,13 @@ pub fn resolve<'c>(
                 HitKind::Refund
             } else if options.shadow_mode || rule.is_some_and(|r| r.shadow_mode) {
                 HitKind::Shadow
+            } else if rule.is_some_and(|r| r.quota_mode) {
+                HitKind::Quota
             } else {
                 HitKind::Consume
             };
             let headers = match kind {
-                HitKind::Consume => {
+                HitKind::Consume | HitKind::Quota => {
                     rule.map_or_else(|| config.domain_headers(&request.domain), |r| r.headers)
                 }
                 HitKind::Shadow | HitKind::Refund => HeaderPolicy::default(),

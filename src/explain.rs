@@ -123,6 +123,8 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                     .map_or(String::new(), |n| format!(", name `{n}`"));
                 let mode = if rule.is_some_and(|r| r.shadow_mode) {
                     ", shadow mode: over-limit reported OK"
+                } else if rule.is_some_and(|r| r.quota_mode) {
+                    ", quota mode: rejects only when every quota descriptor is over"
                 } else {
                     ""
                 };

@@ -212,6 +212,49 @@ async fn shadow_never_vetoes(l: Arc<dyn Limiter>) {
     assert_eq!(count_at(&l, "p", 1000, T + 1).await, 2);
 }
 
+/// quota_mode: an over-limit quota item fails the batch only when every quota item is over.
+async fn quota_mode_needs_one_quota_item(l: Arc<dyn Limiter>) {
+    let batch = |n: u64| {
+        [
+            hit("qa", 1, 1000, 1, HitKind::Quota),
+            hit("qb", 2, 1000, 1, HitKind::Quota),
+            hit("qc", 10, 1000, 1, HitKind::Consume),
+        ]
+        .map(|mut h| {
+            h.hits = n;
+            h
+        })
+    };
+    // Both quota items pass: everything records.
+    let out = at(&l, &batch(1), T).await;
+    assert!(out.admitted);
+    assert_eq!(
+        out.items.iter().map(|i| i.count).collect::<Vec<_>>(),
+        [1, 1, 1]
+    );
+    // `qa` is over, `qb` still has room: admitted; `qa` records nothing.
+    let out = at(&l, &batch(1), T + 1).await;
+    assert!(out.admitted);
+    assert_eq!(
+        out.items.iter().map(|i| i.passed).collect::<Vec<_>>(),
+        [false, true, true]
+    );
+    assert_eq!(
+        out.items.iter().map(|i| i.count).collect::<Vec<_>>(),
+        [1, 2, 2]
+    );
+    // Both over: rejected, and the consume item records nothing either.
+    let out = at(&l, &batch(1), T + 2).await;
+    assert!(!out.admitted);
+    assert_eq!(
+        out.items.iter().map(|i| i.passed).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    assert_eq!(count_at(&l, "qc", 1000, T + 2).await, 2);
+    assert_eq!(count_at(&l, "qa", 1000, T + 2).await, 1);
+    assert_eq!(count_at(&l, "qb", 1000, T + 2).await, 2);
+}
+
 async fn refund_removes_newest(l: Arc<dyn Limiter>) {
     assert!(at(&l, &[c("k", 10, 2)], T).await.admitted);
     assert!(at(&l, &[c("k", 10, 3)], T + 500).await.admitted);
@@ -482,6 +525,7 @@ macro_rules! conformance {
                 rejected_batch_changes_nothing,
                 same_key_twice_is_cumulative,
                 shadow_never_vetoes,
+                quota_mode_needs_one_quota_item,
                 refund_removes_newest,
                 reset_ms_tracks_oldest_entry,
                 clock_step_back_does_not_shorten_entries,
@@ -725,6 +769,7 @@ mod differential {
             4 => Just(HitKind::Consume),
             2 => Just(HitKind::Shadow),
             1 => Just(HitKind::Refund),
+            2 => Just(HitKind::Quota),
         ];
         let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 1 => 5u64..2000];
         (

@@ -139,6 +139,25 @@ const TABLE: &[Row] = &[
         overall: OK,
         statuses: &[(OK, Some(1), 0)],
     },
+    // quota_mode: tenant over, team still has room: admitted; both over: rejected.
+    Row {
+        domain: "rl",
+        descriptors: &[&[("tenant_quota", "t1")], &[("team_quota", "x")]],
+        overall: OK,
+        statuses: &[(OK, Some(1), 0), (OK, Some(2), 1)],
+    },
+    Row {
+        domain: "rl",
+        descriptors: &[&[("tenant_quota", "t1")], &[("team_quota", "x")]],
+        overall: OK,
+        statuses: &[(OK, Some(1), 0), (OK, Some(2), 0)],
+    },
+    Row {
+        domain: "rl",
+        descriptors: &[&[("tenant_quota", "t1")], &[("team_quota", "x")]],
+        overall: OVER,
+        statuses: &[(OVER, Some(1), 0), (OVER, Some(2), 0)],
+    },
     // Second domain from a second file.
     Row {
         domain: "mongo_cps",

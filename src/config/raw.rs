@@ -53,6 +53,7 @@ pub(crate) struct RawDescriptor {
     pub rate_limits_line: Option<usize>,
     pub descriptors: Option<Vec<Spanned<RawDescriptor>>>,
     pub shadow_mode: Option<bool>,
+    pub quota_mode: Option<bool>,
     pub detailed_metric: Option<bool>,
     pub value_to_metric: Option<bool>,
     pub share_threshold: Option<Spanned<bool>>,
@@ -195,6 +196,7 @@ impl Fields for RawDescriptor {
             }
             "descriptors" => self.descriptors = map.next_value()?,
             "shadow_mode" => self.shadow_mode = map.next_value()?,
+            "quota_mode" => self.quota_mode = map.next_value()?,
             "detailed_metric" => self.detailed_metric = map.next_value()?,
             "value_to_metric" => self.value_to_metric = map.next_value()?,
             "share_threshold" => self.share_threshold = map.next_value()?,
@@ -298,6 +300,7 @@ pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "rate_limits",
     "descriptors",
     "shadow_mode",
+    "quota_mode",
     "detailed_metric",
     "value_to_metric",
     "share_threshold",

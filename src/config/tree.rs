@@ -99,6 +99,9 @@ pub struct Rule {
     /// The names listed in `rate_limit.replaces`.
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
+    /// `quota_mode`: over its limit, this rule fails a request only when every quota-mode
+    /// descriptor of the request is over too.
+    pub quota_mode: bool,
     pub detailed_metric: bool,
     /// `value_to_metric`: metrics name this rule with the request's values, not the config's.
     pub value_to_metric: bool,

@@ -289,6 +289,7 @@ impl Checker<'_> {
                     name,
                     replaces,
                     shadow_mode: d.shadow_mode.unwrap_or(false),
+                    quota_mode: d.quota_mode.unwrap_or(false),
                     detailed_metric: d.detailed_metric.unwrap_or(false),
                     value_to_metric: d.value_to_metric.unwrap_or(false),
                     shared_values: shared_here,

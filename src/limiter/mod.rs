@@ -14,8 +14,12 @@
 //! - A `Consume` hit with `hits > 0` passes when `count + hits <= capacity` (the limit, or the
 //!   GCRA burst; hits of earlier items of the same batch on the same key count too). `hits == 0`
 //!   is a check-only probe: it passes when `count < capacity` and never records anything.
-//! - The batch is all-or-nothing: it is admitted when every `Consume` item passes; only then are
-//!   the hits recorded (one entry per hit) and refunds applied. A rejected batch changes nothing.
+//! - The batch is all-or-nothing: it is admitted when every `Consume` item passes and, if it has
+//!   `Quota` items, at least one of them passes; only then are the hits recorded (one entry per
+//!   hit) and refunds applied. A rejected batch changes nothing.
+//! - `Quota` items (envoyproxy/ratelimit's `quota_mode`) are checked like `Consume`; one over its
+//!   limit fails the batch only when every `Quota` item of the batch is over. On an admitted batch
+//!   they record their hits only if they passed themselves.
 //! - `Shadow` items are checked like `Consume` but never veto the batch; on an admitted batch they
 //!   record their hits only if they passed themselves, so their log is what enforcement would keep.
 //! - `Refund` items never reject; on an admitted batch they remove up to `hits` of the key's newest
@@ -40,6 +44,8 @@ pub enum HitKind {
     Consume,
     Shadow,
     Refund,
+    /// `quota_mode`: the batch needs at least one of its quota items to pass.
+    Quota,
 }
 
 /// One limiter key's share of a decision.

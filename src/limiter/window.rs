@@ -138,6 +138,7 @@ pub fn decide_batch(
     let mut earlier = vec![0u64; states.len()];
     let mut passed = Vec::with_capacity(batch.len());
     let mut admitted = true;
+    let (mut any_quota, mut quota_passed) = (false, false);
 
     for (hit, &slot) in batch.iter().zip(slots) {
         let state = &mut work[slot];
@@ -148,7 +149,7 @@ pub fn decide_batch(
         state.settle(hit, now);
         let ok = match hit.kind {
             HitKind::Refund => true,
-            HitKind::Consume | HitKind::Shadow => check(
+            HitKind::Consume | HitKind::Shadow | HitKind::Quota => check(
                 state.count(hit, now),
                 earlier[slot],
                 hit.hits,
@@ -161,6 +162,11 @@ pub fn decide_batch(
                 true
             }
             HitKind::Shadow => ok,
+            HitKind::Quota => {
+                any_quota = true;
+                quota_passed |= ok;
+                ok
+            }
             HitKind::Refund => false,
         };
         if records {
@@ -169,11 +175,14 @@ pub fn decide_batch(
         passed.push(ok);
     }
 
+    // quota_mode: an over-limit quota item fails the batch only when every quota item is over.
+    admitted &= !any_quota || quota_passed;
+
     if admitted {
         for ((hit, &slot), &ok) in batch.iter().zip(slots).zip(&passed) {
             let state = &mut work[slot];
             match hit.kind {
-                HitKind::Consume | HitKind::Shadow
+                HitKind::Consume | HitKind::Shadow | HitKind::Quota
                     if hit.hits > 0 && (ok || hit.kind == HitKind::Consume) =>
                 {
                     state.record(hit, now, hit.hits);

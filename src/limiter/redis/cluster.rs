@@ -183,8 +183,16 @@ impl ClusterLimiter {
         batch: &[Hit],
         indices: Vec<usize>,
         now: Option<u64>,
+        quota_across_groups: bool,
     ) -> Result<Part, LimiterError> {
-        let hits: Vec<Hit> = indices.iter().map(|&i| batch[i].clone()).collect();
+        let mut hits: Vec<Hit> = indices.iter().map(|&i| batch[i].clone()).collect();
+        if quota_across_groups {
+            // "At least one quota item passes" spans every group: here each quota item is
+            // checked and recorded like a shadow item, and `run` applies the rule to them all.
+            for hit in hits.iter_mut().filter(|h| h.kind == HitKind::Quota) {
+                hit.kind = HitKind::Shadow;
+            }
+        }
         let mut conn = conn.clone();
         let invocation = invocation(&self.script, &hits, now);
         let mut attempt = 0;
@@ -252,7 +260,7 @@ impl ClusterLimiter {
         let groups = slot_groups(batch);
         if groups.len() == 1 {
             let all = (0..batch.len()).collect();
-            return Ok(self.eval(&conn, batch, all, now).await?.outcome);
+            return Ok(self.eval(&conn, batch, all, now, false).await?.outcome);
         }
 
         // Phase 1: every group's checking items, in parallel.
@@ -264,10 +272,20 @@ impl ClusterLimiter {
                 .collect();
             (!idx.is_empty()).then_some(idx)
         });
-        let results = join_all(checking.map(|idx| self.eval(&conn, batch, idx, now))).await;
-        let admitted = results
+        let results = join_all(checking.map(|idx| self.eval(&conn, batch, idx, now, true))).await;
+        let mut admitted = results
             .iter()
             .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
+        // quota_mode across groups: some quota item must have passed somewhere. None passed
+        // means none recorded, so the compensation below only undoes the consume items.
+        if admitted && batch.iter().any(|h| h.kind == HitKind::Quota) {
+            admitted = results.iter().flatten().any(|p| {
+                p.indices
+                    .iter()
+                    .zip(&p.outcome.items)
+                    .any(|(&i, item)| batch[i].kind == HitKind::Quota && item.passed)
+            });
+        }
 
         let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
         if admitted {
@@ -280,7 +298,8 @@ impl ClusterLimiter {
                     .collect();
                 (!idx.is_empty()).then_some(idx)
             });
-            let refunded = join_all(refunds.map(|idx| self.eval(&conn, batch, idx, now))).await;
+            let refunded =
+                join_all(refunds.map(|idx| self.eval(&conn, batch, idx, now, true))).await;
             for part in results.into_iter().chain(refunded) {
                 let part = part?;
                 for (k, &i) in part.indices.iter().enumerate() {

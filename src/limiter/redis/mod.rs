@@ -37,7 +37,7 @@ use redis::{
 
 use super::{BackendStats, BatchOutcome, Hit, HitKind, Limiter, LimiterError};
 pub use connect::RedisOptions;
-use script::{decode_reply, KIND_CONSUME, KIND_REFUND, KIND_SHADOW, MAX_EXACT, SCRIPT};
+use script::{decode_reply, KIND_CONSUME, KIND_QUOTA, KIND_REFUND, KIND_SHADOW, MAX_EXACT, SCRIPT};
 
 /// Time allowed to establish one connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -276,6 +276,7 @@ fn item_args(hit: &Hit) -> (u64, u64, u64, &'static str, &'static str, u64) {
         HitKind::Consume => KIND_CONSUME,
         HitKind::Shadow => KIND_SHADOW,
         HitKind::Refund => KIND_REFUND,
+        HitKind::Quota => KIND_QUOTA,
     };
     (
         hit.limit.min(MAX_EXACT - 1),

@@ -23,6 +23,7 @@ pub const MAX_EXACT: u64 = 1 << 52;
 pub const KIND_CONSUME: &str = "c";
 pub const KIND_SHADOW: &str = "s";
 pub const KIND_REFUND: &str = "r";
+pub const KIND_QUOTA: &str = "q";
 
 /// KEYS: one per batch item, in batch order (a key may repeat; repeats are cumulative). A key is
 /// used with one algorithm only (the engine puts the algorithm in the key).
@@ -31,7 +32,7 @@ pub const KIND_REFUND: &str = "r";
 /// - `ARGV[1]`: `now` in ms, or the empty string to read Redis `TIME` (production: every sidecar
 ///   then uses the same clock, however skewed their hosts are). An explicit `now` is for tests.
 /// - then per item `i` (1-based), at `ARGV[2 + 6(i-1)] ..`: `limit`, `window_ms`, `hits`, `kind`
-///   (`c` consume, `s` shadow, `r` refund), `algorithm` (the code of
+///   (`c` consume, `s` shadow, `r` refund, `q` quota), `algorithm` (the code of
 ///   [`crate::limiter::Algorithm::code`]: `l` sliding log, `q` quantized log, `s` sliding
 ///   counter, `g` GCRA, `f` fixed window) and its parameter (quantum ms, burst; else 0).
 ///   Decimal integers, each at most [`MAX_EXACT`] (limits and bursts at most `MAX_EXACT - 1`).
@@ -52,9 +53,10 @@ pub const KIND_REFUND: &str = "r";
 ///   other algorithms: rotate / decay a copy in Lua), then consume/shadow check
 ///   `count + earlier + hits <= capacity` (`< capacity` for a `hits = 0` probe), `earlier` being
 ///   the hits earlier items of the batch would record on the same key (consume always, shadow
-///   only if it passed), capacity the limit or, for GCRA, the burst.
-/// - Phase 2, only if every consume item passed, in batch order: consume and passed shadow items
-///   with `hits > 0` record them; refunds take back up to `hits`, newest first; then each
+///   only if it passed), capacity the limit or, for GCRA, the burst. Quota items are checked the
+///   same way; if the batch has any, at least one must pass (`quota_mode`).
+/// - Phase 2, only if every consume item passed (and a quota item, if any), in batch order:
+///   consume and passed shadow and quota items with `hits > 0` record them; refunds take back up to `hits`, newest first; then each
 ///   written key gets its TTL, so idle keys vanish on their own. A rejected batch writes nothing
 ///   but phase 1's evictions and leaves TTLs.
 ///
@@ -138,6 +140,7 @@ end
 
 local limit, window, hits, kind, algo, param, passed = {}, {}, {}, {}, {}, {}, {}
 local earlier = {}
+local any_quota, quota_passed = false, false
 local st = {}
 local admitted = 1
 
@@ -379,7 +382,7 @@ for i = 1, n do
   if not (limit[i] and window[i] and hits[i] and param[i]) then
     return redis.error_reply('sluice: bad number in item ' .. i)
   end
-  if kind[i] ~= 'c' and kind[i] ~= 's' and kind[i] ~= 'r' then
+  if kind[i] ~= 'c' and kind[i] ~= 's' and kind[i] ~= 'r' and kind[i] ~= 'q' then
     return redis.error_reply('sluice: bad kind in item ' .. i)
   end
   local cap = limit[i]
@@ -416,6 +419,12 @@ for i = 1, n do
       ok = seen + hits[i] <= cap
     end
     passed[i] = ok
+    if kind[i] == 'q' then
+      any_quota = true
+      if ok then
+        quota_passed = true
+      end
+    end
     if kind[i] == 'c' then
       earlier[key] = (earlier[key] or 0) + hits[i]
       if not ok then
@@ -425,6 +434,10 @@ for i = 1, n do
       earlier[key] = (earlier[key] or 0) + hits[i]
     end
   end
+end
+-- quota_mode: an over-limit quota item fails the batch only when every quota item is over.
+if any_quota and not quota_passed then
+  admitted = 0
 end
 
 local function add(key, h)
