@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve Envoy's RateLimitService over gRPC.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a config file or directory; prints every error and exits non-zero on any.
     CheckConfig {
         /// A limits YAML file or a directory of *.yaml files.
@@ -229,7 +229,7 @@ fn main() -> ExitCode {
             for note in &compat.notes {
                 tracing::warn!("envoyproxy/ratelimit variable: {note}");
             }
-            match serve(args) {
+            match serve(*args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!("{err:#}");
