@@ -7,6 +7,7 @@
 //! so a request never sees two config generations, and sends every limited descriptor of the
 //! request to the limiter in ONE batch, so the request is admitted all-or-nothing.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -58,7 +59,68 @@ pub struct Request {
 #[error("{field}: {reason}")]
 pub struct InvalidRequest {
     pub field: String,
-    pub reason: &'static str,
+    pub reason: Cow<'static, str>,
+}
+
+/// Bounds on what one request may carry, so that a hostile or broken client costs a bounded
+/// amount of work and memory and gets INVALID_ARGUMENT naming the limit, never a slow answer.
+///
+/// Why in the engine: both faces (gRPC and HTTP `/json`) decide through [`Engine::decide`], so
+/// both enforce the same limits, and a request over a limit is refused before anything is
+/// recorded. Each limit is a `serve` flag (and `SLUICE_*` variable); the message names the flag,
+/// as [`InputLimits::FLAGS`] spells it, so an operator knows which knob to turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLimits {
+    /// Bytes in `domain`.
+    pub max_domain_bytes: usize,
+    /// Descriptors in one request.
+    pub max_descriptors: usize,
+    /// Entries in one descriptor.
+    pub max_entries: usize,
+    /// Bytes in an entry's `key`.
+    pub max_key_bytes: usize,
+    /// Bytes in an entry's `value`.
+    pub max_value_bytes: usize,
+    /// `hits_addend` of the request or of a descriptor. The Redis backend records one member
+    /// per admitted hit, so this also bounds the work one admitted item can cost Redis.
+    pub max_hits_addend: u64,
+    /// Bytes of one encoded gRPC message (tonic's decoding limit: larger messages are refused
+    /// before they are decoded, with the transport's own status).
+    pub max_message_bytes: usize,
+}
+
+impl InputLimits {
+    /// Flag names, as `sluice serve` spells them, in field order.
+    pub const FLAGS: [&'static str; 7] = [
+        "--max-domain-bytes",
+        "--max-descriptors",
+        "--max-entries",
+        "--max-key-bytes",
+        "--max-value-bytes",
+        "--max-hits-addend",
+        "--max-message-bytes",
+    ];
+    pub const DEFAULT_MAX_DOMAIN_BYTES: usize = 256;
+    pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+    pub const DEFAULT_MAX_ENTRIES: usize = 32;
+    pub const DEFAULT_MAX_KEY_BYTES: usize = 256;
+    pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024;
+    pub const DEFAULT_MAX_HITS_ADDEND: u64 = 100_000;
+    pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
+}
+
+impl Default for InputLimits {
+    fn default() -> Self {
+        InputLimits {
+            max_domain_bytes: Self::DEFAULT_MAX_DOMAIN_BYTES,
+            max_descriptors: Self::DEFAULT_MAX_DESCRIPTORS,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
+            max_key_bytes: Self::DEFAULT_MAX_KEY_BYTES,
+            max_value_bytes: Self::DEFAULT_MAX_VALUE_BYTES,
+            max_hits_addend: Self::DEFAULT_MAX_HITS_ADDEND,
+            max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -201,6 +263,8 @@ pub struct EngineOptions {
     pub shadow_mode: bool,
     /// Prefix of every limiter key (`CACHE_KEY_PREFIX`).
     pub key_prefix: String,
+    /// What one request may carry; larger requests are refused, recording nothing.
+    pub limits: InputLimits,
 }
 
 impl Default for EngineOptions {
@@ -208,6 +272,7 @@ impl Default for EngineOptions {
         EngineOptions {
             shadow_mode: false,
             key_prefix: KEY_PREFIX.to_owned(),
+            limits: InputLimits::default(),
         }
     }
 }
@@ -281,7 +346,7 @@ impl Engine {
     }
 
     pub async fn decide(&self, request: &Request) -> Result<Decision, DecisionError> {
-        validate(request)?;
+        validate_with(request, &self.options.limits)?;
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
         let plans = resolve(&config, request, &self.options);
@@ -515,31 +580,115 @@ fn fallback(
 }
 
 /// Rejects requests Envoy would never send and that cannot be decided: nothing is recorded.
+/// Checks the default [`InputLimits`]; [`Engine::decide`] checks its configured ones.
 pub fn validate(request: &Request) -> Result<(), InvalidRequest> {
+    validate_with(request, &InputLimits::default())
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<Cow<'static, str>>) -> InvalidRequest {
+    InvalidRequest {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// `N bytes exceeds --flag LIMIT`, or the count form for lists.
+fn too_long(len: usize, unit: &str, flag: &str, limit: impl std::fmt::Display) -> String {
+    format!("{len} {unit} exceeds {flag} {limit}")
+}
+
+/// [`validate`] under explicit limits. Every check is O(1) per field (lengths are known), so a
+/// hostile request costs no more than reading it; the first violation in field order is named.
+pub fn validate_with(request: &Request, limits: &InputLimits) -> Result<(), InvalidRequest> {
+    let [domain_flag, descriptors_flag, entries_flag, key_flag, value_flag, hits_flag, _] =
+        InputLimits::FLAGS;
     if request.domain.is_empty() {
-        return Err(InvalidRequest {
-            field: "domain".into(),
-            reason: "must not be empty",
-        });
+        return Err(invalid("domain", "must not be empty"));
+    }
+    if request.domain.len() > limits.max_domain_bytes {
+        return Err(invalid(
+            "domain",
+            too_long(
+                request.domain.len(),
+                "bytes",
+                domain_flag,
+                limits.max_domain_bytes,
+            ),
+        ));
     }
     if request.descriptors.is_empty() {
-        return Err(InvalidRequest {
-            field: "descriptors".into(),
-            reason: "must hold at least one descriptor",
-        });
+        return Err(invalid("descriptors", "must hold at least one descriptor"));
+    }
+    if request.descriptors.len() > limits.max_descriptors {
+        return Err(invalid(
+            "descriptors",
+            too_long(
+                request.descriptors.len(),
+                "descriptors",
+                descriptors_flag,
+                limits.max_descriptors,
+            ),
+        ));
+    }
+    if u64::from(request.hits_addend) > limits.max_hits_addend {
+        return Err(invalid(
+            "hits_addend",
+            format!(
+                "{} exceeds {hits_flag} {}",
+                request.hits_addend, limits.max_hits_addend
+            ),
+        ));
     }
     for (i, descriptor) in request.descriptors.iter().enumerate() {
         if descriptor.entries.is_empty() {
-            return Err(InvalidRequest {
-                field: format!("descriptors[{i}].entries"),
-                reason: "must hold at least one entry",
-            });
+            return Err(invalid(
+                format!("descriptors[{i}].entries"),
+                "must hold at least one entry",
+            ));
         }
-        if let Some(j) = descriptor.entries.iter().position(|e| e.key.is_empty()) {
-            return Err(InvalidRequest {
-                field: format!("descriptors[{i}].entries[{j}].key"),
-                reason: "must not be empty",
-            });
+        if descriptor.entries.len() > limits.max_entries {
+            return Err(invalid(
+                format!("descriptors[{i}].entries"),
+                too_long(
+                    descriptor.entries.len(),
+                    "entries",
+                    entries_flag,
+                    limits.max_entries,
+                ),
+            ));
+        }
+        for (j, entry) in descriptor.entries.iter().enumerate() {
+            if entry.key.is_empty() {
+                return Err(invalid(
+                    format!("descriptors[{i}].entries[{j}].key"),
+                    "must not be empty",
+                ));
+            }
+            if entry.key.len() > limits.max_key_bytes {
+                return Err(invalid(
+                    format!("descriptors[{i}].entries[{j}].key"),
+                    too_long(entry.key.len(), "bytes", key_flag, limits.max_key_bytes),
+                ));
+            }
+            if entry.value.len() > limits.max_value_bytes {
+                return Err(invalid(
+                    format!("descriptors[{i}].entries[{j}].value"),
+                    too_long(
+                        entry.value.len(),
+                        "bytes",
+                        value_flag,
+                        limits.max_value_bytes,
+                    ),
+                ));
+            }
+        }
+        if let Some(hits) = descriptor.hits_addend {
+            if hits > limits.max_hits_addend {
+                return Err(invalid(
+                    format!("descriptors[{i}].hits_addend"),
+                    format!("{hits} exceeds {hits_flag} {}", limits.max_hits_addend),
+                ));
+            }
         }
     }
     Ok(())

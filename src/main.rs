@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config::{Config, HeaderFormat, HeaderPolicy, LoadOptions};
-use sluice::decision::FailurePolicy;
+use sluice::decision::{FailurePolicy, InputLimits};
 use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
 use sluice::limiter::guard::{self, Guarded};
 use sluice::limiter::memory::MemoryLimiter;
@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve Envoy's RateLimitService over gRPC.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a config file or directory; prints every error and exits non-zero on any.
     CheckConfig {
         /// A limits YAML file or a directory of *.yaml files.
@@ -170,6 +170,41 @@ struct ServeArgs {
     /// Milliseconds between checks of the config for changes.
     #[arg(long, env = "SLUICE_WATCH_INTERVAL_MS", default_value_t = 1000)]
     watch_interval_ms: u64,
+    /// Longest `domain` accepted, in bytes; longer requests get INVALID_ARGUMENT.
+    #[arg(long, env = "SLUICE_MAX_DOMAIN_BYTES", default_value_t = InputLimits::DEFAULT_MAX_DOMAIN_BYTES)]
+    max_domain_bytes: usize,
+    /// Most descriptors accepted in one request.
+    #[arg(long, env = "SLUICE_MAX_DESCRIPTORS", default_value_t = InputLimits::DEFAULT_MAX_DESCRIPTORS)]
+    max_descriptors: usize,
+    /// Most entries accepted in one descriptor.
+    #[arg(long, env = "SLUICE_MAX_ENTRIES", default_value_t = InputLimits::DEFAULT_MAX_ENTRIES)]
+    max_entries: usize,
+    /// Longest descriptor entry key accepted, in bytes.
+    #[arg(long, env = "SLUICE_MAX_KEY_BYTES", default_value_t = InputLimits::DEFAULT_MAX_KEY_BYTES)]
+    max_key_bytes: usize,
+    /// Longest descriptor entry value accepted, in bytes.
+    #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_VALUE_BYTES)]
+    max_value_bytes: usize,
+    /// Largest hits_addend accepted (request or descriptor level).
+    #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = InputLimits::DEFAULT_MAX_HITS_ADDEND)]
+    max_hits_addend: u64,
+    /// Largest encoded gRPC request accepted, in bytes (refused before decoding).
+    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_MESSAGE_BYTES)]
+    max_message_bytes: usize,
+}
+
+impl ServeArgs {
+    fn input_limits(&self) -> InputLimits {
+        InputLimits {
+            max_domain_bytes: self.max_domain_bytes,
+            max_descriptors: self.max_descriptors,
+            max_entries: self.max_entries,
+            max_key_bytes: self.max_key_bytes,
+            max_value_bytes: self.max_value_bytes,
+            max_hits_addend: self.max_hits_addend,
+            max_message_bytes: self.max_message_bytes,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -198,7 +233,7 @@ fn main() -> ExitCode {
             for note in &compat.notes {
                 tracing::warn!("envoyproxy/ratelimit variable: {note}");
             }
-            match serve(args) {
+            match serve(*args) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!("{err:#}");
@@ -344,6 +379,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         engine: sluice::decision::EngineOptions {
             shadow_mode: args.shadow_mode,
             key_prefix: args.key_prefix.clone(),
+            limits: args.input_limits(),
         },
         metrics_settings: MetricsSettings {
             near_limit_ratio: args.near_limit_ratio,

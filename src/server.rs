@@ -69,6 +69,7 @@ pub async fn run(
         settings.metrics_settings,
         settings.limiter.clone(),
     ));
+    let max_message_bytes = settings.engine.limits.max_message_bytes;
     let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
     let engine = Arc::new(
         Engine::with_options(settings.config, observed, settings.engine)
@@ -110,14 +111,15 @@ pub async fn run(
             let _ = stream.set_nodelay(true);
         })
     });
+    // A message over the limit is refused by the transport before it is decoded (so before
+    // anything is allocated for its fields); the connection and the server carry on.
+    let rls = RateLimitServiceServer::new(RateLimiter::new(engine.clone(), observer.clone()))
+        .max_decoding_message_size(max_message_bytes);
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(
-            engine.clone(),
-            observer.clone(),
-        )))
+        .add_service(rls)
         .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
 
     let admin_app = admin::router(readiness.clone(), settings.metrics, observer)

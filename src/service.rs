@@ -99,7 +99,7 @@ fn descriptor_to_domain(
             requests_per_unit: o.requests_per_unit,
             unit: unit_from_proto(o.unit).ok_or_else(|| InvalidRequest {
                 field: format!("descriptors[{index}].limit.unit"),
-                reason: "must be a known unit (SECOND..YEAR, WEEK)",
+                reason: "must be a known unit (SECOND..YEAR, WEEK)".into(),
             })?,
         }),
     };

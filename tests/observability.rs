@@ -359,7 +359,9 @@ async fn series_stay_bounded_under_100k_distinct_values() {
     const VALUES: usize = 100_000;
     const PER_REQUEST: usize = 100;
     const TASKS: usize = 8;
-    let sluice = Sluice::start(&limits(), None);
+    // 200 descriptors per request, over the default --max-descriptors (64): a bulk load, not
+    // what Envoy sends.
+    let sluice = Sluice::start_with(&limits(), None, &["--max-descriptors", "200"]);
     let channel = sluice.channel().await;
     let requests = VALUES / PER_REQUEST;
     let mut tasks = Vec::new();

@@ -13,10 +13,12 @@
 //!   decision) so keys nobody touches again are reclaimed too.
 //! - At most `max_keys` keys: the cap is split evenly across shards and enforced per shard, so
 //!   it is checked under the one lock we already hold. When a new key meets a full shard, the
-//!   shard is swept; if nothing had expired, the key whose newest entry is oldest (the least
-//!   recently recorded, i.e. the one closest to expiring on its own) is evicted. That scan is
-//!   O(keys per shard), paid only at capacity. Evicting a live key forgets its hits (fails open
-//!   for that key), which is the price of bounded memory.
+//!   shard is swept; if that left the shard more than 7/8 full, the keys whose newest entry is
+//!   oldest (the least recently recorded, i.e. the ones closest to expiring on their own) are
+//!   evicted down to 7/8 of the cap. Freeing an eighth at once makes the O(keys per shard) scan
+//!   amortized O(1) per new key: a flood of distinct keys (hostile or not) at capacity pays one
+//!   scan per `cap / 8` insertions, not one per insertion. Evicting a live key forgets its hits
+//!   (fails open for that key), which is the price of bounded memory.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -159,7 +161,7 @@ impl MemoryLimiter {
             };
             let map = &mut guards[g];
             if map.len() >= self.per_shard_cap {
-                make_room(map, now);
+                make_room(map, now, self.per_shard_cap);
             }
             let key = key.unwrap_or_else(|| hit.key.clone());
             let last_hit = Hit {
@@ -200,20 +202,32 @@ fn sweep(map: &mut Shard, now: u64) {
     });
 }
 
-/// Frees at least one slot in a full shard (see the module doc for the policy).
-fn make_room(map: &mut Shard, now: u64) {
-    let before = map.len();
+/// Frees room in a full shard: sweeps, then evicts the least recently recorded keys until at
+/// most 7/8 of `cap` remain (at least one slot is always freed). See the module doc.
+fn make_room(map: &mut Shard, now: u64, cap: usize) {
     sweep(map, now);
-    if map.len() < before {
+    let keep = cap.saturating_sub((cap / 8).max(1));
+    if map.len() <= keep {
         return;
     }
-    let victim = map
-        .iter()
-        .min_by_key(|(_, entry)| entry.state.last_activity())
-        .map(|(key, _)| key.clone());
-    if let Some(key) = victim {
-        map.remove(&key);
-    }
+    let evict = map.len() - keep;
+    let mut newest: Vec<u64> = map
+        .values()
+        .map(|entry| entry.state.last_activity())
+        .collect();
+    let (_, &mut cutoff, _) = newest.select_nth_unstable(evict - 1);
+    // Every key older than the cutoff goes (fewer than `evict` of them), then keys at the cutoff
+    // until `evict` are gone; newer keys stay.
+    map.retain(|_, entry| entry.state.last_activity() >= cutoff);
+    let mut ties = map.len().saturating_sub(keep);
+    map.retain(|_, entry| {
+        if ties > 0 && entry.state.last_activity() == cutoff {
+            ties -= 1;
+            false
+        } else {
+            true
+        }
+    });
 }
 
 #[async_trait]
@@ -279,6 +293,27 @@ mod tests {
         // The most recent key survived eviction.
         let out = lim.decide_sync(&[hit("k999", 1, 1)], 1000);
         assert!(!out.admitted);
+    }
+
+    #[test]
+    fn a_full_shard_frees_an_eighth_keeping_the_newest() {
+        // One shard of 64 keys (64 shards share a cap of 64 * 64).
+        let lim = MemoryLimiter::with_max_keys(Arc::new(SystemClock), 64 * 64);
+        let mut map = Shard::new();
+        for i in 0..64u64 {
+            let mut last_hit = hit(&format!("k{i}"), 10, 1);
+            last_hit.window_ms = 1_000_000;
+            let mut state = State::fresh(last_hit.algorithm);
+            state.record(&last_hit, 1000 + i, 1);
+            map.insert(format!("k{i}"), Entry { last_hit, state });
+        }
+        assert_eq!(lim.per_shard_cap, 64);
+        make_room(&mut map, 2000, 64);
+        assert_eq!(map.len(), 56, "down to 7/8 of the cap");
+        assert!(
+            (8..64).all(|i| map.contains_key(&format!("k{i}"))),
+            "the oldest 8 went"
+        );
     }
 
     #[test]

@@ -1,0 +1,10 @@
+//! cargo-fuzz target `config_loader`: raw bytes into the shared harness `config_loader_from_bytes`
+//! (tests/support/fuzz_harness.rs), the same one `tests/fuzz.rs` runs on stable in CI.
+#![no_main]
+
+#[path = "../../tests/support/fuzz_harness.rs"]
+mod fuzz_harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    fuzz_harness::config_loader_from_bytes(data);
+});

@@ -1,0 +1,261 @@
+//! Hostile input over real gRPC (and the HTTP `/json` face): every input limit answers
+//! INVALID_ARGUMENT naming the field and the flag, and records nothing; an oversized message is
+//! refused by the transport and the server keeps serving; huge `hits_addend` values are answered
+//! at once on both backends (no allocation or loop proportional to them).
+
+mod common;
+#[path = "support/sluice_process.rs"]
+mod sluice_process;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::RedisServer;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use sluice_process::{descriptor, request, Sluice};
+
+fn limits() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/e2e/limits")
+}
+
+/// Small limits so that each is easy to cross; one of them comes from the environment, to show
+/// the `SLUICE_*` form works too.
+const FLAGS: &[&str] = &[
+    "--max-domain-bytes",
+    "8",
+    "--max-descriptors",
+    "3",
+    "--max-entries",
+    "2",
+    "--max-key-bytes",
+    "12",
+    "--max-value-bytes",
+    "16",
+];
+const ENV: &[(&str, &str)] = &[("SLUICE_MAX_HITS_ADDEND", "10")];
+
+/// A request whose first descriptor spends user `victim`'s quota (limit 5/minute) if recorded.
+fn with_victim(mut extra: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    let mut descriptors = vec![descriptor(&[("user", "victim")])];
+    descriptors.append(&mut extra);
+    request("edge", descriptors)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limit_names_field_and_flag_and_records_nothing() {
+    let sluice = Sluice::start_with_env(&limits(), None, FLAGS, ENV);
+    let mut client = sluice.client().await;
+
+    let long_value = "v".repeat(5000);
+    let long_key = "k".repeat(13);
+    let mut hits_request = with_victim(vec![]);
+    hits_request.hits_addend = 11;
+    let mut hits_descriptor = descriptor(&[("user", "victim")]);
+    hits_descriptor.hits_addend = Some(u64::MAX);
+    let mut domain_request = with_victim(vec![]);
+    domain_request.domain = "edge-long-domain".into();
+
+    let cases: Vec<(RateLimitRequest, &str)> = vec![
+        (
+            domain_request,
+            "domain: 16 bytes exceeds --max-domain-bytes 8",
+        ),
+        (
+            with_victim(vec![
+                descriptor(&[("user", "a")]),
+                descriptor(&[("user", "b")]),
+                descriptor(&[("user", "c")]),
+            ]),
+            "descriptors: 4 descriptors exceeds --max-descriptors 3",
+        ),
+        (
+            with_victim(vec![descriptor(&[("a", "1"), ("b", "2"), ("c", "3")])]),
+            "descriptors[1].entries: 3 entries exceeds --max-entries 2",
+        ),
+        (
+            with_victim(vec![descriptor(&[("user", "a"), (&long_key, "x")])]),
+            "descriptors[1].entries[1].key: 13 bytes exceeds --max-key-bytes 12",
+        ),
+        (
+            with_victim(vec![
+                descriptor(&[("user", "a")]),
+                descriptor(&[("user", &long_value)]),
+            ]),
+            "descriptors[2].entries[0].value: 5000 bytes exceeds --max-value-bytes 16",
+        ),
+        (hits_request, "hits_addend: 11 exceeds --max-hits-addend 10"),
+        (
+            with_victim(vec![hits_descriptor]),
+            "descriptors[1].hits_addend: 18446744073709551615 exceeds --max-hits-addend 10",
+        ),
+    ];
+    for (req, message) in cases {
+        let err = client
+            .should_rate_limit(req)
+            .await
+            .expect_err("over a limit");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert_eq!(err.message(), message);
+    }
+
+    // Right at each limit is accepted.
+    let at_limits = request(
+        "edge1234",
+        vec![
+            descriptor(&[("user", "x"), ("k".repeat(12).as_str(), &"v".repeat(16))]),
+            descriptor(&[("user", "y")]),
+            descriptor(&[("user", "z")]),
+        ],
+    );
+    let resp = client
+        .should_rate_limit(at_limits)
+        .await
+        .expect("at the limits");
+    assert_eq!(resp.into_inner().overall_code, Code::Ok as i32);
+
+    // None of the refused calls spent the victim's quota (5 per minute).
+    let resp = client
+        .should_rate_limit(with_victim(vec![]))
+        .await
+        .expect("valid call")
+        .into_inner();
+    assert_eq!(resp.statuses[0].limit_remaining, 4);
+
+    // The HTTP face enforces the same limits with the same message, and records nothing either.
+    let body = format!(
+        r#"{{"domain":"edge","descriptors":[{{"entries":[{{"key":"user","value":"victim"}}]}},{{"entries":[{{"key":"user","value":"{long_value}"}}]}}]}}"#
+    );
+    let (status, text) = http_request(sluice.admin_addr, "/json", &body);
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("descriptors[1].entries[0].value: 5000 bytes exceeds --max-value-bytes 16"),
+        "{text}"
+    );
+    let resp = client
+        .should_rate_limit(with_victim(vec![]))
+        .await
+        .expect("valid call")
+        .into_inner();
+    assert_eq!(resp.statuses[0].limit_remaining, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_message_is_refused_and_the_server_survives() {
+    let sluice = Sluice::start_with(&limits(), None, &["--max-message-bytes", "4096"]);
+    let mut client = sluice.client().await;
+    // 8 KB of entries: over the transport limit, though every field is within its own limit.
+    let big: Vec<_> = (0..16)
+        .map(|i| descriptor(&[("user", &format!("{i}-{}", "x".repeat(500)))]))
+        .collect();
+    let err = client
+        .should_rate_limit(request("edge", big))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+        ),
+        "{err:?}"
+    );
+    // The same connection, and a new one, still get answers.
+    let resp = client
+        .should_rate_limit(request("edge", vec![descriptor(&[("user", "after")])]))
+        .await
+        .expect("served after the oversized message")
+        .into_inner();
+    assert_eq!(resp.statuses[0].limit_remaining, 4);
+    let mut fresh = sluice.client().await;
+    let resp = fresh
+        .should_rate_limit(request("edge", vec![descriptor(&[("user", "after")])]))
+        .await
+        .expect("served on a new connection")
+        .into_inner();
+    assert_eq!(resp.statuses[0].limit_remaining, 3);
+}
+
+/// With the hits limit lifted to u64::MAX, a huge consume is rejected and a huge refund applied
+/// at once on both backends: the memory log stores runs, the Redis script adds members only for
+/// admitted hits (at most the limit) and pops at most the key's size on a refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_hits_are_answered_at_once_on_both_backends() {
+    let redis = RedisServer::start();
+    let max = u64::MAX.to_string();
+    let flags = ["--max-hits-addend", max.as_str()];
+    for url in [None, Some(redis.url())] {
+        let sluice = Sluice::start_with(&limits(), url.as_deref(), &flags);
+        let mut client = sluice.client().await;
+        let spend = client
+            .should_rate_limit(request("edge", vec![descriptor(&[("user", "big")])]))
+            .await
+            .expect("one hit")
+            .into_inner();
+        assert_eq!(spend.statuses[0].limit_remaining, 4);
+
+        let started = Instant::now();
+        let mut huge = descriptor(&[("user", "big")]);
+        huge.hits_addend = Some(u64::MAX);
+        let resp = client
+            .should_rate_limit(request("edge", vec![huge.clone()]))
+            .await
+            .expect("huge consume answered")
+            .into_inner();
+        assert_eq!(resp.overall_code, Code::OverLimit as i32, "{url:?}");
+        assert_eq!(resp.statuses[0].limit_remaining, 4, "nothing recorded");
+        let mut request_level = request("edge", vec![descriptor(&[("user", "big")])]);
+        request_level.hits_addend = u32::MAX;
+        let resp = client
+            .should_rate_limit(request_level)
+            .await
+            .expect("huge request-level consume answered")
+            .into_inner();
+        assert_eq!(resp.overall_code, Code::OverLimit as i32, "{url:?}");
+
+        huge.is_negative_hits = true;
+        let resp = client
+            .should_rate_limit(request("edge", vec![huge]))
+            .await
+            .expect("huge refund answered")
+            .into_inner();
+        assert_eq!(resp.overall_code, Code::Ok as i32);
+        assert_eq!(
+            resp.statuses[0].limit_remaining, 5,
+            "refund emptied the log"
+        );
+        // Generous: these are three loopback calls; a loop over 2^64 hits would never end.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// A plain HTTP/1.1 POST over loopback; returns (status, body).
+fn http_request(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("set timeout");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write request");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read response");
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
