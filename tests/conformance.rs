@@ -592,6 +592,30 @@ mod redis_only {
             .expect("raw connection")
     }
 
+    /// The first readiness probe opens every connection and loads the script, so the first
+    /// decisions pay neither a connect nor a NOSCRIPT round trip inside their deadline.
+    #[tokio::test]
+    async fn first_probe_warms_every_connection_and_the_script() {
+        let server = common::RedisServer::start();
+        let l = RedisLimiter::open(&server.url(), 4).expect("open");
+        let cold = l.stats().expect("stats");
+        assert_eq!((cold.connected, cold.script_loads), (0, 0));
+        l.ping().await.expect("ping");
+        let warm = l.stats().expect("stats");
+        assert_eq!((warm.connected, warm.script_loads), (4, 1));
+        let mut conn = raw(&server).await;
+        let loaded: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(redis::Script::new(sluice::limiter::redis::script::SCRIPT).get_hash())
+            .query_async(&mut conn)
+            .await
+            .expect("SCRIPT EXISTS");
+        assert_eq!(loaded, [true]);
+        // The first decision finds the script: no reload.
+        l.decide(&[c("w", 1, 1)]).await.expect("decide");
+        assert_eq!(l.stats().expect("stats").script_loads, 1);
+    }
+
     #[tokio::test]
     async fn keys_expire_within_the_window() {
         let server = common::RedisServer::start();

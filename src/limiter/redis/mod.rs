@@ -71,6 +71,10 @@ pub struct RedisLimiter {
     script_loads: AtomicU64,
     in_flight: AtomicU64,
     waiting: AtomicU64,
+    /// Every connection is open and the script loaded: done once, by the first readiness probe
+    /// that reaches Redis, so the first decisions do not pay connects and a NOSCRIPT round trip
+    /// inside their deadline.
+    warmed: std::sync::atomic::AtomicBool,
 }
 
 /// Counts a call in a gauge for as long as the guard lives, however the call ends.
@@ -137,9 +141,28 @@ impl RedisLimiter {
             next: AtomicUsize::new(0),
             script: Script::new(SCRIPT),
             script_loads: AtomicU64::new(0),
+            warmed: std::sync::atomic::AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
         })
+    }
+
+    /// Opens every connection and loads the script (see `warmed`).
+    async fn warm(&self) -> Result<(), LimiterError> {
+        let mut first = None;
+        for slot in self.slots.iter() {
+            let conn = self.connection(slot).await?;
+            first.get_or_insert((slot, conn));
+        }
+        if let Some((slot, mut conn)) = first {
+            self.script
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| self.fail(slot, &e))?;
+            self.script_loads.fetch_add(1, Ordering::Relaxed);
+        }
+        self.warmed.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     fn slot(&self) -> &Slot {
@@ -185,9 +208,16 @@ impl RedisLimiter {
         }
     }
 
-    /// Maps a request error and drops the slot's connection when it cannot be used again.
+    /// Maps a request error and drops connections that cannot be used again. A dropped or
+    /// broken connection almost always means the server went away (restart, failover), and then
+    /// every slot's connection is dead too: they are all dropped at once, so one failed call,
+    /// not one per slot, pays for the restart.
     fn fail(&self, slot: &Slot, e: &RedisError) -> LimiterError {
-        if e.is_unrecoverable_error() || e.is_connection_dropped() || e.is_io_error() {
+        if e.is_connection_dropped() || e.is_io_error() {
+            for other in self.slots.iter() {
+                *lock(&other.conn) = None;
+            }
+        } else if e.is_unrecoverable_error() {
             *lock(&slot.conn) = None;
         }
         map_error(e)
@@ -321,15 +351,28 @@ impl Limiter for RedisLimiter {
         let attempt = async {
             let slot = self.slot();
             let mut conn = self.connection(slot).await?;
-            let reply: String = redis::cmd("PING")
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.fail(slot, &e))?;
-            if reply == "PONG" {
-                Ok(())
-            } else {
-                Err(LimiterError::Protocol(format!("PING answered {reply:?}")))
+            let first: Result<String, _> = redis::cmd("PING").query_async(&mut conn).await;
+            let reply: String = match first {
+                Ok(reply) => reply,
+                Err(e) => {
+                    // After a Redis restart every slot still holds its dead connection; a probe
+                    // that found one (now dropped) tries a fresh one at once, so readiness
+                    // follows Redis instead of the round-robin.
+                    self.fail(slot, &e);
+                    let mut conn = self.connection(slot).await?;
+                    redis::cmd("PING")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| self.fail(slot, &e))?
+                }
+            };
+            if reply != "PONG" {
+                return Err(LimiterError::Protocol(format!("PING answered {reply:?}")));
             }
+            if !self.warmed.load(Ordering::Relaxed) {
+                self.warm().await?;
+            }
+            Ok(())
         };
         tokio::time::timeout(PING_TIMEOUT, attempt)
             .await
