@@ -274,15 +274,18 @@ impl Engine {
         validate(request)?;
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
-        let plans = resolve(&config, request, &self.options);
+        let mut plans = resolve(&config, request, &self.options);
 
-        let batch: Vec<Hit> = plans
-            .iter()
-            .filter_map(|p| match p {
-                Resolution::Limited { hit, .. } => Some(hit.clone()),
-                Resolution::Done(_) => None,
-            })
-            .collect();
+        // The keys move into the batch (no copy); each verdict takes its key back from it.
+        let mut batch: Vec<Hit> = Vec::with_capacity(plans.len());
+        for plan in &mut plans {
+            if let Resolution::Limited { hit, .. } = plan {
+                batch.push(Hit {
+                    key: std::mem::take(&mut hit.key),
+                    ..*hit
+                });
+            }
+        }
         let hits = batch
             .iter()
             .filter(|h| h.kind != HitKind::Refund)
@@ -304,6 +307,7 @@ impl Engine {
         };
 
         let mut items = outcome.iter().flat_map(|o| o.items.iter());
+        let mut keys = batch.into_iter().map(|h| h.key);
         let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
         let mut verdicts = Vec::with_capacity(plans.len());
         for p in plans {
@@ -339,7 +343,7 @@ impl Engine {
                         window_count: item.count,
                         detailed_metric: rule
                             .is_some_and(|r| r.detailed_metric || r.value_to_metric),
-                        key: Some(hit.key),
+                        key: keys.next(),
                         limit: Some(limit),
                         headers,
                     }

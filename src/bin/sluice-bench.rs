@@ -31,8 +31,11 @@ use tonic::transport::Channel;
 )]
 struct Args {
     /// gRPC address of the server under test (host:port). Without it only the no-op ceiling runs.
-    #[arg(long)]
-    target: Option<String>,
+    /// Several (comma-separated or repeated) spread the connections over them round-robin, so
+    /// one generator drives several instances at once (the no-op phase then uses as many
+    /// connections, all to the one no-op server).
+    #[arg(long, value_delimiter = ',')]
+    target: Vec<String>,
     /// Concurrent callers (closed loop) or the cap on requests in flight (open loop).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -69,6 +72,9 @@ struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Print the Lua script sluice's Redis backend runs (for `redis-benchmark EVALSHA`) and exit.
+    #[arg(long)]
+    print_lua_script: bool,
 }
 
 fn parse_pid(s: &str) -> Result<(String, u32), String> {
@@ -229,9 +235,10 @@ impl Counters {
     }
 }
 
-async fn run_phase(name: &str, addr: &str, args: &Args) -> anyhow::Result<Phase> {
+async fn run_phase(name: &str, addrs: &[String], args: &Args) -> anyhow::Result<Phase> {
     let mut clients = Vec::new();
-    for _ in 0..args.connections.max(1) {
+    for i in 0..args.connections.max(addrs.len()).max(1) {
+        let addr = &addrs[i % addrs.len()];
         let channel = Channel::from_shared(format!("http://{addr}"))?
             .tcp_nodelay(true)
             .connect()
@@ -362,6 +369,10 @@ fn new_histogram() -> anyhow::Result<Histogram<u64>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    if args.print_lua_script {
+        print!("{}", sluice::limiter::redis::script::SCRIPT);
+        return Ok(());
+    }
     anyhow::ensure!(args.duration_secs > 0.0, "--duration-secs must be positive");
     anyhow::ensure!(
         !args.descriptor_keys.is_empty(),
@@ -373,10 +384,12 @@ async fn main() -> anyhow::Result<()> {
     let mut phases = Vec::new();
     if !args.no_ceiling {
         let noop = start_noop().await?;
-        phases.push(run_phase("noop", &noop.to_string(), &args).await?);
+        // As many connections as the target phase opens, all to the one no-op server.
+        let noops = vec![noop.to_string(); args.target.len().max(1)];
+        phases.push(run_phase("noop", &noops, &args).await?);
     }
-    if let Some(target) = args.target.clone() {
-        phases.push(run_phase("target", &target, &args).await?);
+    if !args.target.is_empty() {
+        phases.push(run_phase("target", &args.target.clone(), &args).await?);
     }
     anyhow::ensure!(
         !phases.is_empty(),
@@ -389,6 +402,7 @@ async fn main() -> anyhow::Result<()> {
     };
     if args.json {
         let report = serde_json::json!({
+            "targets": args.target,
             "concurrency": args.concurrency,
             "connections": args.connections,
             "duration_secs": args.duration_secs,
