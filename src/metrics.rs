@@ -266,7 +266,11 @@ fn cached<V>(map: &RwLock<HashMap<String, Arc<V>>>, key: &str, make: impl FnOnce
     }
     drop(read);
     let mut write = map.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-    Arc::clone(write.entry(key.to_owned()).or_insert_with(|| Arc::new(make())))
+    Arc::clone(
+        write
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(make())),
+    )
 }
 
 impl Observer {
@@ -325,9 +329,9 @@ impl Observer {
         let handles = cached(&self.handles, domain, DomainHandles::default);
         let code_index = usize::from(decision.overall != crate::decision::Code::Ok);
         handles.requests[code_index]
-            .get_or_init(|| {
-                metrics::counter!(REQUESTS_TOTAL, "domain" => domain.to_owned(), "code" => code)
-            })
+            .get_or_init(
+                || metrics::counter!(REQUESTS_TOTAL, "domain" => domain.to_owned(), "code" => code),
+            )
             .increment(1);
         if decision.hits > 0 {
             handles
@@ -569,7 +573,9 @@ impl ObservedLimiter {
     ) -> Result<BatchOutcome, LimiterError> {
         let backend = self.inner.backend();
         self.call_duration
-            .get_or_init(|| metrics::histogram!(BACKEND_CALL_DURATION_SECONDS, "backend" => backend))
+            .get_or_init(
+                || metrics::histogram!(BACKEND_CALL_DURATION_SECONDS, "backend" => backend),
+            )
             .record(started.elapsed().as_secs_f64());
         if let Err(err) = &result {
             let kind = match err {

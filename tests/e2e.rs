@@ -766,6 +766,9 @@ async fn sixty_four_concurrent_callers_on_one_key_admit_exactly_the_limit() {
                 admitted += 1;
             }
         }
-        assert_eq!(admitted, 10, "64 concurrent calls against a limit of 10 per hour");
+        assert_eq!(
+            admitted, 10,
+            "64 concurrent calls against a limit of 10 per hour"
+        );
     }
 }

@@ -51,6 +51,10 @@ struct Args {
     /// Distinct values per descriptor key.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
+    /// Descriptor values are this prefix and a number below `--keys` (a fresh prefix gives
+    /// fresh limiter keys, e.g. for an exactness check after other runs).
+    #[arg(long, default_value = "v")]
+    value_prefix: String,
     /// Descriptor keys, one descriptor per key per request (e.g. `endpoint,user`).
     #[arg(long, value_delimiter = ',', default_value = "user")]
     descriptor_keys: Vec<String>,
@@ -206,7 +210,11 @@ fn build_request(args: &Args, rng: &mut u64) -> RateLimitRequest {
             .map(|key| RateLimitDescriptor {
                 entries: vec![Entry {
                     key: key.clone(),
-                    value: format!("v{}", next_random(rng) % args.keys.max(1)),
+                    value: format!(
+                        "{}{}",
+                        args.value_prefix,
+                        next_random(rng) % args.keys.max(1)
+                    ),
                 }],
                 ..Default::default()
             })
