@@ -84,11 +84,19 @@ start_sluice() { # [redis url] -> sets SLUICE_PORT SLUICE_PID
   wait_port "$SLUICE_PORT"
 }
 
+redis_commands() { # commands Redis has processed so far (the INFO call itself included)
+  redis-cli -p "$REDIS_PORT" INFO stats | tr -d '\r' | sed -n 's/^total_commands_processed://p'
+}
+
 bench() { # name, then sluice-bench arguments; B_CONC / B_CONNS override the defaults
   local name="$1"; shift
   echo "== $name" >&2
+  local before; before="$(redis_commands)"
   "$BIN/sluice-bench" --duration-secs "$SECS" --concurrency "${B_CONC:-$CONC}" \
     --connections "${B_CONNS:-$CONNS}" --json "$@" >"$OUT/$name.json"
+  # Redis commands during the target phase and the no-op one (readiness PINGs, 1/s per instance,
+  # and this INFO included): the round trips per decision.
+  echo "$(( $(redis_commands) - before ))" >"$OUT/$name.redis-commands"
 }
 
 echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //')" >&2
@@ -186,8 +194,8 @@ def fmt(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 rows = ["admit-heavy", "admit-heavy-half-open-loop", "two-descriptors", "flood", "memory",
         "three-instances", "redis-evalsha-P1", "redis-evalsha-P16"]
-print("| scenario | decisions/s | no-op/s | ratio | p50 ms | p90 ms | p99 ms | p99.9 ms | CPU µs per decision |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+print("| scenario | decisions/s | no-op/s | ratio | p50 ms | p90 ms | p99 ms | p99.9 ms | Redis cmds per decision | CPU µs per decision |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 rate = {}
 cpu_sluice = {}
 for name in rows:
@@ -202,15 +210,26 @@ for name in rows:
     ratio = t["decisions_per_sec"] / noop["decisions_per_sec"] if noop else None
     if t.get("errors"):
         cpus += f" ({t['errors']} errors)"
+    cmds_file = os.path.join(out, name + ".redis-commands")
+    cmds = None
+    if os.path.exists(cmds_file) and "redis-server" in t["cpu_secs"]:
+        cmds = int(open(cmds_file).read()) / n
     print(f"| {name} | {t['decisions_per_sec']:.0f} | {fmt(noop and noop['decisions_per_sec'], '.0f')} | {fmt(ratio)} "
-          f"| {fmt(t['p50_ms'], '.3f')} | {fmt(t['p90_ms'], '.3f')} | {fmt(t['p99_ms'], '.3f')} | {fmt(t['p999_ms'], '.3f')} | {cpus} |")
+          f"| {fmt(t['p50_ms'], '.3f')} | {fmt(t['p90_ms'], '.3f')} | {fmt(t['p99_ms'], '.3f')} | {fmt(t['p999_ms'], '.3f')} | {fmt(cmds)} | {cpus} |")
 print()
 ok = True
 for name in ["exactness-one-instance", "exactness-three-instances"]:
     t = load(name)["phases"][0]
-    good = t["ok"] == 10 and t["over_limit"] == 54 and t["errors"] == 0
-    ok &= good
-    print(f"{name}: 64 concurrent callers, one key, limit 10: admitted {t['ok']}, rejected {t['over_limit']}, errors {t['errors']} -> {'EXACT' if good else 'NOT EXACT'}")
+    # A call that missed sluice's 10 ms backend deadline is an error, and its script may still
+    # have run: then fewer than 10 are admitted. Only admitting more than 10 is a failure.
+    if t["ok"] == 10 and t["over_limit"] == 54 and t["errors"] == 0:
+        verdict = "EXACT"
+    elif t["ok"] <= 10 and t["ok"] + t["errors"] >= 10:
+        verdict = "no over-admission, but some calls missed the deadline (not a clean run)"
+    else:
+        verdict = "NOT EXACT"
+        ok = False
+    print(f"{name}: 64 concurrent callers, one key, limit 10: admitted {t['ok']}, rejected {t['over_limit']}, errors {t['errors']} -> {verdict}")
 def ratio(name):
     p = {x["name"]: x for x in load(name)["phases"]}
     return p["target"]["decisions_per_sec"] / p["noop"]["decisions_per_sec"]

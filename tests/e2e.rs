@@ -737,9 +737,11 @@ fn bench_harness_smoke_run() {
 async fn sixty_four_concurrent_callers_on_one_key_admit_exactly_the_limit() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/limits");
     let redis = RedisServer::start();
+    // A generous deadline: a loaded test machine must not turn a slow call into an error here.
+    let slow_ok = ["--backend-timeout-ms", "2000"];
     for sluice in [
-        Sluice::start(&config, Some(&redis.url())),
-        Sluice::start(&config, None),
+        Sluice::start_with(&config, Some(&redis.url()), &slow_ok),
+        Sluice::start_with(&config, None, &slow_ok),
     ] {
         let mut clients = Vec::new();
         for _ in 0..4 {
