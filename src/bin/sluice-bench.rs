@@ -173,7 +173,16 @@ impl RateLimitService for Noop {
 async fn start_noop() -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // TCP_NODELAY as sluice's own server sets it: without it Nagle's algorithm holds small
+    // responses back and the "ceiling" measures the stall, not the generator.
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |conn| {
+            conn.inspect(|stream| {
+                let _ = stream.set_nodelay(true);
+            })
+        },
+    );
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RateLimitServiceServer::new(Noop))
