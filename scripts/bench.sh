@@ -116,9 +116,10 @@ bench admit-heavy --target "127.0.0.1:$S1_PORT" --keys 10000 --descriptor-keys u
 MAX_RATE="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["phases"][1]["decisions_per_sec"])' "$OUT/admit-heavy.json")"
 HALF_RATE="$(python3 -c 'import sys; print(round(float(sys.argv[1]) / 2))' "$MAX_RATE")"
 # The same, open loop at half that rate (latency counted from the scheduled instant). A high
-# in-flight cap, so a stall shows as latency instead of refused requests.
+# in-flight cap, so a stall shows as latency instead of refused requests. The no-op phase runs
+# at the same rate: its percentiles are the generator's own (timer granularity included).
 B_CONC=1024 bench admit-heavy-half-open-loop --target "127.0.0.1:$S1_PORT" --keys 10000 \
-  --descriptor-keys user --rate "$HALF_RATE" --no-ceiling \
+  --descriptor-keys user --rate "$HALF_RATE" \
   --pid "sluice=$S1_PID" --pid "redis-server=$REDIS_PID"
 
 # (b) two descriptors per request (endpoint + user): still one EVALSHA per decision.
@@ -244,7 +245,8 @@ checks = [
     ("flood >= 1.5x admit-heavy", rate["flood"] >= 1.5 * rate["admit-heavy"], f"{rate['flood'] / rate['admit-heavy']:.2f}x, redis-server {redis_flood:.2f} µs per decision"),
     ("sluice CPU <= 25 µs per decision (admit-heavy)", cpu_sluice["admit-heavy"] <= 25, f"{cpu_sluice['admit-heavy']:.1f} µs"),
     ("p99 <= 5 ms at admit-heavy max", load("admit-heavy")["phases"][1]["p99_ms"] <= 5, f"{load('admit-heavy')['phases'][1]['p99_ms']:.2f} ms"),
-    ("p99 <= 2 ms at half (open loop)", load("admit-heavy-half-open-loop")["phases"][0]["p99_ms"] <= 2, f"{load('admit-heavy-half-open-loop')['phases'][0]['p99_ms']:.2f} ms"),
+    ("p99 <= 2 ms at half (open loop)", load("admit-heavy-half-open-loop")["phases"][1]["p99_ms"] <= 2,
+     f"{load('admit-heavy-half-open-loop')['phases'][1]['p99_ms']:.2f} ms; the no-op server at the same rate: {load('admit-heavy-half-open-loop')['phases'][0]['p99_ms']:.2f} ms"),
 ]
 print()
 if smoke:
