@@ -97,13 +97,22 @@ bench() { # name, then sluice-bench arguments; B_CONC / B_CONNS override the def
   echo "== $name" >&2
   local before; before="$(redis_commands)"
   "$BIN/sluice-bench" --duration-secs "$SECS" --concurrency "${B_CONC:-$CONC}" \
-    --connections "${B_CONNS:-$CONNS}" --json "$@" >"$OUT/$name.json"
+    --connections "${B_CONNS:-$CONNS}" --ceiling "127.0.0.1:$NOOP_PORT" --pid "noop=$NOOP_PID" \
+    --json "$@" >"$OUT/$name.json"
   # EVALSHA round trips per decision (the no-op phase sends none; a NOSCRIPT retry would add one).
   echo "$(( $(redis_commands) - before ))" >"$OUT/$name.redis-commands"
 }
 
 echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //')" >&2
 uptime >"$OUT/uptime-before.txt"
+
+# The no-op ceiling runs as a process of its own, as sluice does (same tonic server, same
+# runtime shape), so the ratio compares like with like.
+NOOP_PORT="$(free_port)"
+"$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
+NOOP_PID=$!
+PIDS+=("$NOOP_PID")
+wait_port "$NOOP_PORT"
 
 start_redis
 REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
@@ -202,6 +211,7 @@ print("| scenario | decisions/s | no-op/s | ratio | p50 ms | p90 ms | p99 ms | p
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 rate = {}
 cpu_sluice = {}
+ceiling_cpu = {}
 for name in rows:
     report = load(name)
     phases = {p["name"]: p for p in report["phases"]}
@@ -209,7 +219,10 @@ for name in rows:
     noop = phases.get("noop")
     n = max(t["requests"], 1)
     rate[name] = t["decisions_per_sec"]
-    cpus = ", ".join(f"{k} {v * 1e6 / n:.1f}" for k, v in sorted(t["cpu_secs"].items()))
+    cpus = ", ".join(f"{k} {v * 1e6 / n:.1f}" for k, v in sorted(t["cpu_secs"].items()) if k != "noop")
+    if noop and "noop" in noop["cpu_secs"]:
+        nn = max(noop["requests"], 1)
+        ceiling_cpu[name] = f"no-op server {noop['cpu_secs']['noop'] * 1e6 / nn:.1f}, sluice-bench {noop['cpu_secs']['sluice-bench'] * 1e6 / nn:.1f}"
     cpu_sluice[name] = sum(v for k, v in t["cpu_secs"].items() if k.startswith("sluice") and k != "sluice-bench") * 1e6 / n
     ratio = t["decisions_per_sec"] / noop["decisions_per_sec"] if noop else None
     if t.get("errors"):
@@ -220,6 +233,9 @@ for name in rows:
         cmds = int(open(cmds_file).read()) / n
     print(f"| {name} | {t['decisions_per_sec']:.0f} | {fmt(noop and noop['decisions_per_sec'], '.0f')} | {fmt(ratio)} "
           f"| {fmt(t['p50_ms'], '.3f')} | {fmt(t['p90_ms'], '.3f')} | {fmt(t['p99_ms'], '.3f')} | {fmt(t['p999_ms'], '.3f')} | {fmt(cmds)} | {cpus} |")
+print()
+for name, text in ceiling_cpu.items():
+    print(f"no-op phase of {name}: CPU µs per request: {text}")
 print()
 ok = True
 for name in ["exactness-one-instance", "exactness-three-instances"]:

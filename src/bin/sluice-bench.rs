@@ -76,6 +76,14 @@ struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Measure the ceiling against this external no-op server (started with `--serve-noop`)
+    /// instead of the in-process one, so that generator and server run in separate processes
+    /// exactly as against sluice.
+    #[arg(long)]
+    ceiling: Option<String>,
+    /// Only serve the no-op RLS server on this address until killed (for `--ceiling`).
+    #[arg(long)]
+    serve_noop: Option<SocketAddr>,
     /// Print the Lua script sluice's Redis backend runs (for `redis-benchmark EVALSHA`) and exit.
     #[arg(long)]
     print_lua_script: bool,
@@ -170,8 +178,8 @@ impl RateLimitService for Noop {
     }
 }
 
-async fn start_noop() -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+async fn start_noop(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
     // TCP_NODELAY as sluice's own server sets it: without it Nagle's algorithm holds small
     // responses back and the "ceiling" measures the stall, not the generator.
@@ -390,6 +398,11 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", sluice::limiter::redis::script::SCRIPT);
         return Ok(());
     }
+    if let Some(addr) = args.serve_noop {
+        let bound = start_noop(addr).await?;
+        eprintln!("no-op RLS server on {bound}");
+        return std::future::pending().await;
+    }
     anyhow::ensure!(args.duration_secs > 0.0, "--duration-secs must be positive");
     anyhow::ensure!(
         !args.descriptor_keys.is_empty(),
@@ -400,9 +413,14 @@ async fn main() -> anyhow::Result<()> {
 
     let mut phases = Vec::new();
     if !args.no_ceiling {
-        let noop = start_noop().await?;
+        let noop = match &args.ceiling {
+            Some(external) => external.clone(),
+            None => start_noop(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .await?
+                .to_string(),
+        };
         // As many connections as the target phase opens, all to the one no-op server.
-        let noops = vec![noop.to_string(); args.target.len().max(1)];
+        let noops = vec![noop; args.target.len().max(1)];
         phases.push(run_phase("noop", &noops, &args).await?);
     }
     if !args.target.is_empty() {
@@ -420,6 +438,7 @@ async fn main() -> anyhow::Result<()> {
     if args.json {
         let report = serde_json::json!({
             "targets": args.target,
+            "ceiling": args.ceiling.as_deref().unwrap_or("in-process"),
             "concurrency": args.concurrency,
             "connections": args.connections,
             "duration_secs": args.duration_secs,
