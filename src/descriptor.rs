@@ -78,31 +78,32 @@ pub fn limiter_key_tagged(
     window_ms: u64,
     tag: &str,
 ) -> String {
-    let mut body = String::with_capacity(64);
-    escape_into(&mut body, domain);
-    for entry in entries {
-        body.push('|');
-        escape_into(&mut body, &entry.key);
-        body.push('=');
-        escape_into(&mut body, &entry.value);
-    }
-    let _ = write!(body, "|{window_ms}");
-    if !tag.is_empty() {
-        body.push('|');
-        escape_into(&mut body, tag);
-    }
-
-    let mut key = String::with_capacity(prefix.len() + 2 + MAX_BODY_LEN.min(body.len()) + 2);
+    // One allocation: the body is escaped in place after `prefix{`, and replaced by its digest
+    // when it turns out long.
+    let mut key = String::with_capacity(prefix.len() + 64);
     key.push_str(prefix);
     key.push('{');
-    if body.len() > MAX_BODY_LEN {
+    let body = key.len();
+    escape_into(&mut key, domain);
+    for entry in entries {
+        key.push('|');
+        escape_into(&mut key, &entry.key);
+        key.push('=');
+        escape_into(&mut key, &entry.value);
+    }
+    let _ = write!(key, "|{window_ms}");
+    if !tag.is_empty() {
+        key.push('|');
+        escape_into(&mut key, tag);
+    }
+    if key.len() - body > MAX_BODY_LEN {
         // `#` is escaped inside parts, so a digest body never equals a plain one.
+        let digest = Sha256::digest(&key.as_bytes()[body..]);
+        key.truncate(body);
         key.push('#');
-        for byte in &Sha256::digest(body.as_bytes())[..16] {
+        for byte in &digest[..16] {
             let _ = write!(key, "{byte:02x}");
         }
-    } else {
-        key.push_str(&body);
     }
     key.push('}');
     key

@@ -10,13 +10,14 @@
 //!
 //! docs/metrics.md lists every family; keep it in step with this file.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use metrics::{Counter, Histogram};
 use sha2::{Digest, Sha256};
 
 use crate::cardinality::{Observation, Snapshot, Tracker};
@@ -215,6 +216,62 @@ pub struct Observer {
     detailed: Mutex<HashSet<(String, String)>>,
     windows: Mutex<Tracker>,
     started: Instant,
+    /// Handles of the per-request series, by domain label (see [`DomainHandles`]).
+    handles: RwLock<HashMap<String, Arc<DomainHandles>>>,
+    request_duration: OnceLock<Histogram>,
+}
+
+/// Why cached handles: every `counter!(name, labels)` call builds its labels (one allocation per
+/// label value) and looks the series up in the recorder's registry; per request that was about
+/// a tenth of sluice's instructions (docs/performance.md). A handle is fetched once, through the
+/// same macro, the first time its series is used, so `/metrics` shows exactly the series it
+/// showed before. Domain labels are bounded (configured domains and `_unknown`), rule labels are
+/// config paths; `detailed_metric` labels are not cached (they have their own cap).
+#[derive(Default)]
+struct DomainHandles {
+    /// `sluice_requests_total` by code: ok, over_limit.
+    requests: [OnceLock<Counter>; 2],
+    hits: OnceLock<Counter>,
+    rules: RwLock<HashMap<String, Arc<RuleHandles>>>,
+}
+
+#[derive(Default)]
+struct RuleHandles {
+    /// `sluice_decisions_total` by [`outcome_index`].
+    decisions: [OnceLock<Counter>; OUTCOMES],
+    near_limit: OnceLock<Counter>,
+}
+
+const OUTCOMES: usize = 10;
+
+fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::NoRule => 0,
+        Outcome::Unlimited => 1,
+        Outcome::Admitted => 2,
+        Outcome::Rejected => 3,
+        Outcome::NotRecorded => 4,
+        Outcome::ShadowRejected => 5,
+        Outcome::Refunded => 6,
+        Outcome::BackendAllowed => 7,
+        Outcome::BackendDenied => 8,
+        Outcome::QuotaExhausted => 9,
+    }
+}
+
+/// The value under `key`, inserted by `make` on first use (read lock in the common case).
+fn cached<V>(map: &RwLock<HashMap<String, Arc<V>>>, key: &str, make: impl FnOnce() -> V) -> Arc<V> {
+    let read = map.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(v) = read.get(key) {
+        return Arc::clone(v);
+    }
+    drop(read);
+    let mut write = map.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    Arc::clone(
+        write
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(make())),
+    )
 }
 
 impl Observer {
@@ -229,6 +286,8 @@ impl Observer {
                 0,
             )),
             started: Instant::now(),
+            handles: RwLock::new(HashMap::new()),
+            request_duration: OnceLock::new(),
         }
     }
 
@@ -245,7 +304,9 @@ impl Observer {
         result: Result<&Decision, &DecisionError>,
         elapsed: Duration,
     ) {
-        metrics::histogram!(REQUEST_DURATION_SECONDS).record(elapsed.as_secs_f64());
+        self.request_duration
+            .get_or_init(|| metrics::histogram!(REQUEST_DURATION_SECONDS))
+            .record(elapsed.as_secs_f64());
         let decision = match result {
             Ok(d) => d,
             Err(err) => {
@@ -266,36 +327,67 @@ impl Observer {
             crate::decision::Code::Ok => "ok",
             crate::decision::Code::OverLimit => "over_limit",
         };
-        metrics::counter!(REQUESTS_TOTAL, "domain" => domain.to_owned(), "code" => code)
+        let handles = cached(&self.handles, domain, DomainHandles::default);
+        let code_index = usize::from(decision.overall != crate::decision::Code::Ok);
+        handles.requests[code_index]
+            .get_or_init(
+                || metrics::counter!(REQUESTS_TOTAL, "domain" => domain.to_owned(), "code" => code),
+            )
             .increment(1);
         if decision.hits > 0 {
-            metrics::counter!(HITS_TOTAL, "domain" => domain.to_owned()).increment(decision.hits);
+            handles
+                .hits
+                .get_or_init(|| metrics::counter!(HITS_TOTAL, "domain" => domain.to_owned()))
+                .increment(decision.hits);
         }
         let now = self.now_ms();
         // Verdicts are in descriptor order (the engine keeps one per descriptor).
         for (verdict, descriptor) in decision.verdicts.iter().zip(&request.descriptors) {
             let path = verdict.rule.as_deref().unwrap_or_default();
-            let rule = if verdict.detailed_metric {
-                self.detailed_label(domain, path, &descriptor.entries)
+            let near_limit = verdict.outcome == Outcome::Admitted
+                && verdict.limit.as_ref().is_some_and(|limit| {
+                    verdict.window_count > near_limit_threshold(limit.requests_per_unit, self)
+                });
+            if verdict.detailed_metric {
+                let rule = self.detailed_label(domain, path, &descriptor.entries);
+                metrics::counter!(
+                    DECISIONS_TOTAL,
+                    "domain" => domain.to_owned(),
+                    "rule" => rule.clone(),
+                    "outcome" => verdict.outcome.as_str()
+                )
+                .increment(1);
+                if near_limit {
+                    metrics::counter!(NEAR_LIMIT_TOTAL, "domain" => domain.to_owned(), "rule" => rule)
+                        .increment(1);
+                }
             } else {
-                path.to_owned()
-            };
-            metrics::counter!(
-                DECISIONS_TOTAL,
-                "domain" => domain.to_owned(),
-                "rule" => rule.clone(),
-                "outcome" => verdict.outcome.as_str()
-            )
-            .increment(1);
+                let rule = cached(&handles.rules, path, RuleHandles::default);
+                rule.decisions[outcome_index(verdict.outcome)]
+                    .get_or_init(|| {
+                        metrics::counter!(
+                            DECISIONS_TOTAL,
+                            "domain" => domain.to_owned(),
+                            "rule" => path.to_owned(),
+                            "outcome" => verdict.outcome.as_str()
+                        )
+                    })
+                    .increment(1);
+                if near_limit {
+                    rule.near_limit
+                        .get_or_init(|| {
+                            metrics::counter!(
+                                NEAR_LIMIT_TOTAL,
+                                "domain" => domain.to_owned(),
+                                "rule" => path.to_owned()
+                            )
+                        })
+                        .increment(1);
+                }
+            }
             let Some(limit) = &verdict.limit else {
                 continue;
             };
-            if verdict.outcome == Outcome::Admitted
-                && verdict.window_count > near_limit_threshold(limit.requests_per_unit, self)
-            {
-                metrics::counter!(NEAR_LIMIT_TOTAL, "domain" => domain.to_owned(), "rule" => rule)
-                    .increment(1);
-            }
             let window_ms = limit.window_ms;
             let Some(key) = verdict.key.as_deref() else {
                 continue;
@@ -463,11 +555,16 @@ fn render_hot_keys(snapshot: &Snapshot) -> String {
 /// itself never touches the metrics library.
 pub struct ObservedLimiter {
     inner: Arc<dyn Limiter>,
+    /// The call-time histogram's handle, fetched on first use (see [`DomainHandles`]).
+    call_duration: OnceLock<Histogram>,
 }
 
 impl ObservedLimiter {
     pub fn new(inner: Arc<dyn Limiter>) -> Self {
-        ObservedLimiter { inner }
+        ObservedLimiter {
+            inner,
+            call_duration: OnceLock::new(),
+        }
     }
 
     fn observe(
@@ -476,7 +573,10 @@ impl ObservedLimiter {
         result: Result<BatchOutcome, LimiterError>,
     ) -> Result<BatchOutcome, LimiterError> {
         let backend = self.inner.backend();
-        metrics::histogram!(BACKEND_CALL_DURATION_SECONDS, "backend" => backend)
+        self.call_duration
+            .get_or_init(
+                || metrics::histogram!(BACKEND_CALL_DURATION_SECONDS, "backend" => backend),
+            )
             .record(started.elapsed().as_secs_f64());
         if let Err(err) = &result {
             let kind = match err {

@@ -698,3 +698,47 @@ fn bench_harness_smoke_run() {
     );
     assert!(report["target_to_noop_ratio"].as_f64().unwrap() > 0.0);
 }
+
+/// Issue 7's exactness target, through the whole gRPC path: 64 concurrent callers on one key
+/// with a limit of 10 (benches/limits `flood`) admit exactly 10, on Redis and in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_callers_on_one_key_admit_exactly_the_limit() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/limits");
+    let redis = RedisServer::start();
+    // A generous deadline: a loaded test machine must not turn a slow call into an error here.
+    let slow_ok = ["--backend-timeout-ms", "2000"];
+    for sluice in [
+        Sluice::start_with(&config, Some(&redis.url()), &slow_ok),
+        Sluice::start_with(&config, None, &slow_ok),
+    ] {
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            clients.push(sluice.client().await);
+        }
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let mut client = clients[i % clients.len()].clone();
+            let start = start.clone();
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                client
+                    .should_rate_limit(request("bench", vec![descriptor(&[("flood", "v0")])]))
+                    .await
+                    .expect("call")
+                    .into_inner()
+                    .overall_code
+            }));
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            if task.await.unwrap() == Code::Ok as i32 {
+                admitted += 1;
+            }
+        }
+        assert_eq!(
+            admitted, 10,
+            "64 concurrent calls against a limit of 10 per hour"
+        );
+    }
+}

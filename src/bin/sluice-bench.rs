@@ -31,8 +31,11 @@ use tonic::transport::Channel;
 )]
 struct Args {
     /// gRPC address of the server under test (host:port). Without it only the no-op ceiling runs.
-    #[arg(long)]
-    target: Option<String>,
+    /// Several (comma-separated or repeated) spread the connections over them round-robin, so
+    /// one generator drives several instances at once (the no-op phase then uses as many
+    /// connections, all to the one no-op server).
+    #[arg(long, value_delimiter = ',')]
+    target: Vec<String>,
     /// Concurrent callers (closed loop) or the cap on requests in flight (open loop).
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -48,6 +51,10 @@ struct Args {
     /// Distinct values per descriptor key.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
+    /// Descriptor values are this prefix and a number below `--keys` (a fresh prefix gives
+    /// fresh limiter keys, e.g. for an exactness check after other runs).
+    #[arg(long, default_value = "v")]
+    value_prefix: String,
     /// Descriptor keys, one descriptor per key per request (e.g. `endpoint,user`).
     #[arg(long, value_delimiter = ',', default_value = "user")]
     descriptor_keys: Vec<String>,
@@ -69,6 +76,17 @@ struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Measure the ceiling against this external no-op server (started with `--serve-noop`)
+    /// instead of the in-process one, so that generator and server run in separate processes
+    /// exactly as against sluice.
+    #[arg(long)]
+    ceiling: Option<String>,
+    /// Only serve the no-op RLS server on this address until killed (for `--ceiling`).
+    #[arg(long)]
+    serve_noop: Option<SocketAddr>,
+    /// Print the Lua script sluice's Redis backend runs (for `redis-benchmark EVALSHA`) and exit.
+    #[arg(long)]
+    print_lua_script: bool,
 }
 
 fn parse_pid(s: &str) -> Result<(String, u32), String> {
@@ -160,10 +178,19 @@ impl RateLimitService for Noop {
     }
 }
 
-async fn start_noop() -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+async fn start_noop(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // TCP_NODELAY as sluice's own server sets it: without it Nagle's algorithm holds small
+    // responses back and the "ceiling" measures the stall, not the generator.
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |conn| {
+            conn.inspect(|stream| {
+                let _ = stream.set_nodelay(true);
+            })
+        },
+    );
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RateLimitServiceServer::new(Noop))
@@ -200,7 +227,11 @@ fn build_request(args: &Args, rng: &mut u64) -> RateLimitRequest {
             .map(|key| RateLimitDescriptor {
                 entries: vec![Entry {
                     key: key.clone(),
-                    value: format!("v{}", next_random(rng) % args.keys.max(1)),
+                    value: format!(
+                        "{}{}",
+                        args.value_prefix,
+                        next_random(rng) % args.keys.max(1)
+                    ),
                 }],
                 ..Default::default()
             })
@@ -229,9 +260,10 @@ impl Counters {
     }
 }
 
-async fn run_phase(name: &str, addr: &str, args: &Args) -> anyhow::Result<Phase> {
+async fn run_phase(name: &str, addrs: &[String], args: &Args) -> anyhow::Result<Phase> {
     let mut clients = Vec::new();
-    for _ in 0..args.connections.max(1) {
+    for i in 0..args.connections.max(addrs.len()).max(1) {
+        let addr = &addrs[i % addrs.len()];
         let channel = Channel::from_shared(format!("http://{addr}"))?
             .tcp_nodelay(true)
             .connect()
@@ -362,6 +394,15 @@ fn new_histogram() -> anyhow::Result<Histogram<u64>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    if args.print_lua_script {
+        print!("{}", sluice::limiter::redis::script::SCRIPT);
+        return Ok(());
+    }
+    if let Some(addr) = args.serve_noop {
+        let bound = start_noop(addr).await?;
+        eprintln!("no-op RLS server on {bound}");
+        return std::future::pending().await;
+    }
     anyhow::ensure!(args.duration_secs > 0.0, "--duration-secs must be positive");
     anyhow::ensure!(
         !args.descriptor_keys.is_empty(),
@@ -372,11 +413,18 @@ async fn main() -> anyhow::Result<()> {
 
     let mut phases = Vec::new();
     if !args.no_ceiling {
-        let noop = start_noop().await?;
-        phases.push(run_phase("noop", &noop.to_string(), &args).await?);
+        let noop = match &args.ceiling {
+            Some(external) => external.clone(),
+            None => start_noop(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .await?
+                .to_string(),
+        };
+        // As many connections as the target phase opens, all to the one no-op server.
+        let noops = vec![noop; args.target.len().max(1)];
+        phases.push(run_phase("noop", &noops, &args).await?);
     }
-    if let Some(target) = args.target.clone() {
-        phases.push(run_phase("target", &target, &args).await?);
+    if !args.target.is_empty() {
+        phases.push(run_phase("target", &args.target.clone(), &args).await?);
     }
     anyhow::ensure!(
         !phases.is_empty(),
@@ -389,6 +437,8 @@ async fn main() -> anyhow::Result<()> {
     };
     if args.json {
         let report = serde_json::json!({
+            "targets": args.target,
+            "ceiling": args.ceiling.as_deref().unwrap_or("in-process"),
             "concurrency": args.concurrency,
             "connections": args.connections,
             "duration_secs": args.duration_secs,

@@ -6,12 +6,13 @@
 //! ever-growing queue of calls waiting on it.
 //!
 //! How: each call takes a permit from a semaphore of `max_in_flight` permits without waiting
-//! (none free: fail fast with [`LimiterError::Overloaded`]), runs the backend call in its own task
-//! that keeps the permit until the backend call itself ends, and waits for it at most
-//! `deadline`. A caller that gives up does not free the permit: the abandoned call still
-//! occupies the backend connection (its request may already be on the wire and will be answered
-//! or time out there, see `RESPONSE_TIMEOUT` of the Redis backend), so the bound covers every
-//! call the backend still owes an answer, not just the ones someone is waiting for.
+//! (none free: fail fast with [`LimiterError::Overloaded`]), runs the backend call in the caller's
+//! task for at most `deadline`, and, if the caller stops waiting (deadline, or the caller was
+//! dropped), hands the rest of the call to a task of its own that keeps the permit until the
+//! backend call itself ends. A caller that gives up does not free the permit: the abandoned call
+//! still occupies the backend connection (its request may already be on the wire and will be
+//! answered or time out there, see `RESPONSE_TIMEOUT` of the Redis backend), so the bound covers
+//! every call the backend still owes an answer, not just the ones someone is waiting for.
 //!
 //! A call that timed out may still have been executed by the backend (the script ran, the reply
 //! was late): the caller reports an error, so at worst the hits were recorded for a request the
@@ -59,18 +60,63 @@ impl Guarded {
         let permit = Arc::clone(&self.permits)
             .try_acquire_owned()
             .map_err(|_| LimiterError::Overloaded)?;
-        let work = call(Arc::clone(&self.inner));
-        let task = tokio::spawn(async move {
-            let result = work.await;
-            drop(permit);
-            result
-        });
-        match tokio::time::timeout(self.deadline, task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(LimiterError::Unavailable(format!(
-                "backend call failed: {join}"
-            ))),
+        // The call runs in the caller's task (no spawn, no extra task hop per decision); only a
+        // call the caller stops waiting for (deadline, or the caller itself dropped) is handed
+        // to a task of its own, which keeps the permit until the backend call really ends.
+        let call = Detachable {
+            work: Some(Box::pin(call(Arc::clone(&self.inner)))),
+            permit: Some(permit),
+        };
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(result) => result,
             Err(_) => Err(LimiterError::Timeout(self.deadline.as_millis() as u64)),
+        }
+    }
+}
+
+/// A backend call and its permit. Polled to completion, it releases the permit when the call
+/// ends; dropped before that, it spawns the rest of the call with the permit, so an abandoned
+/// call still counts against `max_in_flight` until the backend answers (or its own timeout).
+struct Detachable<Fut: Future<Output = Result<BatchOutcome, LimiterError>> + Send + 'static> {
+    work: Option<std::pin::Pin<Box<Fut>>>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl<Fut> Future for Detachable<Fut>
+where
+    Fut: Future<Output = Result<BatchOutcome, LimiterError>> + Send + 'static,
+{
+    type Output = Result<BatchOutcome, LimiterError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(work) = self.work.as_mut() else {
+            return std::task::Poll::Ready(Err(LimiterError::Unavailable(
+                "backend call polled after completion".into(),
+            )));
+        };
+        let result = std::task::ready!(work.as_mut().poll(cx));
+        self.work = None;
+        self.permit = None;
+        std::task::Poll::Ready(result)
+    }
+}
+
+impl<Fut> Drop for Detachable<Fut>
+where
+    Fut: Future<Output = Result<BatchOutcome, LimiterError>> + Send + 'static,
+{
+    fn drop(&mut self) {
+        if let (Some(work), Some(permit)) = (self.work.take(), self.permit.take()) {
+            // Outside a runtime (never in sluice) the call is dropped and the permit freed.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = work.await;
+                    drop(permit);
+                });
+            }
         }
     }
 }
@@ -137,6 +183,27 @@ mod tests {
             kind: HitKind::Consume,
             algorithm: crate::limiter::Algorithm::SlidingLog,
         }]
+    }
+
+    #[tokio::test]
+    async fn a_dropped_caller_keeps_its_permit_until_the_backend_answers() {
+        let hung = Arc::new(Hung(tokio::sync::Notify::new()));
+        let g = Guarded::new(hung.clone(), Duration::from_secs(60), 1);
+        // The caller gives up on its own (e.g. the gRPC call was cancelled): the call is dropped.
+        let abandoned = tokio::time::timeout(Duration::from_millis(5), g.decide(&batch())).await;
+        assert!(abandoned.is_err());
+        match g.decide(&batch()).await {
+            Err(LimiterError::Overloaded) => {}
+            other => panic!("expected overload while the abandoned call runs, got {other:?}"),
+        }
+        hung.0.notify_waiters();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The permit is back: the next call takes it and waits on the backend.
+        let waiting = tokio::time::timeout(Duration::from_millis(20), g.decide(&batch())).await;
+        assert!(
+            waiting.is_err(),
+            "expected the call to wait, got {waiting:?}"
+        );
     }
 
     #[tokio::test]
