@@ -359,6 +359,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sluice::metrics::record_config_loaded(&args.config, &config, unix_now);
     sluice::metrics::describe_backend();
 
+    let shutdown = shutdown_signal()?;
     let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
         .with_context(|| format!("binding gRPC address {}", args.grpc_addr))?;
@@ -396,7 +397,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.shadow_mode {
         tracing::warn!("global shadow mode: every request is answered OK overall");
     }
-    run(settings, grpc, admin, shutdown_signal()).await?;
+    run(settings, grpc, admin, shutdown).await?;
     Ok(())
 }
 
@@ -426,25 +427,27 @@ fn shared_backend(backend: Arc<dyn Limiter>, args: &ServeArgs) -> Arc<dyn Limite
     ))
 }
 
-/// Resolves on SIGTERM (Kubernetes) or ctrl-c.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers the SIGTERM (Kubernetes) and SIGINT handlers now, and returns a future that
+/// resolves on either. Registering before the listeners are announced matters: a signal that
+/// arrived before a lazily registered handler would kill the process instead of draining it.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("registering SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("registering SIGINT")?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
 
