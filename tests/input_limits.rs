@@ -14,7 +14,7 @@ use common::RedisServer;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice_process::{descriptor, request, Sluice};
+use sluice_process::{descriptor, http_request, request, Sluice};
 
 fn limits() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/e2e/limits")
@@ -127,7 +127,7 @@ async fn every_limit_names_field_and_flag_and_records_nothing() {
     let body = format!(
         r#"{{"domain":"edge","descriptors":[{{"entries":[{{"key":"user","value":"victim"}}]}},{{"entries":[{{"key":"user","value":"{long_value}"}}]}}]}}"#
     );
-    let (status, text) = http_request(sluice.admin_addr, "/json", &body);
+    let (status, text) = http_request(sluice.admin_addr, "POST", "/json", &body);
     assert_eq!(status, 400, "{text}");
     assert!(
         text.contains("descriptors[1].entries[0].value: 5000 bytes exceeds --max-value-bytes 16"),
@@ -231,31 +231,4 @@ async fn huge_hits_are_answered_at_once_on_both_backends() {
             started.elapsed()
         );
     }
-}
-
-/// A plain HTTP/1.1 POST over loopback; returns (status, body).
-fn http_request(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("set timeout");
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write request");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read response");
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
