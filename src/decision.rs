@@ -349,19 +349,21 @@ impl Engine {
         validate_with(request, &self.options.limits)?;
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
-        let plans = resolve(&config, request, &self.options);
+        let mut plans = resolve(&config, request, &self.options);
 
-        let batch: Vec<Hit> = plans
-            .iter()
-            .filter_map(|p| match p {
-                Resolution::Limited { hit, stacked, .. } => {
-                    Some(std::iter::once(hit).chain(stacked.iter().map(|(_, h)| h)))
+        // The keys move into the batch (no copy); each verdict takes its key back from it, in
+        // the same order (a descriptor's limit, then its stacked limits).
+        let mut batch: Vec<Hit> = Vec::with_capacity(plans.len());
+        for plan in &mut plans {
+            if let Resolution::Limited { hit, stacked, .. } = plan {
+                for hit in std::iter::once(hit).chain(stacked.iter_mut().map(|(_, h)| h)) {
+                    batch.push(Hit {
+                        key: std::mem::take(&mut hit.key),
+                        ..*hit
+                    });
                 }
-                Resolution::Done(_) => None,
-            })
-            .flatten()
-            .cloned()
-            .collect();
+            }
+        }
         let hits = batch
             .iter()
             .filter(|h| h.kind != HitKind::Refund)
@@ -383,6 +385,7 @@ impl Engine {
         };
 
         let mut items = outcome.iter().flat_map(|o| o.items.iter());
+        let mut keys = batch.into_iter().map(|h| h.key);
         let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
         let mut verdicts = Vec::with_capacity(plans.len());
         for p in plans {
@@ -396,10 +399,11 @@ impl Engine {
                     stacked,
                 } => {
                     let mut best: Option<Verdict> = None;
-                    for (limit, hit) in std::iter::once((limit, hit)).chain(stacked) {
+                    for (limit, mut hit) in std::iter::once((limit, hit)).chain(stacked) {
                         let item = items.next().ok_or_else(|| {
                             LimiterError::Protocol("fewer outcomes than batch items".into())
                         })?;
+                        hit.key = keys.next().unwrap_or_default();
                         let verdict = self.verdict(rule, limit, hit, headers, item, admitted);
                         if best.as_ref().is_none_or(|b| tighter(&verdict, b)) {
                             best = Some(verdict);
