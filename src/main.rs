@@ -16,7 +16,7 @@ use sluice::limiter::guard::{self, Guarded};
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::cluster::ClusterLimiter;
 use sluice::limiter::redis::connect::{cluster_nodes, redact_url};
-use sluice::limiter::redis::{RedisLimiter, RedisOptions};
+use sluice::limiter::redis::{RedisLimiter, RedisOptions, DEFAULT_BATCH_MAX};
 use sluice::limiter::{Limiter, SystemClock};
 use sluice::metrics::MetricsSettings;
 use sluice::reload::ReloadSettings;
@@ -111,6 +111,10 @@ struct ServeArgs {
     /// Redis connections kept open.
     #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 8)]
     redis_pool_size: usize,
+    /// Concurrent decisions sent to Redis in one script call at most (each still decided on its
+    /// own, all-or-nothing); 1 sends one call per decision. Never waits for a batch to fill.
+    #[arg(long, env = "SLUICE_REDIS_BATCH_MAX", default_value_t = DEFAULT_BATCH_MAX)]
+    redis_batch_max: usize,
     /// Per-decision backend deadline in milliseconds (Envoy's filter gives up at 20 ms).
     #[arg(long, env = "SLUICE_BACKEND_TIMEOUT_MS", default_value_t = 10)]
     backend_timeout_ms: u64,
@@ -334,9 +338,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 tracing::info!(url = %redact_url(url), "backend: redis cluster");
                 Arc::new(limiter)
             } else {
-                let limiter = RedisLimiter::open_with(url, &options, args.redis_pool_size)
-                    .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
-                tracing::info!(url = %redact_url(url), pool = args.redis_pool_size, "backend: redis");
+                let limiter = RedisLimiter::open_batched(
+                    url,
+                    &options,
+                    args.redis_pool_size,
+                    args.redis_batch_max,
+                )
+                .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
+                tracing::info!(
+                    url = %redact_url(url),
+                    pool = args.redis_pool_size,
+                    batch_max = args.redis_batch_max,
+                    "backend: redis"
+                );
                 Arc::new(limiter)
             };
             shared_backend(limiter, &args)

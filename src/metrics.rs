@@ -49,6 +49,8 @@ pub const BACKEND_POOL_SIZE: &str = "sluice_backend_pool_size";
 pub const BACKEND_POOL_CONNECTED: &str = "sluice_backend_pool_connected";
 pub const BACKEND_IN_FLIGHT: &str = "sluice_backend_in_flight";
 pub const BACKEND_WAITING: &str = "sluice_backend_waiting";
+pub const BACKEND_SCRIPT_CALLS_TOTAL: &str = "sluice_backend_script_calls_total";
+pub const BACKEND_SCRIPT_DECISIONS_TOTAL: &str = "sluice_backend_script_decisions_total";
 pub const CONFIG_LOADS_TOTAL: &str = "sluice_config_loads_total";
 pub const CONFIG_RULES: &str = "sluice_config_rules";
 pub const CONFIG_DOMAINS: &str = "sluice_config_domains";
@@ -166,6 +168,14 @@ pub fn describe() {
     describe_gauge!(
         BACKEND_WAITING,
         "Backend calls waiting for a connection to be established"
+    );
+    describe_counter!(
+        BACKEND_SCRIPT_CALLS_TOTAL,
+        "Redis script calls sent (one carries several decisions when batched)"
+    );
+    describe_counter!(
+        BACKEND_SCRIPT_DECISIONS_TOTAL,
+        "Decisions carried by Redis script calls; divided by the calls: the mean batch"
     );
     describe_counter!(CONFIG_LOADS_TOTAL, "Config loads by result");
     describe_gauge!(CONFIG_RULES, "Limits in the config being served");
@@ -464,6 +474,8 @@ impl Observer {
             metrics::gauge!(BACKEND_POOL_CONNECTED).set(stats.connected as f64);
             metrics::gauge!(BACKEND_IN_FLIGHT).set(stats.in_flight as f64);
             metrics::gauge!(BACKEND_WAITING).set(stats.waiting as f64);
+            metrics::counter!(BACKEND_SCRIPT_CALLS_TOTAL).absolute(stats.script_calls);
+            metrics::counter!(BACKEND_SCRIPT_DECISIONS_TOTAL).absolute(stats.script_decisions);
         }
         render_hot_keys(&snapshot)
     }

@@ -568,6 +568,16 @@ conformance!(redis, async {
     (server, limiter)
 });
 
+// The same suite with every decision in a script call of its own (no batching).
+conformance!(redis_unbatched, async {
+    let server = common::RedisServer::start();
+    let limiter: Arc<dyn Limiter> = Arc::new(
+        RedisLimiter::open_batched(&server.url(), &RedisOptions::default(), 4, 1)
+            .unwrap_or_else(|e| panic!("open {}: {e}", server.url())),
+    );
+    (server, limiter)
+});
+
 conformance!(redis_cluster, async {
     let cluster = common::RedisCluster::start();
     let limiter: Arc<dyn Limiter> = Arc::new(
@@ -590,6 +600,60 @@ mod redis_only {
             .get_multiplexed_async_connection()
             .await
             .expect("raw connection")
+    }
+
+    /// Concurrent requests share script calls, and each is still decided on its own, in some
+    /// order, all-or-nothing: 400 requests of two items (one of 5 keys with limit 10, and a
+    /// shared key with limit 30) admit exactly 30, at most 10 per key, whatever the batches.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn batched_calls_decide_each_request_on_its_own() {
+        let server = common::RedisServer::start();
+        let l = Arc::new(
+            RedisLimiter::open_batched(&server.url(), &RedisOptions::default(), 1, 16)
+                .expect("open"),
+        );
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..400u64 {
+            let l = Arc::clone(&l);
+            tasks.spawn(async move {
+                let own = format!("k{}", i % 5);
+                let batch = [
+                    hit(&own, 10, 60_000, 1, HitKind::Consume),
+                    hit("shared", 30, 60_000, 1, HitKind::Consume),
+                ];
+                let out = l.decide(&batch).await.expect("decide");
+                // The outcome belongs to this request: its own items, its own counts.
+                assert_eq!(out.items.len(), 2);
+                assert_eq!(out.admitted, out.items.iter().all(|item| item.passed));
+                (i % 5, out.admitted)
+            });
+        }
+        let mut per_key = [0u64; 5];
+        while let Some(res) = tasks.join_next().await {
+            let (key, admitted) = res.expect("task");
+            per_key[key as usize] += u64::from(admitted);
+        }
+        assert_eq!(per_key.iter().sum::<u64>(), 30, "{per_key:?}");
+        assert!(per_key.iter().all(|&n| n <= 10), "{per_key:?}");
+        let mut conn = raw(&server).await;
+        let shared: u64 = conn.zcard("shared").await.expect("zcard");
+        assert_eq!(shared, 30);
+        for k in 0..5 {
+            let n: u64 = conn.zcard(format!("k{k}")).await.expect("zcard");
+            assert_eq!(n, per_key[k], "k{k}");
+        }
+        let stats = l.stats().expect("redis stats");
+        assert_eq!(stats.script_decisions, 400);
+        assert!(
+            stats.script_calls < 400,
+            "no call carried two requests: {} calls",
+            stats.script_calls
+        );
+        println!(
+            "400 requests in {} script calls (mean batch {:.1})",
+            stats.script_calls,
+            400.0 / stats.script_calls as f64
+        );
     }
 
     /// The first readiness probe opens every connection and loads the script, so the first

@@ -104,9 +104,13 @@ pub struct BackendStats {
     pub in_flight: u64,
     /// Calls waiting for a connection to be (re)established before they can be sent.
     pub waiting: u64,
+    /// Script calls sent since start, and the decisions they carried: several when concurrent
+    /// decisions were batched into one call.
+    pub script_calls: u64,
+    pub script_decisions: u64,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LimiterError {
     #[error("backend unavailable: {0}")]
     Unavailable(String),

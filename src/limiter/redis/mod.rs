@@ -16,17 +16,21 @@
 //! spaced by [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
 //! A failed decision is never retried here: the script may have run before the connection broke.
 //!
+//! Batching ([`batch`]): concurrent decisions are coalesced into one `EVALSHA` per connection,
+//! so Redis pays the script call and the socket round trip once for several decisions.
+//!
 //! Cost: the sliding log stores one member per hit, so an admitted item costs O(hits) inside the
 //! script (Redis is blocked meanwhile); the other algorithms cost O(1) per item (the quantized
 //! log O(window / quantum)). Limits, which bound the hits an item can record, must
 //! therefore stay reasonable (config validation's job); the memory backend has no such cost.
 
+mod batch;
 pub mod cluster;
 pub mod connect;
 pub mod script;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -59,15 +63,25 @@ struct Slot {
 
 /// The std mutexes here guard plain values and are never held across an await; a poisoned one
 /// still holds a valid value.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub struct RedisLimiter {
+    shared: Arc<Shared>,
+    /// One coalescing queue per slot (see [`batch`]); empty when batching is off.
+    queues: Box<[batch::Queue]>,
+    next: AtomicUsize,
+}
+
+/// What the limiter and its per-slot flush tasks share.
+pub(super) struct Shared {
     client: Client,
     slots: Box<[Slot]>,
-    next: AtomicUsize,
     script: Script,
+    /// Script calls sent, and the decisions they carried (their ratio is the mean batch).
+    script_calls: AtomicU64,
+    script_decisions: AtomicU64,
     script_loads: AtomicU64,
     in_flight: AtomicU64,
     waiting: AtomicU64,
@@ -96,11 +110,16 @@ impl Drop for Gauge<'_> {
 impl std::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("addr", &self.client.get_connection_info().addr())
-            .field("connections", &self.slots.len())
+            .field("addr", &self.shared.client.get_connection_info().addr())
+            .field("connections", &self.shared.slots.len())
+            .field("batching", &!self.queues.is_empty())
             .finish_non_exhaustive()
     }
 }
+
+/// Requests coalesced into one script call at most, by default: enough to amortize the call
+/// (measured: docs/performance.md), small enough that one call stays short inside Redis.
+pub const DEFAULT_BATCH_MAX: usize = 16;
 
 impl RedisLimiter {
     /// Opens `pool_size` (at least 1) connections to `url` and fails if Redis is unreachable.
@@ -115,8 +134,8 @@ impl RedisLimiter {
         pool_size: usize,
     ) -> Result<Self, LimiterError> {
         let limiter = Self::open_with(url, options, pool_size)?;
-        for slot in limiter.slots.iter() {
-            limiter.connection(slot).await?;
+        for slot in limiter.shared.slots.iter() {
+            limiter.shared.connection(slot).await?;
         }
         Ok(limiter)
     }
@@ -127,24 +146,118 @@ impl RedisLimiter {
         Self::open_with(url, &RedisOptions::default(), pool_size)
     }
 
-    /// [`RedisLimiter::open`] with TLS and credential options.
+    /// [`RedisLimiter::open`] with TLS and credential options, batching up to
+    /// [`DEFAULT_BATCH_MAX`] requests per script call.
     pub fn open_with(
         url: &str,
         options: &RedisOptions,
         pool_size: usize,
     ) -> Result<Self, LimiterError> {
+        Self::open_batched(url, options, pool_size, DEFAULT_BATCH_MAX)
+    }
+
+    /// [`RedisLimiter::open_with`] with at most `batch_max` requests per script call; 0 or 1
+    /// sends every request in a call of its own, from the caller's task.
+    pub fn open_batched(
+        url: &str,
+        options: &RedisOptions,
+        pool_size: usize,
+        batch_max: usize,
+    ) -> Result<Self, LimiterError> {
         let client = connect::standalone_client(url, options)?;
-        let slots = (0..pool_size.max(1)).map(|_| Slot::default()).collect();
+        let slots: Box<[Slot]> = (0..pool_size.max(1)).map(|_| Slot::default()).collect();
+        let queues = if batch_max > 1 {
+            (0..slots.len())
+                .map(|slot| batch::Queue::new(slot, batch_max))
+                .collect()
+        } else {
+            Box::default()
+        };
         Ok(RedisLimiter {
-            client,
-            slots,
+            shared: Arc::new(Shared {
+                client,
+                slots,
+                script: Script::new(SCRIPT),
+                script_calls: AtomicU64::new(0),
+                script_decisions: AtomicU64::new(0),
+                script_loads: AtomicU64::new(0),
+                warmed: std::sync::atomic::AtomicBool::new(false),
+                in_flight: AtomicU64::new(0),
+                waiting: AtomicU64::new(0),
+            }),
+            queues,
             next: AtomicUsize::new(0),
-            script: Script::new(SCRIPT),
-            script_loads: AtomicU64::new(0),
-            warmed: std::sync::atomic::AtomicBool::new(false),
-            in_flight: AtomicU64::new(0),
-            waiting: AtomicU64::new(0),
         })
+    }
+
+    fn next_slot(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.shared.slots.len()
+    }
+
+    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+        if batch.is_empty() {
+            return Ok(BatchOutcome {
+                admitted: true,
+                items: Vec::new(),
+            });
+        }
+        let slot = self.next_slot();
+        match self.queues.get(slot) {
+            Some(queue) => queue.submit(&self.shared, batch, now).await,
+            None => {
+                let mut evalsha = self.shared.evalsha(1);
+                evalsha.arg(batch.len());
+                for hit in batch {
+                    evalsha.arg(hit.key.as_str());
+                }
+                evalsha.arg(now_arg(now));
+                for hit in batch {
+                    push_item_args(&mut evalsha, item_args(hit));
+                }
+                let reply = self.shared.call(slot, &mut evalsha).await?;
+                decode_reply(&reply, batch.len())
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// An `EVALSHA` of the script, counted as a call carrying `decisions` decisions.
+    pub(super) fn evalsha(&self, decisions: usize) -> redis::Cmd {
+        self.script_calls.fetch_add(1, Ordering::Relaxed);
+        self.script_decisions
+            .fetch_add(decisions as u64, Ordering::Relaxed);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(self.script.get_hash());
+        evalsha
+    }
+
+    /// Sends `cmd` on slot `slot`; on `NOSCRIPT` loads the script and sends it once more (the
+    /// script did not run, so this cannot record anything twice).
+    pub(super) async fn call(
+        &self,
+        slot: usize,
+        cmd: &mut redis::Cmd,
+    ) -> Result<Value, LimiterError> {
+        let slot = &self.slots[slot];
+        let mut conn = self.connection(slot).await?;
+        let _in_flight = Gauge::enter(&self.in_flight);
+        // EVALSHA sent by hand rather than through `Script::invoke_async`, so a NOSCRIPT reload
+        // (after a Redis restart or SCRIPT FLUSH) is seen and counted.
+        match cmd.query_async(&mut conn).await {
+            Ok(reply) => Ok(reply),
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script_loads.fetch_add(1, Ordering::Relaxed);
+                self.script
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| self.fail(slot, &e))?;
+                cmd.query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.fail(slot, &e))
+            }
+            Err(e) => Err(self.fail(slot, &e)),
+        }
     }
 
     /// Opens every connection and loads the script (see `warmed`).
@@ -163,11 +276,6 @@ impl RedisLimiter {
         }
         self.warmed.store(true, Ordering::Relaxed);
         Ok(())
-    }
-
-    fn slot(&self) -> &Slot {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        &self.slots[i]
     }
 
     async fn connection(&self, slot: &Slot) -> Result<MultiplexedConnection, LimiterError> {
@@ -222,52 +330,6 @@ impl RedisLimiter {
         }
         map_error(e)
     }
-
-    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
-        if batch.is_empty() {
-            return Ok(BatchOutcome {
-                admitted: true,
-                items: Vec::new(),
-            });
-        }
-        // EVALSHA sent by hand rather than through `Script::invoke_async`, so a NOSCRIPT reload
-        // (after a Redis restart or SCRIPT FLUSH) is seen and counted.
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(self.script.get_hash()).arg(batch.len());
-        for hit in batch {
-            evalsha.arg(hit.key.as_str());
-        }
-        evalsha.arg(now_arg(now));
-        for hit in batch {
-            let (limit, window_ms, hits, kind, algorithm, param) = item_args(hit);
-            evalsha
-                .arg(limit)
-                .arg(window_ms)
-                .arg(hits)
-                .arg(kind)
-                .arg(algorithm)
-                .arg(param);
-        }
-        let slot = self.slot();
-        let mut conn = self.connection(slot).await?;
-        let _in_flight = Gauge::enter(&self.in_flight);
-        let reply: Value = match evalsha.query_async(&mut conn).await {
-            Ok(reply) => reply,
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.script_loads.fetch_add(1, Ordering::Relaxed);
-                self.script
-                    .load_async(&mut conn)
-                    .await
-                    .map_err(|e| self.fail(slot, &e))?;
-                evalsha
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.fail(slot, &e))?
-            }
-            Err(e) => return Err(self.fail(slot, &e)),
-        };
-        decode_reply(&reply, batch.len())
-    }
 }
 
 /// The `EVALSHA` of [`SCRIPT`] for `batch` (argument layout documented there).
@@ -293,12 +355,12 @@ pub(crate) fn invocation<'s>(
 }
 
 /// ARGV[1]: the explicit clock in ms, or empty for Redis `TIME`.
-fn now_arg(now: Option<u64>) -> String {
+pub(super) fn now_arg(now: Option<u64>) -> String {
     now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string())
 }
 
 /// One item's six ARGV values: limit, window_ms, hits, kind, algorithm code, parameter.
-fn item_args(hit: &Hit) -> (u64, u64, u64, &'static str, &'static str, u64) {
+pub(super) fn item_args(hit: &Hit) -> ItemArgs {
     // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact. Limits cap one
     // below hits, so that a clamped huge `hits` still fails like the original, and still counts
     // as at least any limit for later items on the key.
@@ -316,6 +378,20 @@ fn item_args(hit: &Hit) -> (u64, u64, u64, &'static str, &'static str, u64) {
         hit.algorithm.code(),
         hit.algorithm.param().min(MAX_EXACT - 1),
     )
+}
+
+pub(super) type ItemArgs = (u64, u64, u64, &'static str, &'static str, u64);
+
+pub(super) fn push_item_args(
+    cmd: &mut redis::Cmd,
+    (limit, window_ms, hits, kind, algorithm, param): ItemArgs,
+) {
+    cmd.arg(limit)
+        .arg(window_ms)
+        .arg(hits)
+        .arg(kind)
+        .arg(algorithm)
+        .arg(param);
 }
 
 pub(crate) fn map_error(e: &RedisError) -> LimiterError {
@@ -349,8 +425,9 @@ impl Limiter for RedisLimiter {
 
     async fn ping(&self) -> Result<(), LimiterError> {
         let attempt = async {
-            let slot = self.slot();
-            let mut conn = self.connection(slot).await?;
+            let shared = &self.shared;
+            let slot = &shared.slots[self.next_slot()];
+            let mut conn = shared.connection(slot).await?;
             let first: Result<String, _> = redis::cmd("PING").query_async(&mut conn).await;
             let reply: String = match first {
                 Ok(reply) => reply,
@@ -358,19 +435,19 @@ impl Limiter for RedisLimiter {
                     // After a Redis restart every slot still holds its dead connection; a probe
                     // that found one (now dropped) tries a fresh one at once, so readiness
                     // follows Redis instead of the round-robin.
-                    self.fail(slot, &e);
-                    let mut conn = self.connection(slot).await?;
+                    shared.fail(slot, &e);
+                    let mut conn = shared.connection(slot).await?;
                     redis::cmd("PING")
                         .query_async(&mut conn)
                         .await
-                        .map_err(|e| self.fail(slot, &e))?
+                        .map_err(|e| shared.fail(slot, &e))?
                 }
             };
             if reply != "PONG" {
                 return Err(LimiterError::Protocol(format!("PING answered {reply:?}")));
             }
-            if !self.warmed.load(Ordering::Relaxed) {
-                self.warm().await?;
+            if !shared.warmed.load(Ordering::Relaxed) {
+                shared.warm().await?;
             }
             Ok(())
         };
@@ -384,17 +461,20 @@ impl Limiter for RedisLimiter {
     }
 
     fn stats(&self) -> Option<BackendStats> {
-        let connected = self
+        let shared = &self.shared;
+        let connected = shared
             .slots
             .iter()
             .filter(|slot| lock(&slot.conn).is_some())
             .count();
         Some(BackendStats {
-            script_loads: self.script_loads.load(Ordering::Relaxed),
-            connections: self.slots.len() as u64,
+            script_loads: shared.script_loads.load(Ordering::Relaxed),
+            connections: shared.slots.len() as u64,
             connected: connected as u64,
-            in_flight: self.in_flight.load(Ordering::Relaxed),
-            waiting: self.waiting.load(Ordering::Relaxed),
+            in_flight: shared.in_flight.load(Ordering::Relaxed),
+            waiting: shared.waiting.load(Ordering::Relaxed),
+            script_calls: shared.script_calls.load(Ordering::Relaxed),
+            script_decisions: shared.script_decisions.load(Ordering::Relaxed),
         })
     }
 }

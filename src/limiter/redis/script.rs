@@ -119,24 +119,32 @@ local function ceil_div(a, b)
   return q
 end
 
-local n = #KEYS
-if #ARGV ~= 1 + 6 * n then
-  return redis.error_reply('sluice: expected 1 + 6 * #KEYS arguments')
+local batched = ARGV[1] == 'b'
+local clock = ARGV[1]
+if batched then
+  clock = ARGV[2]
 end
-
 local now_ms, now_us
-if ARGV[1] == '' then
+if clock == '' then
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])
   now_ms = s * 1000 + math.floor(us / 1000)
   now_us = s * 1000000 + us
 else
-  now_ms = tonumber(ARGV[1])
+  now_ms = tonumber(clock)
   if not now_ms then
     return redis.error_reply('sluice: bad now')
   end
   now_us = now_ms * 1000
 end
+
+-- One request's `KEYS` and `ARGV`: the call's own, or in a batched call a slice of them per
+-- request (`ARGV[1]` being the clock), rebound by `decide` before each request, so the code
+-- below reads them as in a single call. Helpers and state tables are made once per call, not
+-- once per request: a closure or table per request would cost more than the request's work.
+local CALL_KEYS, CALL_ARGV = KEYS, ARGV
+local KEYS, ARGV = KEYS, ARGV
+local n = #KEYS
 
 local limit, window, hits, kind, algo, param, passed = {}, {}, {}, {}, {}, {}, {}
 local earlier = {}
@@ -369,6 +377,18 @@ local function store(i, s)
   redis.call('PEXPIRE', key, fmt(ttl))
 end
 
+-- Decides the request whose slices are `keys` and `args`; returns its reply.
+local function decide(keys, args)
+KEYS, ARGV, n = keys, args, #keys
+if #ARGV ~= 1 + 6 * n then
+  return redis.error_reply('sluice: expected 1 + 6 * #KEYS arguments')
+end
+limit, window, hits, kind, algo, param, passed = {}, {}, {}, {}, {}, {}, {}
+earlier = {}
+any_quota, quota_passed = false, false
+st = {}
+admitted = 1
+
 -- Phase 1: bring keys to now and check; nothing but expired entries is removed.
 for i = 1, n do
   local key = KEYS[i]
@@ -562,6 +582,42 @@ for i = 1, n do
   reply[#reply + 1] = first[i] or 0
 end
 return reply
+end
+
+if not batched then
+  return decide(CALL_KEYS, CALL_ARGV)
+end
+-- Several requests in one call, decided one after the other as if each had its own call.
+local groups = tonumber(CALL_ARGV[3])
+if not groups or groups < 1 or #CALL_ARGV < 3 + groups then
+  return redis.error_reply('sluice: bad group count')
+end
+local sizes, total = {}, 0
+for g = 1, groups do
+  sizes[g] = tonumber(CALL_ARGV[3 + g])
+  if not sizes[g] or sizes[g] < 0 then
+    return redis.error_reply('sluice: bad size of group ' .. g)
+  end
+  total = total + sizes[g]
+end
+if #CALL_KEYS ~= total or #CALL_ARGV ~= 3 + groups + 6 * total then
+  return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
+end
+local replies = {}
+local k, a = 0, 3 + groups
+for g = 1, groups do
+  local keys, args = {}, {clock}
+  for j = 1, sizes[g] do
+    keys[j] = CALL_KEYS[k + j]
+  end
+  for j = 1, 6 * sizes[g] do
+    args[1 + j] = CALL_ARGV[a + j]
+  end
+  k = k + sizes[g]
+  a = a + 6 * sizes[g]
+  replies[g] = decide(keys, args)
+end
+return replies
 "#;
 
 /// Undoes exactly what earlier [`SCRIPT`] calls recorded. KEYS = keys; ARGV per key:
@@ -655,6 +711,35 @@ for i = 1, #KEYS do
 end
 return removed
 "#;
+
+/// Decodes the reply of a batched call (`ARGV[1] = "b"`): one reply per group, each decoded by
+/// [`decode_reply`] against that group's item count. The outer error is for a reply that is not
+/// one array of `sizes.len()` elements; a group the script refused gets its own error.
+pub fn decode_batched_reply(
+    value: &Value,
+    sizes: &[usize],
+) -> Result<Vec<Result<BatchOutcome, LimiterError>>, LimiterError> {
+    let Value::Array(groups) = value else {
+        return Err(LimiterError::Protocol(format!(
+            "batched script reply is not an array: {value:?}"
+        )));
+    };
+    if groups.len() != sizes.len() {
+        return Err(LimiterError::Protocol(format!(
+            "batched script reply has {} groups, expected {}",
+            groups.len(),
+            sizes.len()
+        )));
+    }
+    Ok(groups
+        .iter()
+        .zip(sizes)
+        .map(|(group, &items)| match group {
+            Value::ServerError(e) => Err(LimiterError::Protocol(format!("script refused: {e}"))),
+            other => decode_reply(other, items),
+        })
+        .collect())
+}
 
 /// Decodes the script's reply for a batch of `items` items (layout documented on [`SCRIPT`]).
 pub fn decode_reply(value: &Value, items: usize) -> Result<BatchOutcome, LimiterError> {
@@ -751,6 +836,33 @@ mod tests {
         let out = decode_reply(&ints(&[1]), 0).expect("valid reply");
         assert!(out.admitted);
         assert!(out.items.is_empty());
+    }
+
+    #[test]
+    fn decodes_batched_replies_per_group() {
+        // A group the script refused arrives as an error inside the array, as Redis sends it.
+        let refused = redis::parse_redis_value(b"-ERR sluice: bad kind in item 1\r\n")
+            .expect("an error reply parses");
+        assert!(matches!(refused, Value::ServerError(_)), "{refused:?}");
+        let reply = Value::Array(vec![
+            ints(&[1, 1, 1, 999, 7]),
+            ints(&[0, 0, 2, 500, 1, 3, 40, 0, 0]),
+            refused,
+        ]);
+        let groups = decode_batched_reply(&reply, &[1, 2, 0]).expect("valid batched reply");
+        assert_eq!(groups.len(), 3);
+        let first = groups[0].as_ref().expect("group 1");
+        assert!(first.admitted);
+        assert_eq!(first.items[0].count, 1);
+        let second = groups[1].as_ref().expect("group 2");
+        assert!(!second.admitted);
+        assert_eq!(second.items[1].reset_ms, 40);
+        assert!(matches!(groups[2], Err(LimiterError::Protocol(_))));
+        // A group whose size does not match its reply fails alone.
+        let groups = decode_batched_reply(&reply, &[2, 2, 0]).expect("outer shape is fine");
+        assert!(groups[0].is_err() && groups[1].is_ok());
+        assert!(decode_batched_reply(&reply, &[1, 2]).is_err());
+        assert!(decode_batched_reply(&Value::Nil, &[1]).is_err());
     }
 
     #[test]

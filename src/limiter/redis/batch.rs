@@ -1,0 +1,166 @@
+//! Coalescing concurrent decisions into one script call per connection.
+//!
+//! Why: on a busy sidecar, Redis spends most of each decision on the call itself (reading the
+//! command, entering Lua, `TIME`, writing the reply) and sluice on one socket write and read per
+//! call. One `EVALSHA` that carries several requests pays that once. The script decides the
+//! requests of a batched call one after the other, each all-or-nothing on its own, exactly as if
+//! each had its own call in that order (the layout is on [`super::script::SCRIPT`]), so batching
+//! changes no decision: only how many requests share a round trip.
+//!
+//! How: each connection slot has a bounded queue and one flush task. A request is queued with a
+//! reply channel; the flush task takes the first request it finds and every other one already
+//! waiting (up to `batch_max`), sends them as one call, and hands each request its own outcome.
+//! Nothing ever waits for a batch to fill: an idle sidecar sends each request at once, alone, and
+//! batches form only while the connection is busy with the previous call, so batching adds no
+//! delay of its own. Requests with an explicit clock (tests) share a call only with requests of
+//! the same clock. A request whose caller has gone (the guard's task holds it otherwise) is
+//! dropped before it is sent.
+//!
+//! Failures: a call that fails fails every request in it with the same error (they were sent
+//! together, so none of them is known to have been recorded or not, as for a single call).
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::script::decode_batched_reply;
+use super::{item_args, lock, now_arg, push_item_args, ItemArgs, Shared};
+use crate::limiter::{BatchOutcome, Hit, LimiterError};
+
+/// Requests queued per slot beyond which new ones fail fast instead of queueing.
+const QUEUE_CAPACITY: usize = 4096;
+
+/// One request waiting for its call.
+struct Job {
+    keys: Vec<String>,
+    items: Vec<ItemArgs>,
+    now: Option<u64>,
+    reply: oneshot::Sender<Result<BatchOutcome, LimiterError>>,
+}
+
+/// A slot's queue; its flush task is started by the first request (so a limiter can be built
+/// outside a runtime) and again if it ever ended (its runtime was shut down).
+pub(super) struct Queue {
+    slot: usize,
+    batch_max: usize,
+    sender: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+impl Queue {
+    pub(super) fn new(slot: usize, batch_max: usize) -> Self {
+        Queue {
+            slot,
+            batch_max,
+            sender: Mutex::new(None),
+        }
+    }
+
+    fn sender(&self, shared: &Arc<Shared>) -> mpsc::Sender<Job> {
+        let mut sender = lock(&self.sender);
+        match &*sender {
+            Some(tx) if !tx.is_closed() => tx.clone(),
+            _ => {
+                let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+                tokio::spawn(flush(Arc::clone(shared), self.slot, self.batch_max, rx));
+                *sender = Some(tx.clone());
+                tx
+            }
+        }
+    }
+
+    /// Queues `batch` and waits for its outcome.
+    pub(super) async fn submit(
+        &self,
+        shared: &Arc<Shared>,
+        batch: &[Hit],
+        now: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
+        let (reply, outcome) = oneshot::channel();
+        let job = Job {
+            keys: batch.iter().map(|hit| hit.key.clone()).collect(),
+            items: batch.iter().map(item_args).collect(),
+            now,
+            reply,
+        };
+        self.sender(shared).try_send(job).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => LimiterError::Overloaded,
+            mpsc::error::TrySendError::Closed(_) => {
+                LimiterError::Unavailable("redis batch queue closed".into())
+            }
+        })?;
+        outcome
+            .await
+            .unwrap_or_else(|_| Err(LimiterError::Unavailable("redis batch task ended".into())))
+    }
+}
+
+/// The flush task of one slot: ends when the limiter (every sender) is gone.
+async fn flush(shared: Arc<Shared>, slot: usize, batch_max: usize, mut queue: mpsc::Receiver<Job>) {
+    let mut jobs: Vec<Job> = Vec::with_capacity(batch_max);
+    while let Some(first) = queue.recv().await {
+        jobs.push(first);
+        while jobs.len() < batch_max {
+            match queue.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        jobs.retain(|job| !job.reply.is_closed());
+        while !jobs.is_empty() {
+            let now = jobs[0].now;
+            let same_clock = jobs
+                .iter()
+                .position(|job| job.now != now)
+                .unwrap_or(jobs.len());
+            let call: Vec<Job> = jobs.drain(..same_clock).collect();
+            send(&shared, slot, call).await;
+        }
+    }
+}
+
+/// Sends `jobs` (same clock) as one call and answers each.
+async fn send(shared: &Shared, slot: usize, jobs: Vec<Job>) {
+    let now = jobs.first().and_then(|job| job.now);
+    let mut evalsha = shared.evalsha(jobs.len());
+    let keys: usize = jobs.iter().map(|job| job.keys.len()).sum();
+    evalsha.arg(keys);
+    for job in &jobs {
+        for key in &job.keys {
+            evalsha.arg(key.as_str());
+        }
+    }
+    if jobs.len() == 1 {
+        evalsha.arg(now_arg(now));
+    } else {
+        evalsha.arg("b").arg(now_arg(now)).arg(jobs.len());
+        for job in &jobs {
+            evalsha.arg(job.keys.len());
+        }
+    }
+    for job in &jobs {
+        for item in &job.items {
+            push_item_args(&mut evalsha, *item);
+        }
+    }
+    let reply = shared.call(slot, &mut evalsha).await;
+    let outcomes = reply.and_then(|value| {
+        if let [job] = jobs.as_slice() {
+            Ok(vec![super::decode_reply(&value, job.keys.len())])
+        } else {
+            let sizes: Vec<usize> = jobs.iter().map(|job| job.keys.len()).collect();
+            decode_batched_reply(&value, &sizes)
+        }
+    });
+    match outcomes {
+        Ok(outcomes) => {
+            for (job, outcome) in jobs.into_iter().zip(outcomes) {
+                let _ = job.reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
