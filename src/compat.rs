@@ -99,11 +99,7 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     (
         "REDIS_PIPELINE_WINDOW",
-        "requests are pipelined on multiplexed connections without a window",
-    ),
-    (
-        "REDIS_PIPELINE_LIMIT",
-        "requests are pipelined on multiplexed connections without a limit",
+        "concurrent decisions are batched without waiting for a batch to fill",
     ),
     ("REDIS_PERSECOND", "one Redis holds every window length"),
     ("REDIS_PERSECOND_URL", "one Redis holds every window length"),
@@ -221,6 +217,16 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     }
     if let Some(size) = get("REDIS_POOL_SIZE") {
         map("REDIS_POOL_SIZE", "SLUICE_REDIS_POOL_SIZE", size, &mut out);
+    }
+    // Its 0 (the default) means "no implicit pipelining" there; sluice's batching adds no wait,
+    // so only an explicit limit is carried over.
+    if let Some(limit) = get("REDIS_PIPELINE_LIMIT").filter(|l| l.trim() != "0" && !l.is_empty()) {
+        map(
+            "REDIS_PIPELINE_LIMIT",
+            "SLUICE_REDIS_BATCH_MAX",
+            limit,
+            &mut out,
+        );
     }
     if let Some(root) = get("RUNTIME_ROOT") {
         let mut path = std::path::PathBuf::from(root);
@@ -352,6 +358,7 @@ mod tests {
             ("REDIS_SOCKET_TYPE", "tcp"),
             ("REDIS_URL", "redis:6379"),
             ("REDIS_POOL_SIZE", "20"),
+            ("REDIS_PIPELINE_LIMIT", "8"),
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("RUNTIME_WATCH_ROOT", "false"),
@@ -367,6 +374,7 @@ mod tests {
         let expect = [
             ("SLUICE_REDIS_URL", "redis://redis:6379"),
             ("SLUICE_REDIS_POOL_SIZE", "20"),
+            ("SLUICE_REDIS_BATCH_MAX", "8"),
             ("SLUICE_CONFIG", "/data/ratelimit/config"),
             ("SLUICE_WATCH_CONFIG", "false"),
             ("SLUICE_GRPC_ADDR", "0.0.0.0:8081"),
