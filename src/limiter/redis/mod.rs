@@ -16,8 +16,9 @@
 //! spaced by [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
 //! A failed decision is never retried here: the script may have run before the connection broke.
 //!
-//! Batching (the `batch` module): concurrent decisions are coalesced into one `EVALSHA` per connection,
-//! so Redis pays the script call and the socket round trip once for several decisions.
+//! Batching (the `batch` module): concurrent decisions are coalesced into one `EVALSHA` per
+//! connection, so Redis pays the script call and the socket round trip once for several
+//! decisions.
 //!
 //! Cost: the sliding log stores one member per hit, so an admitted item costs O(hits) inside the
 //! script (Redis is blocked meanwhile); the other algorithms cost O(1) per item (the quantized

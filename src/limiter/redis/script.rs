@@ -47,12 +47,12 @@ pub const KIND_QUOTA: &str = "q";
 /// fixed window and the sliding counter the window start + 1; for GCRA 1. Malformed arguments
 /// give an error reply starting with `sluice:`.
 ///
-/// Batched call (several requests in one call, see the `batch` module): `ARGV[1] = "b"`, `ARGV[2]` the
-/// clock as above, `ARGV[3]` the number of requests `G`, `ARGV[4 .. 3 + G]` each request's item
-/// count, then every request's items (6 arguments each) in order; `KEYS` are every request's
-/// keys in the same order. The requests are decided one after the other, each exactly as a call
-/// of its own would be (all sharing one `now`), and the reply is an array of `G` replies as above
-/// (an error element for a request whose arguments are malformed, the others unaffected).
+/// Batched call (several requests in one call, see the `batch` module): `ARGV[1] = "b"`, `ARGV[2]`
+/// the clock as above, `ARGV[3]` the number of requests `G`, `ARGV[4 .. 3 + G]` each request's item
+/// count, then every request's items (6 arguments each) in order; `KEYS` are every request's keys
+/// in the same order. The requests are decided one after the other, each exactly as a call of its
+/// own would be (all sharing one `now`), and the reply is an array of `G` replies as above (an
+/// error element for a request whose arguments are malformed, the others unaffected).
 ///
 /// The step structure is [`crate::limiter::window::decide_batch`]'s, which is the reference:
 /// - Phase 1, per item in order: bring the key to `now` (log: `ZREMRANGEBYSCORE key -inf
