@@ -431,6 +431,42 @@ mod tests {
     }
 
     #[test]
+    fn gcra_lagging_clock_sees_more_in_use() {
+        // 10 per second: 100 ms per token.
+        let h = hit(Algorithm::Gcra { burst: 5 }, 10, 1000);
+        let mut s = State::fresh(h.algorithm);
+        assert_eq!(fill(&mut s, &h, 10_000, 2), 2);
+        assert_eq!(
+            s,
+            State::Gcra {
+                tat: 10_200,
+                rem: 0
+            }
+        );
+        // 150 ms later 0.5 token is left; a clock 100 ms behind sees 1.5, rounded up.
+        assert_eq!(s.count(&h, 10_150), 1);
+        assert_eq!(s.count(&h, 10_050), 2);
+        // What a lagging instance records stacks onto the same arrival time.
+        s.settle(&h, 10_050);
+        s.record(&h, 10_050, 1);
+        assert_eq!(
+            s,
+            State::Gcra {
+                tat: 10_300,
+                rem: 0
+            }
+        );
+        // The refill rate does not need to divide the token-ms: 7 per second.
+        let h7 = hit(Algorithm::Gcra { burst: 5 }, 7, 1000);
+        let mut s = State::fresh(h7.algorithm);
+        s.record(&h7, 0, 1);
+        assert_eq!(s, State::Gcra { tat: 142, rem: 6 });
+        assert_eq!(s.reset_ms(&h7, 0), 143);
+        s.refund(&h7, 100, 1);
+        assert!(s.is_empty());
+    }
+
+    #[test]
     fn quantized_log_counts_each_hit_at_least_a_window() {
         let h = hit(Algorithm::QuantizedLog { quantum_ms: 100 }, 4, 1000);
         let mut s = State::fresh(h.algorithm);

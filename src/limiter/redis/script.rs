@@ -42,10 +42,13 @@ pub const KIND_QUOTA: &str = "q";
 /// undo_n}` with `admitted`/`passed` 0 or 1, `count` what counts against the item's capacity
 /// after the decision, `reset_ms` as the reference models define it
 /// ([`crate::limiter::algorithms`]) and `undo` 0 when the item added nothing, else what
-/// [`COMPENSATE`] needs to take its hits back: for the log the first member it added (it added
-/// `hits` consecutive integers from there); for the quantized log the bucket start + 1; for the
-/// fixed window and the sliding counter the window start + 1; for GCRA 1. Malformed arguments
-/// give an error reply starting with `sluice:`.
+/// [`COMPENSATE`] needs to take its hits back: for the log
+/// `(score mod 2^30) × 2^23 + (first member − 1000000) + 1` (it added `hits` consecutive members,
+/// cyclically, from there, at that score; see the members below); for the quantized log the
+/// bucket start + 1; for the fixed window and the sliding counter the window start + 1; for GCRA
+/// its rate `max(limit, 1)`. Every token is below 2^53. Malformed arguments give an error reply
+/// starting with `sluice:`, and so does a log key whose members would wrap onto live ones
+/// (about 7.4 million live entries; checked before anything is written).
 ///
 /// The step structure is [`crate::limiter::window::decide_batch`]'s, which is the reference:
 /// - Phase 1, per item in order: bring the key to `now` (log: `ZREMRANGEBYSCORE key -inf
@@ -65,32 +68,59 @@ pub const KIND_QUOTA: &str = "q";
 ///   the newest entry leaves the window.
 /// - quantized log: a hash `bucket start (ms) -> hits`; a hit is recorded in the bucket
 ///   `max(floor(now / quantum) * quantum, newest bucket)`. TTL: until the newest bucket leaves.
-/// - the O(1) algorithms keep a short string of decimal numbers `a:b` or `a:b:c` (one `SET ..
-///   PX`; a string costs fewer bytes than a hash):
-///   - fixed window: `a` = window start, `b` = count. TTL: two windows from its start;
-///   - sliding counter: `a` = current window start, `b` = its count, `c` = the previous
-///     window's count. TTL: two windows from its start;
-///   - GCRA: `a` = last update (ms), `b` = tokens in use × window_ms as of then (integer
-///     token-ms: refill is exactly `limit` token-ms per ms). TTL: until empty, plus one window.
+/// - the O(1) algorithms keep one decimal integer (one `SET .. PX`). Why: Redis stores a
+///   string that is a canonical integer of at most 19 digits inside the object itself (16
+///   bytes), where `1764500000000:12` costs a 48-byte allocation. The digits, left to right:
+///   `D` (1–9), the width of the count fields; each count field zero-padded to `D` digits; then
+///   the time field, unpadded. Lua numbers are doubles, so the value is composed and split as a
+///   string, never computed as a number. A value of more than 19 digits (or above 2^63 − 1) is
+///   stored all the same, as a string: correctness never depends on the integer encoding. Counts
+///   of more than 9 digits use `n<count>:[<count>:]<time>`; a value with `:` and no `n` is the
+///   previous version's `a:b[:c]` (`start:count`, `start:cur:prev`, GCRA `last:token-ms`), still
+///   read, so keys survive an upgrade (they are rewritten in the new form on their next write):
+///   - fixed window: count; time = window index `start / window_ms`. TTL: two windows from its
+///     start. `sluice:{edge|user=u10|60000|fw}` holding 12 hits is `21228333334`;
+///   - sliding counter: current count, previous window's count; time = the window index. TTL:
+///     two windows from its start;
+///   - GCRA: remainder `r`; time = the theoretical arrival time `T` (ms). Tokens in use ×
+///     window_ms at `now`, in integer token-ms (the refill is exactly `rate = max(limit, 1)`
+///     token-ms per ms), are `max(0, (T − now) × rate + r)` with `0 <= r < rate`, capped at
+///     [`MAX_EXACT`]; `(0, 0)` is empty (the key is deleted). Recording `h` hits adds
+///     `h × window_ms` token-ms to what is in use at `now` and re-derives `T = now +
+///     floor(used / rate)`, `r = used mod rate`; a refund takes them off the same way. A clock
+///     that lags sees more tokens in use (conservative), never fewer. 13 digits of `T` and the
+///     digits of `r` (fewer than the limit's): at limits up to 100,000 the value stays an
+///     integer. TTL: until empty, plus one window.
 ///
 /// TTLs outlive the state by about a window so that a lagging clock (`now` behind the last
 /// write) finds the same state the memory backend keeps; an emptied key is deleted.
 ///
-/// Log members must be unique per key and short. They are integers, which a listpack stores in a
-/// few bytes (a UUID would cost 36): `member = max(1e15 + now_us, top_member + 1)`, then +1 per
-/// hit, with `now_us` the microsecond `TIME` (or `now * 1000` with an explicit now) and `top` the
-/// last element (`ZRANGE key -1 -1 WITHSCORES`). Scores are kept non-decreasing the same way:
-/// `score = max(now_ms, top_score)`. Why this is safe across instances and clock steps:
-/// - members strictly increase per key whatever any clock does, so they never collide (a
-///   collision would silently update an existing member instead of adding one);
-/// - the 1e15 offset makes every member exactly 16 digits (until the year 2255, also with the
-///   small explicit clocks of tests), so Redis's lexicographic tie-break between equal scores
-///   equals numeric order, and with non-decreasing scores the top element is always the last one
-///   added: `ZPOPMAX` then removes the newest entries, and the next member is derived correctly;
+/// Log members must be unique per key and short: a listpack stores an integer member of
+/// 1000000..=8388607 in 5 bytes (a 24-bit integer; a 16-digit one costs 10, a UUID 37). So they
+/// are 7-digit integers assigned cyclically per key: a new key starts at 1000000, then
+/// `member = top_member + 1` per hit, wrapping from 8388607 to 1000000, with `top` the last
+/// element (`ZRANGE key -1 -1 WITHSCORES`). Scores are kept non-decreasing: `score = max(now_ms,
+/// top_score)`. Why this is safe across instances and clock steps:
+/// - a fixed width keeps Redis's lexicographic tie-break between equal scores equal to numeric
+///   order, and with non-decreasing scores the top element is the last one added: `ZPOPMAX`
+///   removes the newest entries, and the next member is derived from the top. At a wrap (and
+///   after the previous version's 16-digit members) the new member would sort below the top at
+///   an equal score, so it and the rest of its call get `score + 1`: such an entry counts 1 ms
+///   longer than the memory backend's would (conservative), once per 7.4 million entries;
+/// - entries leave from the bottom (expiry) and the top (refunds), so the live members are one
+///   cyclic range; a new member collides with a live one (ZADD would silently update it instead
+///   of adding one: over-admission) only if the range's span plus the hits exceed the 7388608
+///   numbers. The script checks the span (from `ZRANGE 0 0` and the top, which the reply needs
+///   anyway) before writing and fails the call with a `sluice:` error instead;
 /// - a score never goes back in time, so a step back of the clock cannot make a new entry expire
 ///   earlier than the one before it (the memory backend records at `max(now, newest)` too);
-/// - members stay below 2^53, so Lua computes them exactly; `string.format('%.0f')` prints them
+/// - numbers stay below 2^53, so Lua computes them exactly; `string.format('%.0f')` prints them
 ///   (`tostring` would switch to exponent notation).
+///
+/// The log path reads each key's count once (`ZCARD` after the eviction) and its top and oldest
+/// entry at most once each, then keeps them up to date through its own adds and pops: an admitted
+/// single-hit item costs `ZREMRANGEBYSCORE`, `ZCARD`, two `ZRANGE`s (none on an empty key),
+/// `ZADD` and `PEXPIRE`.
 ///
 /// Numbers: integer divisions go through `ceil_div`, exact for operands below 2^53; the sliding
 /// counter's weight `ceil(prev * left / window)` is the same IEEE-754 double expression as the
@@ -767,16 +797,19 @@ return reply
 
 /// Undoes exactly what earlier [`SCRIPT`] calls recorded. KEYS = keys; ARGV per key:
 /// `algorithm` code, `undo` (from that call's reply, non-zero), `hits`, `window_ms`.
-/// - log: removes the member range `undo ..= undo + hits - 1`; members are unique per key and
-///   never reused, so this removes those entries and nothing else, even after other requests
-///   added theirs;
+/// - log: removes the `hits` members from the token's first member on (cyclically), each only if
+///   its score still matches the token's (`score mod 2^30`, or one more for members after a
+///   wrap; `ZMSCORE`, Redis 6.2 or later): a refund may have popped them and another request may
+///   have reused the numbers since, at a later ms, and those entries stay. Only a pop and reuse
+///   within the same ms is indistinguishable (then another request's entries go instead of the
+///   popped ones: the count is as low as if the refund had taken those);
 /// - quantized log: takes `hits` from the bucket `undo - 1` (deleting it at zero);
 /// - fixed window / sliding counter: takes `hits` from the window that started at `undo - 1`,
 ///   i.e. the current count, or the previous one if the counter rotated since (nothing when the
 ///   window is gone);
-/// - GCRA: takes `hits × window_ms` token-ms from the tokens in use. Exact when no other call
-///   wrote the key in between; otherwise the refill the undone hits would have had between the
-///   two writes is lost, i.e. the key may count up to (that interval × rate) tokens too few.
+/// - GCRA: takes `hits × window_ms` token-ms off the arrival time (`undo` = the rate it was
+///   counted in). Exact also after other writes in between, unless the bucket emptied between
+///   the write and the compensation (then up to that interval × rate tokens too few).
 ///
 /// Counts never go below zero (a refund may have taken them meanwhile). Reply: the hits taken
 /// back (for the log, the members removed).
@@ -984,7 +1017,7 @@ pub fn decode_reply(value: &Value, items: usize) -> Result<BatchOutcome, Limiter
     decode_reply_with_added(value, items).map(|(outcome, _)| outcome)
 }
 
-/// Like [`decode_reply`], also returning each item's first added member (0: added nothing).
+/// Like [`decode_reply`], also returning each item's undo token (0: added nothing).
 pub fn decode_reply_with_added(
     value: &Value,
     items: usize,
