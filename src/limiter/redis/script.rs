@@ -164,30 +164,37 @@ local function floor_div(a, b)
   return q
 end
 
--- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the counts
--- zero-padded to it, then the time field. Counts of more than 9 digits take the 'n' form.
+-- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the
+-- counts zero-padded to it, then the time field. Counts of more than 9 digits take the 'n'
+-- form. One string.format per value, its pattern built once per width and count number.
+local PATTERN = {}
 local function compose(counts, t)
-  local d = 1
-  for j = 1, #counts do
-    local l = #fmt(counts[j])
-    if l > d then
-      d = l
-    end
+  local k, top = #counts, counts[1]
+  if k > 1 and counts[2] > top then
+    top = counts[2]
   end
-  local parts = {}
+  local d, p = 1, 10
+  while top >= p and d < 10 do
+    d, p = d + 1, p * 10
+  end
   if d > 9 then
-    for j = 1, #counts do
+    local parts = {}
+    for j = 1, k do
       parts[j] = fmt(counts[j])
     end
-    parts[#parts + 1] = fmt(t)
+    parts[k + 1] = fmt(t)
     return 'n' .. table.concat(parts, ':')
   end
-  parts[1] = tostring(d)
-  for j = 1, #counts do
-    parts[j + 1] = string.format('%0' .. d .. '.0f', counts[j])
+  local key = k * 10 + d
+  local pattern = PATTERN[key]
+  if not pattern then
+    pattern = d .. string.rep('%0' .. d .. '.0f', k) .. '%.0f'
+    PATTERN[key] = pattern
   end
-  parts[#parts + 1] = fmt(t)
-  return table.concat(parts)
+  if k == 1 then
+    return string.format(pattern, counts[1], t)
+  end
+  return string.format(pattern, counts[1], counts[2], t)
 end
 
 -- The counts and time field of compose's value; nil for the legacy 'a:b[:c]' form.
@@ -836,30 +843,37 @@ local function floor_div(a, b)
   return q
 end
 
--- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the counts
--- zero-padded to it, then the time field. Counts of more than 9 digits take the 'n' form.
+-- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the
+-- counts zero-padded to it, then the time field. Counts of more than 9 digits take the 'n'
+-- form. One string.format per value, its pattern built once per width and count number.
+local PATTERN = {}
 local function compose(counts, t)
-  local d = 1
-  for j = 1, #counts do
-    local l = #fmt(counts[j])
-    if l > d then
-      d = l
-    end
+  local k, top = #counts, counts[1]
+  if k > 1 and counts[2] > top then
+    top = counts[2]
   end
-  local parts = {}
+  local d, p = 1, 10
+  while top >= p and d < 10 do
+    d, p = d + 1, p * 10
+  end
   if d > 9 then
-    for j = 1, #counts do
+    local parts = {}
+    for j = 1, k do
       parts[j] = fmt(counts[j])
     end
-    parts[#parts + 1] = fmt(t)
+    parts[k + 1] = fmt(t)
     return 'n' .. table.concat(parts, ':')
   end
-  parts[1] = tostring(d)
-  for j = 1, #counts do
-    parts[j + 1] = string.format('%0' .. d .. '.0f', counts[j])
+  local key = k * 10 + d
+  local pattern = PATTERN[key]
+  if not pattern then
+    pattern = d .. string.rep('%0' .. d .. '.0f', k) .. '%.0f'
+    PATTERN[key] = pattern
   end
-  parts[#parts + 1] = fmt(t)
-  return table.concat(parts)
+  if k == 1 then
+    return string.format(pattern, counts[1], t)
+  end
+  return string.format(pattern, counts[1], counts[2], t)
 end
 
 -- The counts and time field of compose's value; nil for the legacy 'a:b[:c]' form.
