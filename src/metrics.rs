@@ -75,13 +75,13 @@ pub const RECENT_INTERVAL: Duration = Duration::from_secs(10);
 /// Characters of the descriptor shown in a hot key's label, before its hash.
 const HOT_KEY_TEXT_MAX: usize = 32;
 
-/// Redis memory held per window key, measured on redis-server 7.0 with the script's 16-digit
+/// Redis memory held per window key, measured on redis-server 7.0 with the script's 7-digit
 /// integer members (docs/metrics.md has the commands): a key with its dict and expire entries.
 pub const REDIS_KEY_OVERHEAD_BYTES: u64 = 160;
 /// Per entry while a sorted set is a listpack (up to `zset-max-listpack-entries`, default 128).
-pub const REDIS_LISTPACK_ENTRY_BYTES: u64 = 24;
+pub const REDIS_LISTPACK_ENTRY_BYTES: u64 = 16;
 /// Per entry once it is a skiplist (over 128 entries).
-pub const REDIS_SKIPLIST_ENTRY_BYTES: u64 = 130;
+pub const REDIS_SKIPLIST_ENTRY_BYTES: u64 = 114;
 const REDIS_LISTPACK_MAX_ENTRIES: u64 = 128;
 
 /// Tunables of the metrics layer (flags `--near-limit-ratio`, `--hot-keys`).
@@ -713,7 +713,7 @@ mod tests {
         };
         assert_eq!(
             redis_bytes_estimate(&snapshot),
-            (160 + 5 * 24) + (160 + 1000 * 130)
+            (160 + 5 * 16) + (160 + 1000 * 114)
         );
     }
 

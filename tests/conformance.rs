@@ -733,11 +733,13 @@ mod redis_only {
             let numbers: Vec<u64> = members
                 .iter()
                 .map(|m| {
-                    assert_eq!(m.len(), 16, "member {m}");
+                    assert_eq!(m.len(), 7, "member {m}");
                     m.parse().expect("integer member")
                 })
                 .collect();
-            assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+            // A new key starts at the bottom of the 24-bit range, then +1 per hit.
+            let expected_numbers: Vec<u64> = (1_000_000..).take(expected).collect();
+            assert_eq!(numbers, expected_numbers, "{key}");
             let encoding: String = redis::cmd("OBJECT")
                 .arg("ENCODING")
                 .arg(key)
@@ -746,6 +748,160 @@ mod redis_only {
                 .expect("object encoding");
             assert_eq!(encoding, "listpack");
         }
+    }
+
+    async fn encoding(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+        redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .expect("object encoding")
+    }
+
+    /// The O(1) algorithms store one integer (which Redis keeps without an allocation), and
+    /// still read the previous version's `a:b[:c]` values, so keys survive an upgrade.
+    #[tokio::test]
+    async fn counters_are_integers_and_old_values_still_count() {
+        let server = common::RedisServer::start();
+        let l = redis_limiter(&server).await;
+        let mut conn = raw(&server).await;
+        let gcra = Algorithm::Gcra { burst: 5 };
+        // Width digit, counts padded to it, then the window index / the arrival time: GCRA holds
+        // 2 × 1000 token-ms at a rate of 5 per ms, i.e. 400 ms past T + 250, remainder 0.
+        for (key, alg, value) in [
+            ("fw", Algorithm::FixedWindow, "121700000000"),
+            ("sc", Algorithm::SlidingCounter, "1201700000000"),
+            ("g", gcra, "101700000000650"),
+        ] {
+            assert!(at(&l, &[with(alg, c(key, 5, 2))], T + 250).await.admitted);
+            let v: String = conn.get(key).await.expect("get");
+            assert_eq!(v, value, "{key}");
+            assert_eq!(encoding(&mut conn, key).await, "int", "{key}");
+        }
+        let probe = |key: &str, alg: Algorithm| with(alg, hit(key, 5, 1000, 0, HitKind::Consume));
+        for (key, alg, value, count) in [
+            ("ofw", Algorithm::FixedWindow, format!("{T}:3"), 3),
+            // 2 + ceil(4 × 500 / 1000)
+            ("osc", Algorithm::SlidingCounter, format!("{T}:2:4"), 4),
+            // 3000 token-ms at T, 200 ms × 5 refilled by T + 200
+            ("og", gcra, format!("{T}:3000"), 2),
+        ] {
+            let _: () = conn.set(key, value).await.expect("set");
+            let now = if alg == gcra { T + 200 } else { T + 500 };
+            let out = at(&l, &[probe(key, alg)], now).await;
+            assert_eq!(out.items[0].count, count, "{key}");
+            assert!(at(&l, &[with(alg, c(key, 5, 1))], now).await.admitted);
+            let out = at(&l, &[probe(key, alg)], now).await;
+            assert_eq!(out.items[0].count, count + 1, "{key} after a hit");
+            assert_eq!(encoding(&mut conn, key).await, "int", "{key} rewritten");
+        }
+    }
+
+    /// One decision item straight through the script: (reply, or the error text).
+    async fn eval_log(
+        conn: &mut redis::aio::MultiplexedConnection,
+        key: &str,
+        now: u64,
+        hits: u64,
+        kind: &str,
+    ) -> Result<Vec<i64>, String> {
+        redis::Script::new(sluice::limiter::redis::script::SCRIPT)
+            .key(key)
+            .arg(now)
+            .arg(1000)
+            .arg(1000)
+            .arg(hits)
+            .arg(kind)
+            .arg("l")
+            .arg(0)
+            .invoke_async(conn)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn undo_log(
+        conn: &mut redis::aio::MultiplexedConnection,
+        key: &str,
+        token: i64,
+        hits: u64,
+    ) -> i64 {
+        redis::Script::new(sluice::limiter::redis::script::COMPENSATE)
+            .key(key)
+            .arg("l")
+            .arg(token)
+            .arg(hits)
+            .arg(1000)
+            .invoke_async(conn)
+            .await
+            .expect("compensate")
+    }
+
+    async fn entries(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<(u64, u64)> {
+        conn.zrange_withscores(key, 0, -1).await.expect("zrange")
+    }
+
+    /// Members wrap from 8388607 to 1000000 one ms later (so the newest stays on top), cluster
+    /// compensation spares entries that reused popped members, and a key whose members would
+    /// reach a live one fails before writing.
+    #[tokio::test]
+    async fn log_members_wrap_and_undo_checks_scores() {
+        let server = common::RedisServer::start();
+        let mut conn = raw(&server).await;
+
+        let first = eval_log(&mut conn, "k", T, 2, "c").await.expect("add");
+        assert_eq!(
+            entries(&mut conn, "k").await,
+            [(1_000_000, T), (1_000_001, T)]
+        );
+        assert!(eval_log(&mut conn, "k", T, 2, "r").await.is_ok());
+        let second = eval_log(&mut conn, "k", T + 5, 2, "c").await.expect("add");
+        assert_eq!(
+            entries(&mut conn, "k").await,
+            [(1_000_000, T + 5), (1_000_001, T + 5)]
+        );
+        assert_eq!(undo_log(&mut conn, "k", first[4], 2).await, 0, "not ours");
+        assert_eq!(undo_log(&mut conn, "k", second[4], 2).await, 2);
+        assert!(entries(&mut conn, "k").await.is_empty());
+
+        let _: () = conn.zadd("w", 8_388_606, T - 5).await.expect("zadd");
+        let added = eval_log(&mut conn, "w", T, 3, "c").await.expect("add");
+        assert_eq!(
+            entries(&mut conn, "w").await,
+            [
+                (8_388_606, T - 5),
+                (8_388_607, T),
+                (1_000_000, T + 1),
+                (1_000_001, T + 1)
+            ]
+        );
+        assert!(eval_log(&mut conn, "w", T, 1, "r").await.is_ok());
+        let next = eval_log(&mut conn, "w", T + 2, 1, "c").await.expect("add");
+        assert_eq!(entries(&mut conn, "w").await[3], (1_000_001, T + 2));
+        // The first item's undo finds its members across the wrap; 1000001 is the later item's
+        // now (a reuse within the same ms would be indistinguishable, see COMPENSATE).
+        assert_eq!(undo_log(&mut conn, "w", added[4], 3).await, 2);
+        assert_eq!(undo_log(&mut conn, "w", next[4], 1).await, 1);
+        assert_eq!(entries(&mut conn, "w").await, [(8_388_606, T - 5)]);
+
+        // Top member 8388607 at the same ms as the new hit: the wrapped one goes 1 ms later.
+        let _: () = conn.zadd("e", 8_388_607, T).await.expect("zadd");
+        assert!(eval_log(&mut conn, "e", T, 1, "c").await.is_ok());
+        assert_eq!(
+            entries(&mut conn, "e").await,
+            [(8_388_607, T), (1_000_000, T + 1)]
+        );
+
+        // Live members spanning every number: the next one would collide.
+        let _: () = conn
+            .zadd_multiple("full", &[(T, 1_000_000), (T, 8_388_607)])
+            .await
+            .expect("zadd");
+        let err = eval_log(&mut conn, "full", T, 1, "c")
+            .await
+            .expect_err("full");
+        assert!(err.contains("sluice:"), "{err}");
+        assert_eq!(entries(&mut conn, "full").await.len(), 2);
     }
 
     #[tokio::test]

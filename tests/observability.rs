@@ -213,7 +213,7 @@ async fn exact_values_after_known_traffic(backend: Backend) {
             // Four live keys: c1 (7), c2 (2), c3 (1), alice (3), all listpacks.
             assert_eq!(
                 v("sluice_redis_memory_estimate_bytes"),
-                (4 * 160 + 13 * 24) as f64
+                (4 * 160 + 13 * 16) as f64
             );
             assert_eq!(v("sluice_backend_script_loads_total"), 1.0, "loaded once");
             assert_eq!(v("sluice_backend_pool_size"), 3.0);

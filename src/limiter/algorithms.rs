@@ -21,14 +21,19 @@
 //!   Lua script does). O(1), approximate: it assumes the previous window's hits were spread
 //!   evenly.
 //! - [`Algorithm::Gcra`]: a token bucket of `burst` tokens refilled at `limit` per window, kept
-//!   as GCRA (last update, tokens in use × window in integer "token-ms" so that the refill of
-//!   `limit` token-ms per ms is exact). `count` is the tokens in use, rounded up; `reset_ms` the
-//!   exact time until one more token is free. O(1).
+//!   as GCRA: a theoretical arrival time `tat` (ms) and a remainder, so that the tokens in use ×
+//!   window, in integer "token-ms" (the refill of `limit` token-ms per ms is exact), are
+//!   `max(0, (tat - now) × limit + rem)`. One time and one small number, which the Redis script
+//!   packs into one integer. `count` is the tokens in use, rounded up; `reset_ms` the exact time
+//!   until one more token is free. O(1).
 //! - [`Algorithm::FixedWindow`]: envoyproxy/ratelimit's counter per `floor(now / window)`. O(1).
 //!   Admits up to twice the limit across a window boundary.
 //!
-//! Clock steps back: logs record at `max(now, newest)`; window starts and the GCRA update time
-//! never move backwards, so a lagging instance never rewinds a key.
+//! Clock steps back: logs record at `max(now, newest)` and window starts never move backwards,
+//! so a lagging instance never rewinds a key. GCRA keeps no "last update" at all: an instance
+//! whose clock lags sees its earlier `now` against the same arrival time, i.e. more tokens in
+//! use than a punctual one (conservative: it may reject what a punctual clock would admit, never
+//! the other way round), and what it records stacks onto the same arrival time.
 
 use super::window::Log;
 use super::Hit;
@@ -127,11 +132,44 @@ pub enum State {
         cur: u64,
         prev: u64,
     },
-    /// `used` = tokens in use × window_ms, as of `last`.
+    /// Tokens in use × window_ms at `now`: `max(0, (tat - now) × rate + rem)` token-ms with
+    /// `rate = max(limit, 1)` (see [`gcra_in_use`]); `(0, 0)` when empty.
     Gcra {
-        last: u64,
-        used: u64,
+        tat: u64,
+        rem: u64,
     },
+}
+
+/// Ceiling of GCRA's token-ms (2^52, the script's `MAX_EXACT`): the script computes in doubles,
+/// exact below 2^53. Configs are validated to `burst × window_ms <= 2^52`, so admitted hits
+/// never reach it; it only bounds what a changed limit or a huge refund could compute.
+pub const GCRA_MAX_TOKEN_MS: u64 = 1 << 52;
+
+/// GCRA's refill per ms in token-ms. A limit of 0 (which configs reject for GCRA) refills
+/// like 1, so the representation never divides by zero; its capacity is 0 anyway.
+fn gcra_rate(limit: u64) -> u64 {
+    limit.max(1)
+}
+
+/// Tokens in use × window at `now`, in token-ms (see [`State::Gcra`]).
+pub fn gcra_in_use(tat: u64, rem: u64, limit: u64, now: u64) -> u64 {
+    let rate = u128::from(gcra_rate(limit));
+    let used = if tat >= now {
+        u128::from(tat - now) * rate + u128::from(rem)
+    } else {
+        u128::from(rem).saturating_sub(u128::from(now - tat) * rate)
+    };
+    // Bounded by the clamp, so the cast back is lossless.
+    used.min(u128::from(GCRA_MAX_TOKEN_MS)) as u64
+}
+
+/// The arrival time and remainder that hold `used` token-ms at `now`.
+fn gcra_at(used: u64, limit: u64, now: u64) -> (u64, u64) {
+    if used == 0 {
+        return (0, 0);
+    }
+    let rate = gcra_rate(limit);
+    (now.saturating_add(used / rate), used % rate)
 }
 
 fn ceil_div(a: u64, b: u64) -> u64 {
@@ -158,7 +196,7 @@ impl State {
                 cur: 0,
                 prev: 0,
             },
-            Algorithm::Gcra { .. } => State::Gcra { last: 0, used: 0 },
+            Algorithm::Gcra { .. } => State::Gcra { tat: 0, rem: 0 },
         }
     }
 
@@ -202,10 +240,10 @@ impl State {
                     *start = s;
                 }
             }
-            (State::Gcra { last, used }, _) => {
-                if now > *last {
-                    *used = used.saturating_sub((now - *last).saturating_mul(hit.limit));
-                    *last = now;
+            (State::Gcra { tat, rem }, _) => {
+                // Only an emptied bucket changes: it forgets its arrival time.
+                if gcra_in_use(*tat, *rem, hit.limit, now) == 0 {
+                    (*tat, *rem) = (0, 0);
                 }
             }
         }
@@ -220,7 +258,7 @@ impl State {
             State::Counter { start, cur, prev } => {
                 cur.saturating_add(weighted_prev(*prev, now.saturating_sub(*start), w))
             }
-            State::Gcra { used, .. } => ceil_div(*used, w),
+            State::Gcra { tat, rem } => ceil_div(gcra_in_use(*tat, *rem, hit.limit, now), w),
         }
     }
 
@@ -240,11 +278,12 @@ impl State {
             (State::Fixed { start, .. } | State::Counter { start, .. }, _) => {
                 start.saturating_add(w).saturating_sub(now)
             }
-            (State::Gcra { used, .. }, _) => {
-                if *used == 0 || hit.limit == 0 {
+            (State::Gcra { tat, rem }, _) => {
+                let used = gcra_in_use(*tat, *rem, hit.limit, now);
+                if used == 0 || hit.limit == 0 {
                     return hit.window_ms;
                 }
-                let c = ceil_div(*used, w);
+                let c = ceil_div(used, w);
                 ceil_div(used - (c - 1) * w, hit.limit)
             }
         }
@@ -261,12 +300,17 @@ impl State {
             (State::Log(log), _) => log.record(now, hits),
             (State::Fixed { count, .. }, _) => *count = count.saturating_add(hits),
             (State::Counter { cur, .. }, _) => *cur = cur.saturating_add(hits),
-            (State::Gcra { used, .. }, _) => *used = used.saturating_add(hits.saturating_mul(w)),
+            (State::Gcra { tat, rem }, _) => {
+                let used = gcra_in_use(*tat, *rem, hit.limit, now)
+                    .saturating_add(hits.saturating_mul(w))
+                    .min(GCRA_MAX_TOKEN_MS);
+                (*tat, *rem) = gcra_at(used, hit.limit, now);
+            }
         }
     }
 
-    /// Gives back up to `hits`, newest first.
-    pub fn refund(&mut self, hit: &Hit, hits: u64) {
+    /// Gives back up to `hits` at `now` (after [`State::settle`]), newest first.
+    pub fn refund(&mut self, hit: &Hit, now: u64, hits: u64) {
         let w = hit.window_ms.max(1);
         match self {
             State::Log(log) => log.refund(hits),
@@ -276,7 +320,11 @@ impl State {
                 *cur -= take;
                 *prev = prev.saturating_sub(hits - take);
             }
-            State::Gcra { used, .. } => *used = used.saturating_sub(hits.saturating_mul(w)),
+            State::Gcra { tat, rem } => {
+                let used =
+                    gcra_in_use(*tat, *rem, hit.limit, now).saturating_sub(hits.saturating_mul(w));
+                (*tat, *rem) = gcra_at(used, hit.limit, now);
+            }
         }
     }
 
@@ -286,16 +334,17 @@ impl State {
             State::Log(log) => log.is_empty(),
             State::Fixed { count, .. } => *count == 0,
             State::Counter { cur, prev, .. } => *cur == 0 && *prev == 0,
-            State::Gcra { used, .. } => *used == 0,
+            State::Gcra { tat, rem } => *tat == 0 && *rem == 0,
         }
     }
 
-    /// When the key was last written (the memory backend evicts the least recent at capacity).
+    /// When the key was last written (the memory backend evicts the least recent at capacity);
+    /// for GCRA its arrival time, which is at or after its last write.
     pub fn last_activity(&self) -> u64 {
         match self {
             State::Log(log) => log.newest().unwrap_or(0),
             State::Fixed { start, .. } | State::Counter { start, .. } => *start,
-            State::Gcra { last, .. } => *last,
+            State::Gcra { tat, .. } => *tat,
         }
     }
 }
@@ -373,12 +422,48 @@ mod tests {
         assert_eq!(s.count(&h, 10_099), 5);
         assert_eq!(s.reset_ms(&h, 10_099), 1);
         assert_eq!(fill(&mut s, &h, 10_100, 3), 1);
-        s.refund(&h, 2);
+        s.refund(&h, 10_100, 2);
         s.settle(&h, 10_100);
         assert_eq!(s.count(&h, 10_100), 3);
         s.settle(&h, 20_000);
         assert!(s.is_empty());
         assert_eq!(s.reset_ms(&h, 20_000), 1000);
+    }
+
+    #[test]
+    fn gcra_lagging_clock_sees_more_in_use() {
+        // 10 per second: 100 ms per token.
+        let h = hit(Algorithm::Gcra { burst: 5 }, 10, 1000);
+        let mut s = State::fresh(h.algorithm);
+        assert_eq!(fill(&mut s, &h, 10_000, 2), 2);
+        assert_eq!(
+            s,
+            State::Gcra {
+                tat: 10_200,
+                rem: 0
+            }
+        );
+        // 150 ms later 0.5 token is left; a clock 100 ms behind sees 1.5, rounded up.
+        assert_eq!(s.count(&h, 10_150), 1);
+        assert_eq!(s.count(&h, 10_050), 2);
+        // What a lagging instance records stacks onto the same arrival time.
+        s.settle(&h, 10_050);
+        s.record(&h, 10_050, 1);
+        assert_eq!(
+            s,
+            State::Gcra {
+                tat: 10_300,
+                rem: 0
+            }
+        );
+        // The refill rate does not need to divide the token-ms: 7 per second.
+        let h7 = hit(Algorithm::Gcra { burst: 5 }, 7, 1000);
+        let mut s = State::fresh(h7.algorithm);
+        s.record(&h7, 0, 1);
+        assert_eq!(s, State::Gcra { tat: 142, rem: 6 });
+        assert_eq!(s.reset_ms(&h7, 0), 143);
+        s.refund(&h7, 100, 1);
+        assert!(s.is_empty());
     }
 
     #[test]

@@ -189,7 +189,7 @@ pub fn decide_batch(
                     dirty[slot] = true;
                 }
                 HitKind::Refund if hit.hits > 0 => {
-                    state.refund(hit, hit.hits);
+                    state.refund(hit, now, hit.hits);
                     dirty[slot] = true;
                 }
                 _ => {}

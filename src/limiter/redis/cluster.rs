@@ -9,10 +9,11 @@
 //! 1. the batch is split into slot groups (batch order kept inside each group); a request whose
 //!    keys share a slot is one script call, exactly like the standalone backend;
 //! 2. otherwise each group's consume and shadow items are evaluated in parallel, each group
-//!    atomically, and each call returns the member range it added per item;
+//!    atomically, and each call returns an undo token per item (for the log: the members it
+//!    added and their score);
 //! 3. if every group admitted, refunds (which never reject) are applied per group;
-//! 4. if any group rejected or failed, a compensation script removes exactly the members the
-//!    admitted groups added (members are unique integers per key, never reused).
+//! 4. if any group rejected or failed, a compensation script takes back what the admitted
+//!    groups recorded (log members by number and score, see `COMPENSATE`).
 //!
 //! The guarantee (docs/redis.md): never over-admit, since each group checks its own limits
 //! atomically and a request is admitted only when all groups admitted; a rejected request
@@ -97,7 +98,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// One group's evaluated part: batch indices, outcome, first added member per item.
+/// One group's evaluated part: batch indices, outcome, undo token per item.
 struct Part {
     indices: Vec<usize>,
     outcome: BatchOutcome,

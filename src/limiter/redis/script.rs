@@ -42,10 +42,13 @@ pub const KIND_QUOTA: &str = "q";
 /// undo_n}` with `admitted`/`passed` 0 or 1, `count` what counts against the item's capacity
 /// after the decision, `reset_ms` as the reference models define it
 /// ([`crate::limiter::algorithms`]) and `undo` 0 when the item added nothing, else what
-/// [`COMPENSATE`] needs to take its hits back: for the log the first member it added (it added
-/// `hits` consecutive integers from there); for the quantized log the bucket start + 1; for the
-/// fixed window and the sliding counter the window start + 1; for GCRA 1. Malformed arguments
-/// give an error reply starting with `sluice:`.
+/// [`COMPENSATE`] needs to take its hits back: for the log
+/// `(score mod 2^30) × 2^23 + (first member − 1000000) + 1` (it added `hits` consecutive members,
+/// cyclically, from there, at that score; see the members below); for the quantized log the
+/// bucket start + 1; for the fixed window and the sliding counter the window start + 1; for GCRA
+/// its rate `max(limit, 1)`. Every token is below 2^53. Malformed arguments give an error reply
+/// starting with `sluice:`, and so does a log key whose members would wrap onto live ones
+/// (about 7.4 million live entries; checked before anything is written).
 ///
 /// Batched call (several requests in one call, see the `batch` module): `ARGV[1] = "b"`, `ARGV[2]`
 /// the clock as above, `ARGV[3]` the number of requests `G`, `ARGV[4 .. 3 + G]` each request's item
@@ -72,32 +75,59 @@ pub const KIND_QUOTA: &str = "q";
 ///   the newest entry leaves the window.
 /// - quantized log: a hash `bucket start (ms) -> hits`; a hit is recorded in the bucket
 ///   `max(floor(now / quantum) * quantum, newest bucket)`. TTL: until the newest bucket leaves.
-/// - the O(1) algorithms keep a short string of decimal numbers `a:b` or `a:b:c` (one `SET ..
-///   PX`; a string costs fewer bytes than a hash):
-///   - fixed window: `a` = window start, `b` = count. TTL: two windows from its start;
-///   - sliding counter: `a` = current window start, `b` = its count, `c` = the previous
-///     window's count. TTL: two windows from its start;
-///   - GCRA: `a` = last update (ms), `b` = tokens in use × window_ms as of then (integer
-///     token-ms: refill is exactly `limit` token-ms per ms). TTL: until empty, plus one window.
+/// - the O(1) algorithms keep one decimal integer (one `SET .. PX`). Why: Redis stores a
+///   string that is a canonical integer of at most 19 digits inside the object itself (16
+///   bytes), where `1764500000000:12` costs a 48-byte allocation. The digits, left to right:
+///   `D` (1–9), the width of the count fields; each count field zero-padded to `D` digits; then
+///   the time field, unpadded. Lua numbers are doubles, so the value is composed and split as a
+///   string, never computed as a number. A value of more than 19 digits (or above 2^63 − 1) is
+///   stored all the same, as a string: correctness never depends on the integer encoding. Counts
+///   of more than 9 digits use `n<count>:[<count>:]<time>`; a value with `:` and no `n` is the
+///   previous version's `a:b[:c]` (`start:count`, `start:cur:prev`, GCRA `last:token-ms`), still
+///   read, so keys survive an upgrade (they are rewritten in the new form on their next write):
+///   - fixed window: count; time = window index `start / window_ms`. TTL: two windows from its
+///     start. `sluice:{edge|user=u10|60000|fw}` holding 12 hits is `21228333334`;
+///   - sliding counter: current count, previous window's count; time = the window index. TTL:
+///     two windows from its start;
+///   - GCRA: remainder `r`; time = the theoretical arrival time `T` (ms). Tokens in use ×
+///     window_ms at `now`, in integer token-ms (the refill is exactly `rate = max(limit, 1)`
+///     token-ms per ms), are `max(0, (T − now) × rate + r)` with `0 <= r < rate`, capped at
+///     [`MAX_EXACT`]; `(0, 0)` is empty (the key is deleted). Recording `h` hits adds
+///     `h × window_ms` token-ms to what is in use at `now` and re-derives `T = now +
+///     floor(used / rate)`, `r = used mod rate`; a refund takes them off the same way. A clock
+///     that lags sees more tokens in use (conservative), never fewer. 13 digits of `T` and the
+///     digits of `r` (fewer than the limit's): at limits up to 100,000 the value stays an
+///     integer. TTL: until empty, plus one window.
 ///
 /// TTLs outlive the state by about a window so that a lagging clock (`now` behind the last
 /// write) finds the same state the memory backend keeps; an emptied key is deleted.
 ///
-/// Log members must be unique per key and short. They are integers, which a listpack stores in a
-/// few bytes (a UUID would cost 36): `member = max(1e15 + now_us, top_member + 1)`, then +1 per
-/// hit, with `now_us` the microsecond `TIME` (or `now * 1000` with an explicit now) and `top` the
-/// last element (`ZRANGE key -1 -1 WITHSCORES`). Scores are kept non-decreasing the same way:
-/// `score = max(now_ms, top_score)`. Why this is safe across instances and clock steps:
-/// - members strictly increase per key whatever any clock does, so they never collide (a
-///   collision would silently update an existing member instead of adding one);
-/// - the 1e15 offset makes every member exactly 16 digits (until the year 2255, also with the
-///   small explicit clocks of tests), so Redis's lexicographic tie-break between equal scores
-///   equals numeric order, and with non-decreasing scores the top element is always the last one
-///   added: `ZPOPMAX` then removes the newest entries, and the next member is derived correctly;
+/// Log members must be unique per key and short: a listpack stores an integer member of
+/// 1000000..=8388607 in 5 bytes (a 24-bit integer; a 16-digit one costs 10, a UUID 37). So they
+/// are 7-digit integers assigned cyclically per key: a new key starts at 1000000, then
+/// `member = top_member + 1` per hit, wrapping from 8388607 to 1000000, with `top` the last
+/// element (`ZRANGE key -1 -1 WITHSCORES`). Scores are kept non-decreasing: `score = max(now_ms,
+/// top_score)`. Why this is safe across instances and clock steps:
+/// - a fixed width keeps Redis's lexicographic tie-break between equal scores equal to numeric
+///   order, and with non-decreasing scores the top element is the last one added: `ZPOPMAX`
+///   removes the newest entries, and the next member is derived from the top. At a wrap (and
+///   after the previous version's 16-digit members) the new member would sort below the top at
+///   an equal score, so it and the rest of its call get `score + 1`: such an entry counts 1 ms
+///   longer than the memory backend's would (conservative), once per 7.4 million entries;
+/// - entries leave from the bottom (expiry) and the top (refunds), so the live members are one
+///   cyclic range; a new member collides with a live one (ZADD would silently update it instead
+///   of adding one: over-admission) only if the range's span plus the hits exceed the 7388608
+///   numbers. The script checks the span (from `ZRANGE 0 0` and the top, which the reply needs
+///   anyway) before writing and fails the call with a `sluice:` error instead;
 /// - a score never goes back in time, so a step back of the clock cannot make a new entry expire
 ///   earlier than the one before it (the memory backend records at `max(now, newest)` too);
-/// - members stay below 2^53, so Lua computes them exactly; `string.format('%.0f')` prints them
+/// - numbers stay below 2^53, so Lua computes them exactly; `string.format('%.0f')` prints them
 ///   (`tostring` would switch to exponent notation).
+///
+/// The log path reads each key's count once (`ZCARD` after the eviction) and its top and oldest
+/// entry at most once each, then keeps them up to date through its own adds and pops: an admitted
+/// single-hit item costs `ZREMRANGEBYSCORE`, `ZCARD`, two `ZRANGE`s (none on an empty key),
+/// `ZADD` and `PEXPIRE`.
 ///
 /// Numbers: integer divisions go through `ceil_div`, exact for operands below 2^53; the sliding
 /// counter's weight `ceil(prev * left / window)` is the same IEEE-754 double expression as the
@@ -106,7 +136,11 @@ pub const KIND_QUOTA: &str = "q";
 /// Members go in `ZADD` chunks of at most 1000 (2000 arguments), far below Lua's `unpack` limit.
 pub const SCRIPT: &str = r#"
 local CHUNK = 1000
-local MEMBER_BASE = 1e15
+local MAX_EXACT = 4503599627370496
+-- Log members: 7-digit integers (24-bit listpack integers), assigned cyclically per key.
+local MEMBER_LO, MEMBER_HI, MEMBERS = 1000000, 8388607, 7388608
+-- Undo token of a log item: (score mod 2^30) * 2^23 + (first member - MEMBER_LO) + 1.
+local TOKEN_MEMBER, TOKEN_SCORE = 8388608, 1073741824
 
 local function fmt(x)
   return string.format('%.0f', x)
@@ -124,6 +158,85 @@ local function ceil_div(a, b)
     q = q - 1
   end
   return q
+end
+
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  while q * b > a do
+    q = q - 1
+  end
+  while (q + 1) * b <= a do
+    q = q + 1
+  end
+  return q
+end
+
+-- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the
+-- counts zero-padded to it, then the time field. Counts of more than 9 digits take the 'n'
+-- form. One string.format per value, its pattern built once per width and count number.
+local PATTERN = {}
+local function compose(counts, t)
+  local k, top = #counts, counts[1]
+  if k > 1 and counts[2] > top then
+    top = counts[2]
+  end
+  local d, p = 1, 10
+  while top >= p and d < 10 do
+    d, p = d + 1, p * 10
+  end
+  if d > 9 then
+    local parts = {}
+    for j = 1, k do
+      parts[j] = fmt(counts[j])
+    end
+    parts[k + 1] = fmt(t)
+    return 'n' .. table.concat(parts, ':')
+  end
+  local key = k * 10 + d
+  local pattern = PATTERN[key]
+  if not pattern then
+    pattern = d .. string.rep('%0' .. d .. '.0f', k) .. '%.0f'
+    PATTERN[key] = pattern
+  end
+  if k == 1 then
+    return string.format(pattern, counts[1], t)
+  end
+  return string.format(pattern, counts[1], counts[2], t)
+end
+
+-- The counts and time field of compose's value; nil for the legacy 'a:b[:c]' form.
+local function decompose(v, k)
+  local c = {}
+  if string.sub(v, 1, 1) == 'n' then
+    for x in string.gmatch(string.sub(v, 2), '[^:]+') do
+      c[#c + 1] = tonumber(x)
+    end
+    return c, c[k + 1]
+  end
+  if string.find(v, ':', 1, true) then
+    return nil
+  end
+  local d = tonumber(string.sub(v, 1, 1)) or 1
+  for j = 1, k do
+    c[j] = tonumber(string.sub(v, 2 + (j - 1) * d, 1 + j * d))
+  end
+  return c, tonumber(string.sub(v, 2 + k * d))
+end
+
+-- GCRA: token-ms in use at `now` of arrival time t and remainder r (at most MAX_EXACT).
+local function gcra_used(t, r, rate, now)
+  if t >= now then
+    local u = (t - now) * rate + r
+    if u > MAX_EXACT then
+      u = MAX_EXACT
+    end
+    return u
+  end
+  local back = (now - t) * rate
+  if back >= r then
+    return 0
+  end
+  return r - back
 end
 
 local batched = ARGV[1] == 'b'
@@ -157,6 +270,7 @@ local limit, window, hits, kind, algo, param, passed = {}, {}, {}, {}, {}, {}, {
 local earlier = {}
 local any_quota, quota_passed = false, false
 local st = {}
+local lg = {}
 local admitted = 1
 
 local function wnd(i)
@@ -173,8 +287,28 @@ local function quantum(i)
   return param[i]
 end
 
+-- GCRA's refill in token-ms per ms (a limit of 0 refills like 1; its capacity is 0 anyway).
+local function rate(i)
+  if limit[i] < 1 then
+    return 1
+  end
+  return limit[i]
+end
+
+-- GCRA's state holding u token-ms at now: arrival time and remainder, (0, 0) when empty.
+local function gcra_set(i, s, u)
+  if u <= 0 then
+    s.a, s.b = 0, 0
+    return
+  end
+  local r = rate(i)
+  local q = floor_div(u, r)
+  s.a, s.b = now_ms + q, u - q * r
+end
+
 -- State of a non-log key, read once per call: the quantized log's buckets (sorted by start)
--- and their total, or the a/b/c numbers of the other algorithms.
+-- and their total, or the a/b/c numbers of the other algorithms (fixed window: start, count;
+-- sliding counter: start, current, previous; GCRA: arrival time, remainder).
 local function load(i)
   local key = KEYS[i]
   local s = st[key]
@@ -194,11 +328,28 @@ local function load(i)
     s = {a = 0, b = 0, c = 0}
     local v = redis.call('GET', key)
     if v then
-      local t = {}
-      for x in string.gmatch(v, '[^:]+') do
-        t[#t + 1] = tonumber(x)
+      local k = 1
+      if algo[i] == 's' then
+        k = 2
       end
-      s.a, s.b, s.c = t[1] or 0, t[2] or 0, t[3] or 0
+      local c, t = decompose(v, k)
+      if not c then
+        -- Written by the previous version: 'start:count[:prev]' or GCRA 'last:token-ms'.
+        c = {}
+        for x in string.gmatch(v, '[^:]+') do
+          c[#c + 1] = tonumber(x)
+        end
+        s.a, s.b, s.c = c[1] or 0, c[2] or 0, c[3] or 0
+        if algo[i] == 'g' then
+          local r = rate(i)
+          local q = floor_div(s.b, r)
+          s.a, s.b = s.a + q, s.b - q * r
+        end
+      elseif algo[i] == 'g' then
+        s.a, s.b = t or 0, c[1] or 0
+      else
+        s.a, s.b, s.c = (t or 0) * wnd(i), c[1] or 0, c[2] or 0
+      end
     end
   end
   st[key] = s
@@ -236,14 +387,9 @@ local function settle(i, s)
       s.a = start
     end
   else
-    if now_ms > s.a then
-      local decay = (now_ms - s.a) * limit[i]
-      if decay >= s.b then
-        s.b = 0
-      else
-        s.b = s.b - decay
-      end
-      s.a = now_ms
+    -- Only an emptied bucket changes: it forgets its arrival time.
+    if gcra_used(s.a, s.b, rate(i), now_ms) == 0 then
+      s.a, s.b = 0, 0
     end
   end
 end
@@ -265,7 +411,7 @@ local function count(i, s)
     end
     return s.b + math.ceil(s.c * left / w)
   else
-    return ceil_div(s.b, w)
+    return ceil_div(gcra_used(s.a, s.b, rate(i), now_ms), w)
   end
 end
 
@@ -280,11 +426,12 @@ local function reset(i, s)
   elseif a == 'f' or a == 's' then
     r = s.a + w - now_ms
   else
-    if s.b == 0 or limit[i] == 0 then
+    local u = gcra_used(s.a, s.b, rate(i), now_ms)
+    if u == 0 or limit[i] == 0 then
       return window[i]
     end
-    local c = ceil_div(s.b, w)
-    r = ceil_div(s.b - (c - 1) * w, limit[i])
+    local c = ceil_div(u, w)
+    r = ceil_div(u - (c - 1) * w, limit[i])
   end
   if r < 0 then
     r = 0
@@ -312,8 +459,12 @@ local function record(i, s, h)
     s.b = s.b + h
     return s.a + 1
   else
-    s.b = s.b + h * w
-    return 1
+    local u = gcra_used(s.a, s.b, rate(i), now_ms) + h * w
+    if u > MAX_EXACT then
+      u = MAX_EXACT
+    end
+    gcra_set(i, s, u)
+    return rate(i)
   end
 end
 
@@ -340,7 +491,13 @@ local function refund(i, s, h)
     s.b = s.b - take
     s.c = math.max(0, s.c - (h - take))
   else
-    s.b = math.max(0, s.b - h * w)
+    local u, d = gcra_used(s.a, s.b, rate(i), now_ms), h * w
+    if d >= u then
+      u = 0
+    else
+      u = u - d
+    end
+    gcra_set(i, s, u)
   end
 end
 
@@ -355,22 +512,20 @@ local function store(i, s)
       return
     end
     ttl = last[1] + window[i] + quantum(i) - now_ms
-  elseif s.b == 0 and s.c == 0 then
+  elseif (a == 'g' and s.a == 0 and s.b == 0) or (a ~= 'g' and s.b == 0 and s.c == 0) then
     redis.call('DEL', key)
     return
   else
-    local value = fmt(s.a) .. ':' .. fmt(s.b)
+    local value
     if a == 's' then
-      value = value .. ':' .. fmt(s.c)
+      value = compose({s.b, s.c}, math.floor(s.a / w))
       ttl = s.a + 2 * w - now_ms
     elseif a == 'f' then
+      value = compose({s.b}, math.floor(s.a / w))
       ttl = s.a + 2 * w - now_ms
     else
-      local l = limit[i]
-      if l < 1 then
-        l = 1
-      end
-      ttl = s.a + ceil_div(s.b, l) + w - now_ms
+      value = compose({s.b}, s.a)
+      ttl = ceil_div(gcra_used(s.a, s.b, rate(i), now_ms), rate(i)) + w
     end
     if ttl < 1 then
       ttl = 1
@@ -384,6 +539,57 @@ local function store(i, s)
   redis.call('PEXPIRE', key, fmt(ttl))
 end
 
+-- Whether a log member is one of ours (the previous version's were 16 digits).
+local function own(m)
+  return m and m >= MEMBER_LO and m <= MEMBER_HI
+end
+
+-- A log key's newest entry {member, score}, read once (false: the key is empty).
+local function log_top(key)
+  local lk = lg[key]
+  if lk.card == 0 then
+    lk.top, lk.old = false, false
+  elseif lk.top == nil then
+    local t = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    lk.top = {tonumber(t[1]), tonumber(t[2])}
+    if lk.card == 1 then
+      lk.old = lk.top
+    end
+  end
+  return lk.top
+end
+
+-- A log key's oldest entry, likewise.
+local function log_old(key)
+  local lk = lg[key]
+  if lk.card == 0 then
+    lk.top, lk.old = false, false
+  elseif lk.old == nil then
+    local t = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    lk.old = {tonumber(t[1]), tonumber(t[2])}
+    if lk.card == 1 then
+      lk.top = lk.old
+    end
+  end
+  return lk.old
+end
+
+-- How many member numbers the key's live entries span, oldest to newest, cyclically. Entries
+-- are added at the top and leave from the bottom (expiry) or the top (refunds), so the live
+-- members are one cyclic range; cluster compensation may leave holes, hence the span rather
+-- than the count. The previous version's members are outside the range and cannot collide.
+local function log_span(key)
+  local top, old = log_top(key), log_old(key)
+  if not top or not own(top[1]) then
+    return 0
+  end
+  local o = MEMBER_LO
+  if own(old[1]) then
+    o = old[1]
+  end
+  return (top[1] - o) % MEMBERS + 1
+end
+
 -- Decides the request whose slices are `keys` and `args`; returns its reply.
 local function decide(keys, args)
 KEYS, ARGV, n = keys, args, #keys
@@ -394,6 +600,7 @@ limit, window, hits, kind, algo, param, passed = {}, {}, {}, {}, {}, {}, {}
 earlier = {}
 any_quota, quota_passed = false, false
 st = {}
+lg = {}
 admitted = 1
 
 -- Phase 1: bring keys to now and check; nothing but expired entries is removed.
@@ -415,9 +622,15 @@ for i = 1, n do
   local cap = limit[i]
   local seen
   if algo[i] == 'l' then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now_ms - window[i]))
+    local gone = redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now_ms - window[i]))
+    local lk = lg[key]
+    if not lk then
+      lg[key] = {card = redis.call('ZCARD', key)}
+    elseif gone > 0 then
+      lg[key] = {card = lk.card - gone}
+    end
     if kind[i] ~= 'r' then
-      seen = redis.call('ZCARD', key)
+      seen = lg[key].card
     end
   elseif algo[i] == 'q' or algo[i] == 's' or algo[i] == 'g' or algo[i] == 'f' then
     local s = load(i)
@@ -467,21 +680,29 @@ if any_quota and not quota_passed then
   admitted = 0
 end
 
+-- Adds h entries; returns the undo token (see the reply).
 local function add(key, h)
-  local score, member = now_ms, MEMBER_BASE + now_us
-  local first
-  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if top[1] then
-    local tm, ts = tonumber(top[1]), tonumber(top[2])
-    if tm and tm + 1 > member then
-      member = tm + 1
+  local lk = lg[key]
+  local top = log_top(key)
+  log_old(key)
+  local score, member = now_ms, MEMBER_LO
+  if top then
+    if top[2] > score then
+      score = top[2]
     end
-    if ts and ts > score then
-      score = ts
+    if own(top[1]) and top[1] < MEMBER_HI then
+      member = top[1] + 1
+    elseif score <= top[2] then
+      -- A wrap (or the previous version's top): the new member sorts below the top at an
+      -- equal score, so it goes 1 ms later to stay the newest.
+      score = top[2] + 1
     end
   end
-  local s = fmt(score)
-  first = member
+  local token = (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - MEMBER_LO) + 1
+  if not lk.old then
+    lk.old = {member, score}
+  end
+  lk.card = lk.card + h
   while h > 0 do
     local m = h
     if m > CHUNK then
@@ -489,19 +710,36 @@ local function add(key, h)
     end
     local args = {}
     for j = 1, m do
-      args[2 * j - 1] = s
+      args[2 * j - 1] = fmt(score)
       args[2 * j] = fmt(member)
+      lk.top = {member, score}
       member = member + 1
+      if member > MEMBER_HI then
+        -- The same at a wrap inside this call.
+        member = MEMBER_LO
+        score = score + 1
+      end
     end
     redis.call('ZADD', key, unpack(args))
     h = h - m
   end
-  return first
+  return token
 end
 
 -- Phase 2: write, only for an admitted batch.
 local first = {}
 if admitted == 1 then
+  -- A log key must not reach one of its live members (ZADD would update it instead of adding
+  -- one); checked before anything is written. Needs ~7.4M live entries.
+  local adding = {}
+  for i = 1, n do
+    if algo[i] == 'l' and hits[i] > 0 and (kind[i] == 'c' or (kind[i] ~= 'r' and passed[i])) then
+      adding[KEYS[i]] = (adding[KEYS[i]] or 0) + hits[i]
+      if log_span(KEYS[i]) + adding[KEYS[i]] > MEMBERS then
+        return redis.error_reply('sluice: sliding log ' .. KEYS[i] .. ' is full (members wrap)')
+      end
+    end
+  end
   local written, written_window = {}, {}
   local stored, stored_item = {}, {}
   for i = 1, n do
@@ -523,12 +761,13 @@ if admitted == 1 then
     elseif writes then
       local wrote = false
       if kind[i] == 'r' then
-        local size = redis.call('ZCARD', key)
-        if h > size then
-          h = size
+        local lk = lg[key]
+        if h > lk.card then
+          h = lk.card
         end
         if h > 0 then
           redis.call('ZPOPMAX', key, fmt(h))
+          lg[key] = {card = lk.card - h, old = lk.old}
           wrote = true
         end
       else
@@ -542,9 +781,9 @@ if admitted == 1 then
     end
   end
   for _, key in ipairs(written) do
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if top[2] then
-      local ttl = tonumber(top[2]) + written_window[key] - now_ms
+    local top = log_top(key)
+    if top then
+      local ttl = top[2] + written_window[key] - now_ms
       if ttl < 1 then
         ttl = 1
       end
@@ -565,8 +804,8 @@ for i = 1, n do
   if algo[i] == 'l' then
     local sk = seen_key[key]
     if not sk then
-      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      sk = {redis.call('ZCARD', key), tonumber(oldest[2])}
+      local old = log_old(key)
+      sk = {lg[key].card, old and old[2]}
       seen_key[key] = sk
     end
     c = sk[1]
@@ -629,28 +868,97 @@ return replies
 
 /// Undoes exactly what earlier [`SCRIPT`] calls recorded. KEYS = keys; ARGV per key:
 /// `algorithm` code, `undo` (from that call's reply, non-zero), `hits`, `window_ms`.
-/// - log: removes the member range `undo ..= undo + hits - 1`; members are unique per key and
-///   never reused, so this removes those entries and nothing else, even after other requests
-///   added theirs;
+/// - log: removes the `hits` members from the token's first member on (cyclically), each only if
+///   its score still matches the token's (`score mod 2^30`, or one more for members after a
+///   wrap; `ZMSCORE`, Redis 6.2 or later): a refund may have popped them and another request may
+///   have reused the numbers since, at a later ms, and those entries stay. Only a pop and reuse
+///   within the same ms is indistinguishable (then another request's entries go instead of the
+///   popped ones: the count is as low as if the refund had taken those);
 /// - quantized log: takes `hits` from the bucket `undo - 1` (deleting it at zero);
 /// - fixed window / sliding counter: takes `hits` from the window that started at `undo - 1`,
 ///   i.e. the current count, or the previous one if the counter rotated since (nothing when the
 ///   window is gone);
-/// - GCRA: takes `hits × window_ms` token-ms from the tokens in use. Exact when no other call
-///   wrote the key in between; otherwise the refill the undone hits would have had between the
-///   two writes is lost, i.e. the key may count up to (that interval × rate) tokens too few.
+/// - GCRA: takes `hits × window_ms` token-ms off the arrival time (`undo` = the rate it was
+///   counted in). Exact also after other writes in between, unless the bucket emptied between
+///   the write and the compensation (then up to that interval × rate tokens too few).
 ///
 /// Counts never go below zero (a refund may have taken them meanwhile). Reply: the hits taken
 /// back (for the log, the members removed).
 pub const COMPENSATE: &str = r#"
 local CHUNK = 1000
+local MEMBER_LO, MEMBER_HI, MEMBERS = 1000000, 8388607, 7388608
+local TOKEN_MEMBER, TOKEN_SCORE = 8388608, 1073741824
 local removed = 0
 if #ARGV ~= 4 * #KEYS then
   return redis.error_reply('sluice: expected 4 * #KEYS arguments')
 end
+local MAX_EXACT = 4503599627370496
 local function fmt(x)
   return string.format('%.0f', x)
 end
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  while q * b > a do
+    q = q - 1
+  end
+  while (q + 1) * b <= a do
+    q = q + 1
+  end
+  return q
+end
+
+-- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the
+-- counts zero-padded to it, then the time field. Counts of more than 9 digits take the 'n'
+-- form. One string.format per value, its pattern built once per width and count number.
+local PATTERN = {}
+local function compose(counts, t)
+  local k, top = #counts, counts[1]
+  if k > 1 and counts[2] > top then
+    top = counts[2]
+  end
+  local d, p = 1, 10
+  while top >= p and d < 10 do
+    d, p = d + 1, p * 10
+  end
+  if d > 9 then
+    local parts = {}
+    for j = 1, k do
+      parts[j] = fmt(counts[j])
+    end
+    parts[k + 1] = fmt(t)
+    return 'n' .. table.concat(parts, ':')
+  end
+  local key = k * 10 + d
+  local pattern = PATTERN[key]
+  if not pattern then
+    pattern = d .. string.rep('%0' .. d .. '.0f', k) .. '%.0f'
+    PATTERN[key] = pattern
+  end
+  if k == 1 then
+    return string.format(pattern, counts[1], t)
+  end
+  return string.format(pattern, counts[1], counts[2], t)
+end
+
+-- The counts and time field of compose's value; nil for the legacy 'a:b[:c]' form.
+local function decompose(v, k)
+  local c = {}
+  if string.sub(v, 1, 1) == 'n' then
+    for x in string.gmatch(string.sub(v, 2), '[^:]+') do
+      c[#c + 1] = tonumber(x)
+    end
+    return c, c[k + 1]
+  end
+  if string.find(v, ':', 1, true) then
+    return nil
+  end
+  local d = tonumber(string.sub(v, 1, 1)) or 1
+  for j = 1, k do
+    c[j] = tonumber(string.sub(v, 2 + (j - 1) * d, 1 + j * d))
+  end
+  return c, tonumber(string.sub(v, 2 + k * d))
+end
+
 for i = 1, #KEYS do
   local key = KEYS[i]
   local a = ARGV[4 * i - 3]
@@ -664,16 +972,43 @@ for i = 1, #KEYS do
     w = 1
   end
   if a == 'l' then
+    -- token - 1 = (score mod 2^30) * 2^23 + (first member - MEMBER_LO); members after a wrap
+    -- went 1 ms later. A member whose score does not match is someone else's entry that reused
+    -- the number after a refund popped ours: it stays.
+    local off = token - 1
+    local m0 = MEMBER_LO + off % TOKEN_MEMBER
+    local s0 = math.floor(off / TOKEN_MEMBER)
+    if hits > MEMBERS then
+      hits = MEMBERS
+    end
     local j = 0
     while j < hits do
-      local args = {}
+      local args, later = {}, {}
       local m = 0
       while m < CHUNK and j < hits do
         m = m + 1
-        args[m] = fmt(token + j)
+        local member = m0 + j
+        later[m] = member > MEMBER_HI
+        if later[m] then
+          member = member - MEMBERS
+        end
+        args[m] = fmt(member)
         j = j + 1
       end
-      removed = removed + redis.call('ZREM', key, unpack(args))
+      local scores = redis.call('ZMSCORE', key, unpack(args))
+      local mine = {}
+      for x = 1, m do
+        local sc = tonumber(scores[x])
+        if sc then
+          local k = math.floor(sc) % TOKEN_SCORE
+          if k == s0 or (later[x] and k == (s0 + 1) % TOKEN_SCORE) then
+            mine[#mine + 1] = args[x]
+          end
+        end
+      end
+      if #mine > 0 then
+        removed = removed + redis.call('ZREM', key, unpack(mine))
+      end
     end
   elseif a == 'q' then
     local field = fmt(token - 1)
@@ -687,31 +1022,67 @@ for i = 1, #KEYS do
     removed = removed + take
   else
     local v = redis.call('GET', key)
-    local t = {}
     if v then
-      for x in string.gmatch(v, '[^:]+') do
-        t[#t + 1] = tonumber(x)
+      local k = 1
+      if a == 's' then
+        k = 2
       end
-    end
-    local sa, sb, sc = t[1], t[2] or 0, t[3] or 0
-    if sa then
-      local b0, c0 = sb, sc
-      if a == 'f' or a == 's' then
+      -- GCRA's token is its rate (token-ms per ms), which its arrival time is counted in.
+      local r = 1
+      if a == 'g' and token >= 1 then
+        r = token
+      end
+      local c, t = decompose(v, k)
+      local sa, sb, sc
+      if not c then
+        -- Written by the previous version: 'start:count[:prev]' or GCRA 'last:token-ms'.
+        c = {}
+        for x in string.gmatch(v, '[^:]+') do
+          c[#c + 1] = tonumber(x)
+        end
+        sa, sb, sc = c[1] or 0, c[2] or 0, c[3] or 0
+        if a == 'g' then
+          local q = floor_div(sb, r)
+          sa, sb = sa + q, sb - q * r
+        end
+      elseif a == 'g' then
+        sa, sb, sc = t or 0, c[1] or 0, 0
+      else
+        sa, sb, sc = (t or 0) * w, c[1] or 0, c[2] or 0
+      end
+      if a == 'g' then
+        -- Take hits × w token-ms off the arrival time: exact, whatever the clock says now.
+        local d = hits * w
+        local gone = d > MAX_EXACT
+        if not gone then
+          local q = floor_div(d, r)
+          sa, sb = sa - q, sb - (d - q * r)
+          if sb < 0 then
+            sa, sb = sa - 1, sb + r
+          end
+          gone = sa < 0 or (sa == 0 and sb == 0)
+        end
+        removed = removed + hits
+        if gone then
+          redis.call('DEL', key)
+        else
+          redis.call('SET', key, compose({sb}, sa), 'KEEPTTL')
+        end
+      else
+        local b0, c0 = sb, sc
         if sa == token - 1 then
           sb = math.max(0, sb - hits)
         elseif a == 's' and sa == token - 1 + w then
           sc = math.max(0, sc - hits)
         end
-      elseif a == 'g' then
-        sb = math.max(0, sb - hits * w)
-      end
-      removed = removed + (b0 - sb) + (c0 - sc)
-      if sb == 0 and sc == 0 then
-        redis.call('DEL', key)
-      elseif a == 's' then
-        redis.call('SET', key, fmt(sa) .. ':' .. fmt(sb) .. ':' .. fmt(sc), 'KEEPTTL')
-      else
-        redis.call('SET', key, fmt(sa) .. ':' .. fmt(sb), 'KEEPTTL')
+        removed = removed + (b0 - sb) + (c0 - sc)
+        if sb == 0 and sc == 0 then
+          redis.call('DEL', key)
+        elseif a == 's' then
+          redis.call('SET', key, compose({sb, sc}, math.floor(sa / w)), 'KEEPTTL')
+        else
+          redis.call('SET', key, compose({sb}, math.floor(sa / w)), 'KEEPTTL')
+        end
       end
     end
   end
@@ -753,7 +1124,7 @@ pub fn decode_reply(value: &Value, items: usize) -> Result<BatchOutcome, Limiter
     decode_reply_with_added(value, items).map(|(outcome, _)| outcome)
 }
 
-/// Like [`decode_reply`], also returning each item's first added member (0: added nothing).
+/// Like [`decode_reply`], also returning each item's undo token (0: added nothing).
 pub fn decode_reply_with_added(
     value: &Value,
     items: usize,
