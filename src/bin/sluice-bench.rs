@@ -103,6 +103,8 @@ struct Phase {
     errors: u64,
     elapsed: Duration,
     latency_us: Option<Histogram<u64>>,
+    /// Open loop only: when each request was handed to the client, after its scheduled instant.
+    schedule_lag_us: Option<Histogram<u64>>,
     cpu_secs: BTreeMap<String, f64>,
 }
 
@@ -117,6 +119,13 @@ impl Phase {
             .map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0)
     }
 
+    /// A percentile of the generator's schedule lag, in ms (`None` in closed loop).
+    fn lag_ms(&self, q: f64) -> Option<f64> {
+        self.schedule_lag_us
+            .as_ref()
+            .map(|h| h.value_at_quantile(q) as f64 / 1000.0)
+    }
+
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "name": self.name,
@@ -129,6 +138,8 @@ impl Phase {
             "p90_ms": self.percentile_ms(0.90),
             "p99_ms": self.percentile_ms(0.99),
             "p999_ms": self.percentile_ms(0.999),
+            "schedule_lag_p50_ms": self.lag_ms(0.50),
+            "schedule_lag_p99_ms": self.lag_ms(0.99),
             "elapsed_secs": self.elapsed.as_secs_f64(),
             "cpu_secs": self.cpu_secs,
         })
@@ -147,6 +158,10 @@ impl Phase {
             self.over_limit,
             self.errors
         );
+        if let (Some(p50), Some(p99)) = (self.lag_ms(0.50), self.lag_ms(0.99)) {
+            // Included in the latencies above, which count from the scheduled instant.
+            println!("         schedule lag (generator): p50 {p50:>7.3} ms  p99 {p99:>7.3} ms");
+        }
         for (name, secs) in &self.cpu_secs {
             let per = secs * 1e6 / self.requests.max(1) as f64;
             println!("         cpu {name}: {secs:.2} s ({per:.1} µs per decision)");
@@ -260,6 +275,113 @@ impl Counters {
     }
 }
 
+/// Shortest time between two wake-ups of the open-loop pacer. Why: on the 2-core VM these
+/// figures come from, one `nanosleep` wake-up costs about 24 µs of CPU (measured), plus the
+/// wake-up of a runtime worker it hands requests to; capping them at 10,000/s keeps that cost
+/// bounded (requests due meanwhile leave together) while the pacing stays within ~0.2 ms.
+const MIN_PACE: Duration = Duration::from_micros(100);
+
+/// Takes one request from the phase's budget (`--max-requests`).
+fn take(budget: &AtomicU64) -> bool {
+    budget
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
+        .is_ok()
+}
+
+/// Open loop: requests leave on a fixed schedule whatever the server does, and latency counts
+/// from the scheduled instant, so a stalled server cannot hide its queueing (no coordinated
+/// omission). Returns the latency and the schedule lag histograms (µs).
+///
+/// Why a thread of its own paces them: tokio's timer has 1 ms granularity, so a `sleep_until`
+/// per request sent them in bursts at each millisecond tick, each carrying up to 1 ms of the
+/// generator's own lag. The pacer is a std thread that sleeps with `std::thread::sleep`
+/// (nanosleep: it wakes ~50-100 µs late, the kernel's timer slack included), at most every
+/// [`MIN_PACE`], and hands everything due by then to the runtime as one task. It sleeps instead
+/// of spinning, since generator, server and Redis share the machine's cores. Each request also
+/// reports its schedule lag (handed to the client minus scheduled), so a reader can tell the
+/// generator's own lag from the server's latency.
+async fn open_loop(
+    clients: &[RateLimitServiceClient<Channel>],
+    args: &Args,
+    counters: &Arc<Counters>,
+    budget: Arc<AtomicU64>,
+    deadline: Instant,
+) -> anyhow::Result<(Histogram<u64>, Histogram<u64>)> {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
+    let interval = Duration::from_secs_f64(1.0 / args.rate);
+    // (latency from the scheduled instant, schedule lag), both in µs, per completed request.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
+    let runtime = tokio::runtime::Handle::current();
+    let clients = clients.to_vec();
+    let args = args.clone();
+    let counters = counters.clone();
+    let pacer = std::thread::Builder::new()
+        .name("open-loop-pacer".into())
+        .spawn(move || {
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+            let mut i = 0usize;
+            let mut scheduled = Instant::now();
+            let mut woke: Option<Instant> = None;
+            let mut done = false;
+            while !done {
+                let until = woke.map_or(scheduled, |w| scheduled.max(w + MIN_PACE));
+                let now = Instant::now();
+                if until > now {
+                    std::thread::sleep(until - now);
+                }
+                let now = Instant::now();
+                woke = Some(now);
+                let mut due = Vec::new();
+                while scheduled <= now {
+                    if scheduled >= deadline || !take(&budget) {
+                        done = true;
+                        break;
+                    }
+                    let at = scheduled;
+                    scheduled += interval;
+                    let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                        // Over the in-flight cap: counted as an error instead of queueing
+                        // unboundedly.
+                        counters.requests.fetch_add(1, Ordering::Relaxed);
+                        counters.errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    let client = clients[i % clients.len()].clone();
+                    i += 1;
+                    due.push((at, permit, client, build_request(&args, &mut rng)));
+                }
+                if due.is_empty() {
+                    continue;
+                }
+                // One task per hand-over (one worker wake-up), running its calls concurrently.
+                let calls = due.into_iter().map(|(at, permit, mut client, request)| {
+                    let counters = counters.clone();
+                    let tx = tx.clone();
+                    async move {
+                        let lag = at.elapsed();
+                        let result = client.should_rate_limit(request).await;
+                        let latency = at.elapsed();
+                        counters.record(&result);
+                        let _ = tx.send((latency.as_micros() as u64, lag.as_micros() as u64));
+                        drop(permit);
+                    }
+                });
+                runtime.spawn(futures_util::future::join_all(calls));
+            }
+            // `tx` goes with the thread: the receiver ends once every request has answered.
+        })?;
+    let mut latency = new_histogram()?;
+    let mut lag = new_histogram()?;
+    while let Some((latency_us, lag_us)) = rx.recv().await {
+        let _ = latency.record(latency_us.max(1));
+        let _ = lag.record(lag_us.max(1));
+    }
+    pacer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the open-loop pacer thread panicked"))?;
+    Ok((latency, lag))
+}
+
 async fn run_phase(name: &str, addrs: &[String], args: &Args) -> anyhow::Result<Phase> {
     let mut clients = Vec::new();
     for i in 0..args.connections.max(addrs.len()).max(1) {
@@ -281,56 +403,14 @@ async fn run_phase(name: &str, addrs: &[String], args: &Args) -> anyhow::Result<
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(args.duration_secs);
 
-    let take = |budget: &AtomicU64| {
-        budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
-            .is_ok()
-    };
-
-    let mut tasks = Vec::new();
     if args.rate > 0.0 {
-        // Open loop: requests are issued on a schedule; latency counts from the scheduled
-        // instant, so a stalled server cannot hide its queueing (no coordinated omission).
-        let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
-        let interval = Duration::from_secs_f64(1.0 / args.rate);
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut histogram = new_histogram()?;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-        let mut i = 0usize;
-        let mut scheduled = Instant::now();
-        while scheduled < deadline && take(&budget) {
-            tokio::time::sleep_until(scheduled.into()).await;
-            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-                // Over the in-flight cap: counted as an error instead of queueing unboundedly.
-                counters.requests.fetch_add(1, Ordering::Relaxed);
-                counters.errors.fetch_add(1, Ordering::Relaxed);
-                scheduled += interval;
-                continue;
-            };
-            let mut client = clients[i % clients.len()].clone();
-            i += 1;
-            let request = build_request(args, &mut rng);
-            let counters = counters.clone();
-            let tx = tx.clone();
-            let at = scheduled;
-            tokio::spawn(async move {
-                let result = client.should_rate_limit(request).await;
-                counters.record(&result);
-                let _ = tx.send(at.elapsed().as_micros() as u64);
-                drop(permit);
-            });
-            scheduled += interval;
-            while let Ok(us) = rx.try_recv() {
-                let _ = histogram.record(us.max(1));
-            }
-        }
-        drop(tx);
-        while let Some(us) = rx.recv().await {
-            let _ = histogram.record(us.max(1));
-        }
-        return finish(name, started, counters, Some(histogram), &cpu_before, args);
+        let (latency, lag) = open_loop(&clients, args, &counters, budget, deadline).await?;
+        let mut phase = finish(name, started, counters, Some(latency), &cpu_before, args)?;
+        phase.schedule_lag_us = Some(lag);
+        return Ok(phase);
     }
 
+    let mut tasks = Vec::new();
     for task in 0..args.concurrency.max(1) {
         let mut client = clients[task % clients.len()].clone();
         let args = args.clone();
@@ -383,6 +463,7 @@ fn finish(
         errors: counters.errors.load(Ordering::Relaxed),
         elapsed,
         latency_us: histogram,
+        schedule_lag_us: None,
         cpu_secs: cpu,
     })
 }
