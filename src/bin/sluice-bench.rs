@@ -64,6 +64,12 @@ struct Args {
     /// Open-loop target rate in requests per second; 0 runs closed loop.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Open loop: shortest time between two wake-ups of the pacer, in µs. Requests due
+    /// meanwhile leave together, so this bounds the generator's schedule lag (plus the timer's
+    /// own lateness, ~50-100 µs) and the pacer's CPU (one wake-up costs tens of µs of CPU on a
+    /// small VM).
+    #[arg(long, default_value_t = 100)]
+    pace_us: u64,
     /// Domain sent in every request.
     #[arg(long, default_value = "bench")]
     domain: String,
@@ -275,12 +281,6 @@ impl Counters {
     }
 }
 
-/// Shortest time between two wake-ups of the open-loop pacer. Why: on the 2-core VM these
-/// figures come from, one `nanosleep` wake-up costs about 24 µs of CPU (measured), plus the
-/// wake-up of a runtime worker it hands requests to; capping them at 10,000/s keeps that cost
-/// bounded (requests due meanwhile leave together) while the pacing stays within ~0.2 ms.
-const MIN_PACE: Duration = Duration::from_micros(100);
-
 /// Takes one request from the phase's budget (`--max-requests`).
 fn take(budget: &AtomicU64) -> bool {
     budget
@@ -288,18 +288,83 @@ fn take(budget: &AtomicU64) -> bool {
         .is_ok()
 }
 
+/// A timer with sub-millisecond precision for async code: a timerfd registered with the
+/// runtime's own epoll. Why: tokio's timer rounds every sleep up to its 1 ms tick, so an open
+/// loop paced with `sleep_until` sent its requests in bursts at each tick, each carrying up to
+/// 1 ms of the generator's own lag. A timerfd wakes the waiting worker at the instant (plus the
+/// kernel's timer slack, ~50 µs) without a thread of its own: a pacer thread handing requests
+/// to the runtime costs two thread wake-ups per tick, and on a loaded 2-core machine each
+/// hand-over waits for the scheduler (measured: tails of tens of ms that the 1 ms timer did not
+/// have).
+struct PreciseTimer {
+    fd: tokio::io::unix::AsyncFd<rustix::fd::OwnedFd>,
+    /// The same instant on both clocks (`Instant` is CLOCK_MONOTONIC on Linux).
+    origin: (Instant, Duration),
+}
+
+impl PreciseTimer {
+    fn new() -> std::io::Result<Self> {
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        let fd = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )?;
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let mono = Duration::new(now.tv_sec as u64, now.tv_nsec as u32);
+        // `new` is deprecated because an arbitrary `AsRawFd` may close or swap its descriptor
+        // while registered; an `OwnedFd` moved into the `AsyncFd` cannot, so this use is sound
+        // (the replacement, `register`, is `unsafe`, which this crate does not use).
+        #[allow(deprecated)]
+        let fd = tokio::io::unix::AsyncFd::new(fd)?;
+        Ok(PreciseTimer {
+            fd,
+            origin: (Instant::now(), mono),
+        })
+    }
+
+    async fn sleep_until(&self, at: Instant) -> std::io::Result<()> {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        if at <= Instant::now() {
+            return Ok(());
+        }
+        let mono = self.origin.1 + at.saturating_duration_since(self.origin.0);
+        let value = Timespec {
+            tv_sec: mono.as_secs() as i64,
+            tv_nsec: i64::from(mono.subsec_nanos()),
+        };
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        timerfd_settime(
+            self.fd.get_ref(),
+            TimerfdTimerFlags::ABSTIME,
+            &Itimerspec {
+                it_interval: zero,
+                it_value: value,
+            },
+        )?;
+        loop {
+            let mut ready = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            match ready.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
+                Ok(result) => return result.map(|_| ()),
+                // Readiness was stale (already read): wait again.
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
 /// Open loop: requests leave on a fixed schedule whatever the server does, and latency counts
 /// from the scheduled instant, so a stalled server cannot hide its queueing (no coordinated
 /// omission). Returns the latency and the schedule lag histograms (µs).
 ///
-/// Why a thread of its own paces them: tokio's timer has 1 ms granularity, so a `sleep_until`
-/// per request sent them in bursts at each millisecond tick, each carrying up to 1 ms of the
-/// generator's own lag. The pacer is a std thread that sleeps with `std::thread::sleep`
-/// (nanosleep: it wakes ~50-100 µs late, the kernel's timer slack included), at most every
-/// [`MIN_PACE`], and hands everything due by then to the runtime as one task. It sleeps instead
-/// of spinning, since generator, server and Redis share the machine's cores. Each request also
-/// reports its schedule lag (handed to the client minus scheduled), so a reader can tell the
-/// generator's own lag from the server's latency.
+/// The schedule is kept by a [`PreciseTimer`] (not tokio's 1 ms timer), waking at most every
+/// `--pace-us`; requests due by then leave together. It waits instead of spinning, since
+/// generator, server and Redis share the machine's cores. Each request also reports its schedule
+/// lag (handed to the client minus scheduled), so a reader can tell the generator's own lag from
+/// the server's latency.
 async fn open_loop(
     clients: &[RateLimitServiceClient<Channel>],
     args: &Args,
@@ -309,76 +374,60 @@ async fn open_loop(
 ) -> anyhow::Result<(Histogram<u64>, Histogram<u64>)> {
     let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
     let interval = Duration::from_secs_f64(1.0 / args.rate);
+    let pace = Duration::from_micros(args.pace_us);
+    let timer = PreciseTimer::new()?;
     // (latency from the scheduled instant, schedule lag), both in µs, per completed request.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
-    let runtime = tokio::runtime::Handle::current();
-    let clients = clients.to_vec();
-    let args = args.clone();
-    let counters = counters.clone();
-    let pacer = std::thread::Builder::new()
-        .name("open-loop-pacer".into())
-        .spawn(move || {
-            let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-            let mut i = 0usize;
-            let mut scheduled = Instant::now();
-            let mut woke: Option<Instant> = None;
-            let mut done = false;
-            while !done {
-                let until = woke.map_or(scheduled, |w| scheduled.max(w + MIN_PACE));
-                let now = Instant::now();
-                if until > now {
-                    std::thread::sleep(until - now);
-                }
-                let now = Instant::now();
-                woke = Some(now);
-                let mut due = Vec::new();
-                while scheduled <= now {
-                    if scheduled >= deadline || !take(&budget) {
-                        done = true;
-                        break;
-                    }
-                    let at = scheduled;
-                    scheduled += interval;
-                    let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-                        // Over the in-flight cap: counted as an error instead of queueing
-                        // unboundedly.
-                        counters.requests.fetch_add(1, Ordering::Relaxed);
-                        counters.errors.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    };
-                    let client = clients[i % clients.len()].clone();
-                    i += 1;
-                    due.push((at, permit, client, build_request(&args, &mut rng)));
-                }
-                if due.is_empty() {
-                    continue;
-                }
-                // One task per hand-over (one worker wake-up), running its calls concurrently.
-                let calls = due.into_iter().map(|(at, permit, mut client, request)| {
-                    let counters = counters.clone();
-                    let tx = tx.clone();
-                    async move {
-                        let lag = at.elapsed();
-                        let result = client.should_rate_limit(request).await;
-                        let latency = at.elapsed();
-                        counters.record(&result);
-                        let _ = tx.send((latency.as_micros() as u64, lag.as_micros() as u64));
-                        drop(permit);
-                    }
-                });
-                runtime.spawn(futures_util::future::join_all(calls));
-            }
-            // `tx` goes with the thread: the receiver ends once every request has answered.
-        })?;
     let mut latency = new_histogram()?;
     let mut lag = new_histogram()?;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut i = 0usize;
+    let mut scheduled = Instant::now();
+    let mut woke: Option<Instant> = None;
+    let mut done = false;
+    while !done {
+        timer
+            .sleep_until(woke.map_or(scheduled, |w| scheduled.max(w + pace)))
+            .await?;
+        let now = Instant::now();
+        woke = Some(now);
+        while scheduled <= now {
+            if scheduled >= deadline || !take(&budget) {
+                done = true;
+                break;
+            }
+            let at = scheduled;
+            scheduled += interval;
+            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                // Over the in-flight cap: counted as an error instead of queueing unboundedly.
+                counters.requests.fetch_add(1, Ordering::Relaxed);
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let mut client = clients[i % clients.len()].clone();
+            i += 1;
+            let request = build_request(args, &mut rng);
+            let counters = counters.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let lag = at.elapsed();
+                let result = client.should_rate_limit(request).await;
+                let latency = at.elapsed();
+                counters.record(&result);
+                let _ = tx.send((latency.as_micros() as u64, lag.as_micros() as u64));
+                drop(permit);
+            });
+        }
+        while let Ok((latency_us, lag_us)) = rx.try_recv() {
+            let _ = latency.record(latency_us.max(1));
+            let _ = lag.record(lag_us.max(1));
+        }
+    }
+    drop(tx);
     while let Some((latency_us, lag_us)) = rx.recv().await {
         let _ = latency.record(latency_us.max(1));
         let _ = lag.record(lag_us.max(1));
     }
-    pacer
-        .join()
-        .map_err(|_| anyhow::anyhow!("the open-loop pacer thread panicked"))?;
     Ok((latency, lag))
 }
 
