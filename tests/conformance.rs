@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::limiter::redis::cluster::ClusterLimiter;
+use sluice::limiter::redis::cluster::{key_slot, ClusterLimiter};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
@@ -1008,6 +1008,9 @@ mod differential {
         }
     }
 
+    /// The keys of the generated traces; see [`algorithm_of`].
+    const KEYS: [&str; 7] = ["a", "b", "c", "q", "s", "g", "f"];
+
     fn arb_hit() -> impl Strategy<Value = Hit> {
         let kind = prop_oneof![
             4 => Just(HitKind::Consume),
@@ -1017,7 +1020,7 @@ mod differential {
         ];
         let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 1 => 5u64..2000];
         (
-            prop::sample::select(vec!["a", "b", "c", "q", "s", "g", "f"]),
+            prop::sample::select(KEYS.to_vec()),
             0u64..6,
             hits,
             kind,
@@ -1037,36 +1040,160 @@ mod differential {
         )
     }
 
-    #[test]
-    fn memory_and_redis_agree() {
-        let server = common::RedisServer::start();
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let redis_limiter = rt.block_on(redis_limiter(&server));
-        let raw = rt
-            .block_on(
-                redis::Client::open(server.url())
-                    .expect("client")
-                    .get_multiplexed_async_connection(),
-            )
-            .expect("raw connection");
+    type Steps = Vec<(i64, Vec<Hit>)>;
+
+    /// [`arb_steps`] without the cases in which the cluster backend cannot act like one script
+    /// (docs/algorithms.md, "Redis Cluster"), each narrowed as little as it takes:
+    ///
+    /// 1. In a batch spanning slots, a refund item before a recording item of the same key. One
+    ///    script (memory, standalone Redis, a single-slot batch) applies the refund to what the
+    ///    key held before, then records; across slots the refund waits until every slot admitted
+    ///    (it could not be taken back exactly if another slot rejected), so it takes back the
+    ///    newest entries, the ones this batch just recorded: which entries remain differs, and
+    ///    the count too when the refund exceeds what the key held. Such batches get their refund
+    ///    items moved to the end, where both orders agree.
+    /// 2. A fixed-window, sliding-counter or GCRA key touched at a `now` before a batch spanning
+    ///    slots that recorded on it. If that batch was rejected, its slot had already stored the
+    ///    key brought to that batch's `now` (window rotated, GCRA refill applied) and the
+    ///    compensation only takes the hits back: the same state later, but not earlier, where one
+    ///    script (which stores nothing on a rejection) still sees the old window or less refill.
+    ///    Such a batch runs at that later time instead.
+    /// 3. GCRA items of one key with different rates (`limit`) in one trace, for the same reason:
+    ///    the refill up to the compensated batch's `now` was applied at that batch's rate, where
+    ///    one script applies the next item's rate to the whole interval. Here a trace keeps the
+    ///    first rate of its GCRA key (production keys keep their rate until a reload changes it).
+    fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
+        arb_steps().prop_map(|steps| {
+            let o1 = |h: &Hit| {
+                matches!(
+                    h.algorithm,
+                    Algorithm::FixedWindow | Algorithm::SlidingCounter | Algorithm::Gcra { .. }
+                )
+            };
+            let records = |h: &Hit| h.kind != HitKind::Refund && h.hits > 0;
+            let gcra_rate = steps
+                .iter()
+                .flat_map(|(_, b)| b)
+                .find(|h| matches!(h.algorithm, Algorithm::Gcra { .. }))
+                .map(|h| h.limit);
+            // Latest `now` of a batch spanning slots that recorded on each O(1) key (rule 2).
+            let mut settled: std::collections::HashMap<String, u64> = Default::default();
+            let (mut now, mut shifted) = (T, T);
+            let mut out = Vec::with_capacity(steps.len());
+            for (step, mut batch) in steps {
+                now = now.saturating_add_signed(step);
+                let spans_slots = batch
+                    .iter()
+                    .any(|h| key_slot(&h.key) != key_slot(&batch[0].key));
+                if spans_slots {
+                    // Rule 1. Stable: the order among refunds and among the rest is kept.
+                    batch.sort_by_key(|h| h.kind == HitKind::Refund);
+                }
+                for h in batch.iter_mut() {
+                    if let (Algorithm::Gcra { .. }, Some(rate)) = (h.algorithm, gcra_rate) {
+                        h.limit = rate; // rule 3
+                    }
+                }
+                let at = batch
+                    .iter()
+                    .filter_map(|h| settled.get(&h.key))
+                    .fold(now, |at, &s| at.max(s)); // rule 2
+                if spans_slots {
+                    for h in batch.iter().filter(|h| o1(h) && records(h)) {
+                        settled.insert(h.key.clone(), at);
+                    }
+                }
+                out.push((at as i64 - shifted as i64, batch));
+                shifted = at;
+            }
+            out
+        })
+    }
+
+    /// Feeds each generated trace to a fresh memory limiter and to `backend` (emptied by `flush`
+    /// first) at the same virtual times, and requires the same outcome for every batch.
+    fn agrees_with_memory(
+        rt: &tokio::runtime::Runtime,
+        backend: &Arc<dyn Limiter>,
+        flush: impl Fn(),
+        steps: impl Strategy<Value = Steps>,
+        cases: u32,
+    ) {
         let config = ProptestConfig {
-            cases: 500,
+            cases,
             ..ProptestConfig::default()
         };
-        proptest!(config, |(steps in arb_steps())| {
-            let mut raw = raw.clone();
-            let _: () = rt
-                .block_on(redis::cmd("FLUSHALL").query_async(&mut raw))
-                .expect("flushall");
+        proptest!(config, |(steps in steps)| {
+            flush();
             let memory: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
             let mut now = T;
             for (step, batch) in steps {
                 now = now.saturating_add_signed(step);
                 let m = rt.block_on(at(&memory, &batch, now));
-                let r = rt.block_on(at(&redis_limiter, &batch, now));
+                let r = rt.block_on(at(backend, &batch, now));
                 prop_assert_eq!(m, r, "batch {:?} at {}", batch, now);
             }
         });
+    }
+
+    async fn flushall(conn: &redis::aio::MultiplexedConnection) {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut conn.clone())
+            .await
+            .expect("flushall");
+    }
+
+    async fn raw(url: String) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(url)
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection")
+    }
+
+    #[test]
+    fn memory_and_redis_agree() {
+        let server = common::RedisServer::start();
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let redis_limiter = rt.block_on(redis_limiter(&server));
+        let raw = rt.block_on(raw(server.url()));
+        let flush = || rt.block_on(flushall(&raw));
+        agrees_with_memory(&rt, &redis_limiter, flush, arb_steps(), 500);
+    }
+
+    /// The same traces against a 3-primary cluster. Every key of the generator hashes to its own
+    /// slot and the slots spread over all three primaries, so any batch with two keys is a
+    /// multi-slot request: parallel per-slot scripts, and compensation when one slot rejects.
+    #[test]
+    fn memory_and_redis_cluster_agree() {
+        let cluster = common::RedisCluster::start();
+        let slots: std::collections::BTreeSet<u16> = KEYS.iter().map(|k| key_slot(k)).collect();
+        assert_eq!(slots.len(), KEYS.len(), "every key in its own slot");
+        let owners: std::collections::BTreeSet<usize> =
+            slots.iter().map(|&s| cluster.owner(s)).collect();
+        assert_eq!(owners.len(), 3, "keys on every primary");
+
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let limiter: Arc<dyn Limiter> = Arc::new(
+            rt.block_on(ClusterLimiter::connect(
+                &cluster.url(),
+                &RedisOptions::default(),
+            ))
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", cluster.url())),
+        );
+        let nodes: Vec<_> = cluster
+            .nodes
+            .iter()
+            .map(|n| rt.block_on(raw(n.url())))
+            .collect();
+        let flush = || {
+            rt.block_on(async {
+                for node in &nodes {
+                    flushall(node).await;
+                }
+            })
+        };
+        agrees_with_memory(&rt, &limiter, flush, arb_steps_cluster(), 1000);
     }
 }
 

@@ -84,6 +84,70 @@ async fn cross_slot_rejection_leaves_nothing_behind() {
     assert_eq!(zcard(&cluster, &a), 1);
 }
 
+/// What one script (the memory backend, the reference) reports for a request spanning slots,
+/// the cluster must report too, although it splits the request: refund items of a rejected
+/// request report their key's state (they were never sent, and reported an empty window), items
+/// of a compensated slot report the reset of the key without their hits (a quantized log kept
+/// the reset of the bucket it had just opened), and items of a refunded key report the key
+/// after the refund (they reported it before). Found by the differential property test
+/// (tests/conformance.rs, `memory_and_redis_cluster_agree`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_slot_reports_match_one_script() {
+    use sluice::limiter::memory::MemoryLimiter;
+    use sluice::limiter::{Algorithm, SystemClock};
+    const T: u64 = 1_700_000_000_000;
+    let cluster = RedisCluster::start();
+    let l = limiter(&cluster).await;
+    let memory: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
+    let (a, b) = keys_on_two_nodes(&cluster);
+    assert_ne!(key_slot("sluice:{q}"), key_slot(&b));
+    let item = |key: &str, limit: u64, hits: u64, kind: HitKind, algorithm: Algorithm| Hit {
+        key: key.into(),
+        limit,
+        window_ms: 1000,
+        hits,
+        kind,
+        algorithm,
+    };
+    let log = Algorithm::SlidingLog;
+    let quantized = Algorithm::QuantizedLog { quantum_ms: 100 };
+    let full = item(&b, 0, 1, HitKind::Consume, log);
+    let steps: Vec<(u64, Vec<Hit>)> = vec![
+        // Two entries on a, then a rejected request refunding a: 2 entries, reset 990.
+        (T, vec![item(&a, 5, 2, HitKind::Consume, log)]),
+        (
+            T + 10,
+            vec![full.clone(), item(&a, 0, 1, HitKind::Refund, log)],
+        ),
+        // A quantized log of its own slot admits, the other slot rejects: empty again, so the
+        // reset is a whole window, not the bucket's window + quantum.
+        (
+            T + 20,
+            vec![
+                item("sluice:{q}", 5, 1, HitKind::Consume, quantized),
+                full.clone(),
+            ],
+        ),
+        // Admitted: a consume and a refund of one key, another slot in between.
+        (
+            T + 30,
+            vec![
+                item(&a, 5, 1, HitKind::Consume, log),
+                item(&format!("{b}c"), 5, 1, HitKind::Consume, log),
+                item(&a, 0, 3, HitKind::Refund, log),
+            ],
+        ),
+    ];
+    for (now, batch) in steps {
+        let slots: std::collections::BTreeSet<u16> =
+            batch.iter().map(|h| key_slot(&h.key)).collect();
+        assert!(slots.len() == batch.len().min(2), "spans slots: {batch:?}");
+        let expected = memory.decide_at(&batch, now).await.unwrap();
+        let got = l.decide_at(&batch, now).await.unwrap();
+        assert_eq!(got, expected, "batch {batch:?} at {now}");
+    }
+}
+
 /// Hammers `key` (limit `limit`) from 8 tasks for `calls` calls in total while `disturb` runs;
 /// returns (admitted, errors).
 async fn hammer_during<F>(

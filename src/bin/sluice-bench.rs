@@ -64,6 +64,12 @@ struct Args {
     /// Open-loop target rate in requests per second; 0 runs closed loop.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Open loop: shortest time between two wake-ups of the pacer, in µs. Requests due
+    /// meanwhile leave together, so this bounds the generator's schedule lag (plus the timer's
+    /// own lateness, ~50-100 µs) and the pacer's CPU (one wake-up costs tens of µs of CPU on a
+    /// small VM).
+    #[arg(long, default_value_t = 100)]
+    pace_us: u64,
     /// Domain sent in every request.
     #[arg(long, default_value = "bench")]
     domain: String,
@@ -103,6 +109,8 @@ struct Phase {
     errors: u64,
     elapsed: Duration,
     latency_us: Option<Histogram<u64>>,
+    /// Open loop only: when each request was handed to the client, after its scheduled instant.
+    schedule_lag_us: Option<Histogram<u64>>,
     cpu_secs: BTreeMap<String, f64>,
 }
 
@@ -117,6 +125,13 @@ impl Phase {
             .map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1000.0)
     }
 
+    /// A percentile of the generator's schedule lag, in ms (`None` in closed loop).
+    fn lag_ms(&self, q: f64) -> Option<f64> {
+        self.schedule_lag_us
+            .as_ref()
+            .map(|h| h.value_at_quantile(q) as f64 / 1000.0)
+    }
+
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "name": self.name,
@@ -129,6 +144,8 @@ impl Phase {
             "p90_ms": self.percentile_ms(0.90),
             "p99_ms": self.percentile_ms(0.99),
             "p999_ms": self.percentile_ms(0.999),
+            "schedule_lag_p50_ms": self.lag_ms(0.50),
+            "schedule_lag_p99_ms": self.lag_ms(0.99),
             "elapsed_secs": self.elapsed.as_secs_f64(),
             "cpu_secs": self.cpu_secs,
         })
@@ -147,6 +164,10 @@ impl Phase {
             self.over_limit,
             self.errors
         );
+        if let (Some(p50), Some(p99)) = (self.lag_ms(0.50), self.lag_ms(0.99)) {
+            // Included in the latencies above, which count from the scheduled instant.
+            println!("         schedule lag (generator): p50 {p50:>7.3} ms  p99 {p99:>7.3} ms");
+        }
         for (name, secs) in &self.cpu_secs {
             let per = secs * 1e6 / self.requests.max(1) as f64;
             println!("         cpu {name}: {secs:.2} s ({per:.1} µs per decision)");
@@ -260,6 +281,155 @@ impl Counters {
     }
 }
 
+/// Takes one request from the phase's budget (`--max-requests`).
+fn take(budget: &AtomicU64) -> bool {
+    budget
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
+        .is_ok()
+}
+
+/// A timer with sub-millisecond precision for async code: a timerfd registered with the
+/// runtime's own epoll. Why: tokio's timer rounds every sleep up to its 1 ms tick, so an open
+/// loop paced with `sleep_until` sent its requests in bursts at each tick, each carrying up to
+/// 1 ms of the generator's own lag. A timerfd wakes the waiting worker at the instant (plus the
+/// kernel's timer slack, ~50 µs) without a thread of its own: a pacer thread handing requests
+/// to the runtime costs two thread wake-ups per tick, and on a loaded 2-core machine each
+/// hand-over waits for the scheduler (measured in docs/performance.md, "Open-loop pacing").
+struct PreciseTimer {
+    fd: tokio::io::unix::AsyncFd<rustix::fd::OwnedFd>,
+    /// The same instant on both clocks (`Instant` is CLOCK_MONOTONIC on Linux).
+    origin: (Instant, Duration),
+}
+
+impl PreciseTimer {
+    fn new() -> std::io::Result<Self> {
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        let fd = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )?;
+        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let mono = Duration::new(now.tv_sec as u64, now.tv_nsec as u32);
+        // `new` is deprecated because an arbitrary `AsRawFd` may close or swap its descriptor
+        // while registered; an `OwnedFd` moved into the `AsyncFd` cannot, so this use is sound
+        // (the replacement, `register`, is `unsafe`, which this crate does not use).
+        #[allow(deprecated)]
+        let fd = tokio::io::unix::AsyncFd::new(fd)?;
+        Ok(PreciseTimer {
+            fd,
+            origin: (Instant::now(), mono),
+        })
+    }
+
+    async fn sleep_until(&self, at: Instant) -> std::io::Result<()> {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        if at <= Instant::now() {
+            return Ok(());
+        }
+        let mono = self.origin.1 + at.saturating_duration_since(self.origin.0);
+        let value = Timespec {
+            tv_sec: mono.as_secs() as i64,
+            tv_nsec: i64::from(mono.subsec_nanos()),
+        };
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        timerfd_settime(
+            self.fd.get_ref(),
+            TimerfdTimerFlags::ABSTIME,
+            &Itimerspec {
+                it_interval: zero,
+                it_value: value,
+            },
+        )?;
+        loop {
+            let mut ready = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            match ready.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
+                Ok(result) => return result.map(|_| ()),
+                // Readiness was stale (already read): wait again.
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+/// Open loop: requests leave on a fixed schedule whatever the server does, and latency counts
+/// from the scheduled instant, so a stalled server cannot hide its queueing (no coordinated
+/// omission). Returns the latency and the schedule lag histograms (µs).
+///
+/// The schedule is kept by a [`PreciseTimer`] (not tokio's 1 ms timer), waking at most every
+/// `--pace-us`; requests due by then leave together. It waits instead of spinning, since
+/// generator, server and Redis share the machine's cores. Each request also reports its schedule
+/// lag (handed to the client minus scheduled), so a reader can tell the generator's own lag from
+/// the server's latency.
+async fn open_loop(
+    clients: &[RateLimitServiceClient<Channel>],
+    args: &Args,
+    counters: &Arc<Counters>,
+    budget: Arc<AtomicU64>,
+    deadline: Instant,
+) -> anyhow::Result<(Histogram<u64>, Histogram<u64>)> {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
+    let interval = Duration::from_secs_f64(1.0 / args.rate);
+    let pace = Duration::from_micros(args.pace_us);
+    let timer = PreciseTimer::new()?;
+    // (latency from the scheduled instant, schedule lag), both in µs, per completed request.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
+    let mut latency = new_histogram()?;
+    let mut lag = new_histogram()?;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut i = 0usize;
+    let mut scheduled = Instant::now();
+    let mut woke: Option<Instant> = None;
+    let mut done = false;
+    while !done {
+        timer
+            .sleep_until(woke.map_or(scheduled, |w| scheduled.max(w + pace)))
+            .await?;
+        let now = Instant::now();
+        woke = Some(now);
+        while scheduled <= now {
+            if scheduled >= deadline || !take(&budget) {
+                done = true;
+                break;
+            }
+            let at = scheduled;
+            scheduled += interval;
+            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                // Over the in-flight cap: counted as an error instead of queueing unboundedly.
+                counters.requests.fetch_add(1, Ordering::Relaxed);
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let mut client = clients[i % clients.len()].clone();
+            i += 1;
+            let request = build_request(args, &mut rng);
+            let counters = counters.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let lag = at.elapsed();
+                let result = client.should_rate_limit(request).await;
+                let latency = at.elapsed();
+                counters.record(&result);
+                let _ = tx.send((latency.as_micros() as u64, lag.as_micros() as u64));
+                drop(permit);
+            });
+        }
+        while let Ok((latency_us, lag_us)) = rx.try_recv() {
+            let _ = latency.record(latency_us.max(1));
+            let _ = lag.record(lag_us.max(1));
+        }
+    }
+    drop(tx);
+    while let Some((latency_us, lag_us)) = rx.recv().await {
+        let _ = latency.record(latency_us.max(1));
+        let _ = lag.record(lag_us.max(1));
+    }
+    Ok((latency, lag))
+}
+
 async fn run_phase(name: &str, addrs: &[String], args: &Args) -> anyhow::Result<Phase> {
     let mut clients = Vec::new();
     for i in 0..args.connections.max(addrs.len()).max(1) {
@@ -281,56 +451,14 @@ async fn run_phase(name: &str, addrs: &[String], args: &Args) -> anyhow::Result<
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(args.duration_secs);
 
-    let take = |budget: &AtomicU64| {
-        budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
-            .is_ok()
-    };
-
-    let mut tasks = Vec::new();
     if args.rate > 0.0 {
-        // Open loop: requests are issued on a schedule; latency counts from the scheduled
-        // instant, so a stalled server cannot hide its queueing (no coordinated omission).
-        let in_flight = Arc::new(tokio::sync::Semaphore::new(args.concurrency.max(1)));
-        let interval = Duration::from_secs_f64(1.0 / args.rate);
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut histogram = new_histogram()?;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
-        let mut i = 0usize;
-        let mut scheduled = Instant::now();
-        while scheduled < deadline && take(&budget) {
-            tokio::time::sleep_until(scheduled.into()).await;
-            let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-                // Over the in-flight cap: counted as an error instead of queueing unboundedly.
-                counters.requests.fetch_add(1, Ordering::Relaxed);
-                counters.errors.fetch_add(1, Ordering::Relaxed);
-                scheduled += interval;
-                continue;
-            };
-            let mut client = clients[i % clients.len()].clone();
-            i += 1;
-            let request = build_request(args, &mut rng);
-            let counters = counters.clone();
-            let tx = tx.clone();
-            let at = scheduled;
-            tokio::spawn(async move {
-                let result = client.should_rate_limit(request).await;
-                counters.record(&result);
-                let _ = tx.send(at.elapsed().as_micros() as u64);
-                drop(permit);
-            });
-            scheduled += interval;
-            while let Ok(us) = rx.try_recv() {
-                let _ = histogram.record(us.max(1));
-            }
-        }
-        drop(tx);
-        while let Some(us) = rx.recv().await {
-            let _ = histogram.record(us.max(1));
-        }
-        return finish(name, started, counters, Some(histogram), &cpu_before, args);
+        let (latency, lag) = open_loop(&clients, args, &counters, budget, deadline).await?;
+        let mut phase = finish(name, started, counters, Some(latency), &cpu_before, args)?;
+        phase.schedule_lag_us = Some(lag);
+        return Ok(phase);
     }
 
+    let mut tasks = Vec::new();
     for task in 0..args.concurrency.max(1) {
         let mut client = clients[task % clients.len()].clone();
         let args = args.clone();
@@ -383,6 +511,7 @@ fn finish(
         errors: counters.errors.load(Ordering::Relaxed),
         elapsed,
         latency_us: histogram,
+        schedule_lag_us: None,
         cpu_secs: cpu,
     })
 }

@@ -8,12 +8,20 @@
 //!
 //! 1. the batch is split into slot groups (batch order kept inside each group); a request whose
 //!    keys share a slot is one script call, exactly like the standalone backend;
-//! 2. otherwise each group's consume and shadow items are evaluated in parallel, each group
-//!    atomically, and each call returns an undo token per item (for the log: the members it
-//!    added and their score);
-//! 3. if every group admitted, refunds (which never reject) are applied per group;
+//! 2. otherwise each group's consume, shadow and quota items are evaluated in parallel, each
+//!    group atomically, and each call returns an undo token per item (for the log: the members
+//!    it added and their score); the group's refund items ride along as check-only probes (they
+//!    bring their key to `now` and report it, as one script call would on a rejection);
+//! 3. if every group admitted, refunds (which never reject) are applied per group, the other
+//!    items of a refunded key going along as probes so that they report the key after the
+//!    refund;
 //! 4. if any group rejected or failed, a compensation script takes back what the admitted
-//!    groups recorded (log members by number and score, see `COMPENSATE`).
+//!    groups recorded (log members by number and score, see `COMPENSATE`), and groups of
+//!    refunds alone are probed.
+//!
+//! The outcomes are those one script call would report (the differential property test in
+//! tests/conformance.rs holds the cluster to the memory backend's reference models); where the
+//! split cannot behave like one script is listed in docs/algorithms.md ("Redis Cluster").
 //!
 //! The guarantee (docs/redis.md): never over-admit, since each group checks its own limits
 //! atomically and a request is admitted only when all groups admitted; a rejected request
@@ -38,7 +46,7 @@ use super::script::{decode_reply_with_added, COMPENSATE, MAX_EXACT, SCRIPT};
 use super::{
     invocation, map_error, CONNECT_TIMEOUT, PING_TIMEOUT, RECONNECT_BACKOFF, RESPONSE_TIMEOUT,
 };
-use crate::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
 const SLOTS: u16 = 16384;
@@ -96,6 +104,41 @@ fn not_executed(e: &RedisError) -> bool {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `item`, reported by a part that was compensated afterwards, as the key is once `undone` of
+/// its hits are taken back (its own recorded hits, which were all the part wrote to the key).
+/// The count drops by exactly those hits for every algorithm. The reset is unchanged (the
+/// compensated hits were the newest; a fixed or sliding window keeps its start), except that a
+/// log, quantized log or GCRA key left empty reports a whole window, as an empty key does.
+fn without_undone(item: KeyOutcome, hit: &Hit, undone: u64) -> KeyOutcome {
+    let count = item.count.saturating_sub(undone);
+    let empty_resets = !matches!(
+        hit.algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingCounter
+    );
+    KeyOutcome {
+        count,
+        reset_ms: if undone > 0 && count == 0 && empty_resets {
+            hit.window_ms
+        } else {
+            item.reset_ms
+        },
+        ..item
+    }
+}
+
+/// How [`ClusterLimiter::eval`] sends a group's items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// As they are: the whole request in one slot.
+    AsIs,
+    /// Phase 1 of a request spanning slots: quota items as shadow items and refund items as
+    /// probes (see `eval`).
+    Check,
+    /// Phase 2 of an admitted request spanning slots: refund items as they are, the other items
+    /// (already checked and recorded in phase 1) as zero-hit probes that record nothing.
+    Refund,
 }
 
 /// One group's evaluated part: batch indices, outcome, undo token per item.
@@ -184,14 +227,33 @@ impl ClusterLimiter {
         batch: &[Hit],
         indices: Vec<usize>,
         now: Option<u64>,
-        quota_across_groups: bool,
+        mode: Mode,
     ) -> Result<Part, LimiterError> {
         let mut hits: Vec<Hit> = indices.iter().map(|&i| batch[i].clone()).collect();
-        if quota_across_groups {
-            // "At least one quota item passes" spans every group: here each quota item is
-            // checked and recorded like a shadow item, and `run` applies the rule to them all.
-            for hit in hits.iter_mut().filter(|h| h.kind == HitKind::Quota) {
+        if mode == Mode::Refund {
+            for hit in hits.iter_mut().filter(|h| h.kind != HitKind::Refund) {
                 hit.kind = HitKind::Shadow;
+                hit.hits = 0;
+            }
+        }
+        if mode == Mode::Check {
+            for hit in hits.iter_mut() {
+                match hit.kind {
+                    // "At least one quota item passes" spans every group: here each quota item
+                    // is checked and recorded like a shadow item, and `run` applies the rule to
+                    // them all.
+                    HitKind::Quota => hit.kind = HitKind::Shadow,
+                    // A refund may only apply once every group admitted, and cannot be taken
+                    // back exactly; here it is a check-only probe that records nothing but
+                    // brings the key to `now` (log evictions persist, as in one script) and
+                    // reports its state, which is the refund's outcome if the request is
+                    // rejected.
+                    HitKind::Refund => {
+                        hit.kind = HitKind::Shadow;
+                        hit.hits = 0;
+                    }
+                    HitKind::Consume | HitKind::Shadow => {}
+                }
             }
         }
         let mut conn = conn.clone();
@@ -211,7 +273,11 @@ impl ClusterLimiter {
                 Err(e) => return Err(self.fail(&e)),
             }
         };
-        let (outcome, added) = decode_reply_with_added(&reply, hits.len())?;
+        let (mut outcome, added) = decode_reply_with_added(&reply, hits.len())?;
+        for (item, &i) in outcome.items.iter_mut().zip(&indices) {
+            // A refund item passes whatever its probe saw.
+            item.passed |= batch[i].kind == HitKind::Refund;
+        }
         Ok(Part {
             indices,
             outcome,
@@ -261,19 +327,15 @@ impl ClusterLimiter {
         let groups = slot_groups(batch);
         if groups.len() == 1 {
             let all = (0..batch.len()).collect();
-            return Ok(self.eval(&conn, batch, all, now, false).await?.outcome);
+            return Ok(self.eval(&conn, batch, all, now, Mode::AsIs).await?.outcome);
         }
+        let has_refunds = |g: &&Vec<usize>| g.iter().any(|&i| batch[i].kind == HitKind::Refund);
+        let only_refunds = |g: &&Vec<usize>| g.iter().all(|&i| batch[i].kind == HitKind::Refund);
 
-        // Phase 1: every group's checking items, in parallel.
-        let checking = groups.iter().filter_map(|g| {
-            let idx: Vec<usize> = g
-                .iter()
-                .copied()
-                .filter(|&i| batch[i].kind != HitKind::Refund)
-                .collect();
-            (!idx.is_empty()).then_some(idx)
-        });
-        let results = join_all(checking.map(|idx| self.eval(&conn, batch, idx, now, true))).await;
+        // Phase 1: every group with a checking item, in parallel (its refunds as probes).
+        let checking = groups.iter().filter(|g| !only_refunds(g));
+        let results =
+            join_all(checking.map(|g| self.eval(&conn, batch, g.clone(), now, Mode::Check))).await;
         let mut admitted = results
             .iter()
             .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
@@ -290,21 +352,31 @@ impl ClusterLimiter {
 
         let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
         if admitted {
-            // Phase 2: refunds never reject; they apply only once every group admitted.
-            let refunds = groups.iter().filter_map(|g| {
+            // Phase 2: refunds never reject; they apply only once every group admitted. The
+            // other items of a refunded key go along as probes, so that they report the key as
+            // the request left it, as one script call would.
+            let refunds = groups.iter().filter(has_refunds).map(|g| {
+                let refunded = |key: &str| {
+                    g.iter()
+                        .any(|&j| batch[j].kind == HitKind::Refund && batch[j].key == key)
+                };
                 let idx: Vec<usize> = g
                     .iter()
                     .copied()
-                    .filter(|&i| batch[i].kind == HitKind::Refund)
+                    .filter(|&i| refunded(&batch[i].key))
                     .collect();
-                (!idx.is_empty()).then_some(idx)
+                self.eval(&conn, batch, idx, now, Mode::Refund)
             });
-            let refunded =
-                join_all(refunds.map(|idx| self.eval(&conn, batch, idx, now, true))).await;
+            let refunded = join_all(refunds).await;
             for part in results.into_iter().chain(refunded) {
                 let part = part?;
                 for (k, &i) in part.indices.iter().enumerate() {
-                    items[i] = Some(part.outcome.items[k]);
+                    let mut item = part.outcome.items[k];
+                    if let Some(checked) = items[i] {
+                        // A probe of phase 2: the check was phase 1's.
+                        item.passed = checked.passed;
+                    }
+                    items[i] = Some(item);
                 }
             }
         } else {
@@ -313,11 +385,21 @@ impl ClusterLimiter {
                 .filter_map(|r| r.as_ref().ok())
                 .filter(|p| p.outcome.admitted)
                 .collect();
-            let undone = join_all(admitted_parts.iter().map(|p| self.undo(&conn, batch, p))).await;
+            // Groups of refunds alone were not sent in phase 1: probe them now, next to the
+            // compensation (other slots, so neither sees the other).
+            let probes = groups
+                .iter()
+                .filter(only_refunds)
+                .map(|g| self.eval(&conn, batch, g.clone(), now, Mode::Check));
+            let (undone, probed) = futures_util::future::join(
+                join_all(admitted_parts.iter().map(|p| self.undo(&conn, batch, p))),
+                join_all(probes),
+            )
+            .await;
             for err in undone.into_iter().filter_map(Result::err) {
                 tracing::warn!(error = %err, "cluster compensation failed; entries expire with their window");
             }
-            for part in results {
+            for part in results.into_iter().chain(probed) {
                 let part = part?;
                 for (k, &i) in part.indices.iter().enumerate() {
                     let mut item = part.outcome.items[k];
@@ -330,29 +412,16 @@ impl ClusterLimiter {
                             .filter(|(&j, &first)| first > 0 && batch[j].key == batch[i].key)
                             .map(|(&j, _)| batch[j].hits.min(MAX_EXACT))
                             .sum();
-                        item.count = item.count.saturating_sub(undone);
+                        item = without_undone(item, &batch[i], undone);
                     }
                     items[i] = Some(item);
                 }
             }
         }
-        // Refunds of a rejected request were never sent (nothing applied): they report the
-        // state their key's other items saw, or an empty window when there is none.
-        let items = (0..batch.len())
-            .map(|i| {
-                items[i].unwrap_or_else(|| {
-                    let seen = batch
-                        .iter()
-                        .zip(&items)
-                        .find_map(|(h, o)| o.filter(|_| h.key == batch[i].key));
-                    KeyOutcome {
-                        passed: true,
-                        count: seen.map_or(0, |o| o.count),
-                        reset_ms: seen.map_or(batch[i].window_ms, |o| o.reset_ms),
-                    }
-                })
-            })
-            .collect();
+        let items = items
+            .into_iter()
+            .collect::<Option<Vec<KeyOutcome>>>()
+            .ok_or_else(|| LimiterError::Protocol("cluster batch item without outcome".into()))?;
         Ok(BatchOutcome { admitted, items })
     }
 }
