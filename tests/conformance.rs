@@ -1161,6 +1161,91 @@ mod differential {
         agrees_with_memory(&rt, &redis_limiter, flush, arb_steps(), 500);
     }
 
+    /// The six ARGV values of an item, as the Redis limiter sends them (script.rs documents them).
+    fn item_argv(h: &Hit) -> Vec<String> {
+        use sluice::limiter::redis::script::{
+            KIND_CONSUME, KIND_QUOTA, KIND_REFUND, KIND_SHADOW, MAX_EXACT,
+        };
+        let kind = match h.kind {
+            HitKind::Consume => KIND_CONSUME,
+            HitKind::Shadow => KIND_SHADOW,
+            HitKind::Refund => KIND_REFUND,
+            HitKind::Quota => KIND_QUOTA,
+        };
+        vec![
+            h.limit.min(MAX_EXACT - 1).to_string(),
+            h.window_ms.min(MAX_EXACT).to_string(),
+            h.hits.min(MAX_EXACT).to_string(),
+            kind.to_string(),
+            h.algorithm.code().to_string(),
+            h.algorithm.param().min(MAX_EXACT - 1).to_string(),
+        ]
+    }
+
+    /// A batched call (several requests in one `EVALSHA`, sharing one `now`) answers every
+    /// request exactly as separate calls in the same order do: same replies, undo tokens
+    /// included, on every algorithm. Database 0 gets the batched calls, database 1 the separate
+    /// ones, each round of requests at its own time.
+    #[test]
+    fn batched_call_equals_separate_calls() {
+        use sluice::limiter::redis::script::SCRIPT;
+        let server = common::RedisServer::start();
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let batched_db = rt.block_on(raw(server.url()));
+        let separate_db = rt.block_on(raw(format!("{}/1", server.url())));
+        let script = redis::Script::new(SCRIPT);
+        let rounds = prop::collection::vec(
+            (
+                0i64..700,
+                prop::collection::vec(prop::collection::vec(arb_hit(), 1..4), 1..6),
+            ),
+            1..8,
+        );
+        let config = ProptestConfig {
+            cases: 300,
+            ..ProptestConfig::default()
+        };
+        proptest!(config, |(rounds in rounds)| {
+            rt.block_on(flushall(&batched_db));
+            let mut now = T;
+            for (step, requests) in rounds {
+                now += step as u64;
+                let mut call = redis::cmd("EVALSHA");
+                call.arg(script.get_hash())
+                    .arg(requests.iter().map(Vec::len).sum::<usize>());
+                for hit in requests.iter().flatten() {
+                    call.arg(&hit.key);
+                }
+                call.arg("b").arg(now).arg(requests.len());
+                for request in &requests {
+                    call.arg(request.len());
+                }
+                for hit in requests.iter().flatten() {
+                    call.arg(item_argv(hit));
+                }
+                let batched: redis::Value = rt.block_on(async {
+                    script.load_async(&mut batched_db.clone()).await.expect("load");
+                    call.query_async(&mut batched_db.clone()).await.expect("batched call")
+                });
+                let redis::Value::Array(batched) = batched else {
+                    panic!("batched reply is not an array: {batched:?}");
+                };
+                prop_assert_eq!(batched.len(), requests.len());
+                for (request, batched_reply) in requests.iter().zip(batched) {
+                    let mut single = script.prepare_invoke();
+                    single.arg(now);
+                    for hit in request {
+                        single.key(&hit.key).arg(item_argv(hit));
+                    }
+                    let separate: redis::Value = rt
+                        .block_on(single.invoke_async(&mut separate_db.clone()))
+                        .expect("separate call");
+                    prop_assert_eq!(&batched_reply, &separate, "request {:?} at {}", request, now);
+                }
+            }
+        });
+    }
+
     /// The same traces against a 3-primary cluster. Every key of the generator hashes to its own
     /// slot and the slots spread over all three primaries, so any batch with two keys is a
     /// multi-slot request: parallel per-slot scripts, and compensation when one slot rejects.
