@@ -25,6 +25,89 @@ pub const KIND_SHADOW: &str = "s";
 pub const KIND_REFUND: &str = "r";
 pub const KIND_QUOTA: &str = "q";
 
+/// The Lua both scripts start with: constants, number formatting and the O(1) value layout.
+/// A macro rather than a constant, so that `concat!` can build each script as one literal.
+macro_rules! lua_prelude {
+    () => {
+        r#"
+local CHUNK = 1000
+local MAX_EXACT = 4503599627370496
+-- Log members: 7-digit integers (24-bit listpack integers), assigned cyclically per key.
+local MEMBER_LO, MEMBER_HI, MEMBERS = 1000000, 8388607, 7388608
+-- Undo token of a log item: (score mod 2^30) * 2^23 + (first member - MEMBER_LO) + 1.
+local TOKEN_MEMBER, TOKEN_SCORE = 8388608, 1073741824
+
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+local function floor_div(a, b)
+  local q = math.floor(a / b)
+  while q * b > a do
+    q = q - 1
+  end
+  while (q + 1) * b <= a do
+    q = q + 1
+  end
+  return q
+end
+
+-- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the
+-- counts zero-padded to it, then the time field. Counts of more than 9 digits take the 'n'
+-- form. One string.format per value, its pattern built once per width and count number.
+local PATTERN = {}
+local function compose(counts, t)
+  local k, top = #counts, counts[1]
+  if k > 1 and counts[2] > top then
+    top = counts[2]
+  end
+  local d, p = 1, 10
+  while top >= p and d < 10 do
+    d, p = d + 1, p * 10
+  end
+  if d > 9 then
+    local parts = {}
+    for j = 1, k do
+      parts[j] = fmt(counts[j])
+    end
+    parts[k + 1] = fmt(t)
+    return 'n' .. table.concat(parts, ':')
+  end
+  local key = k * 10 + d
+  local pattern = PATTERN[key]
+  if not pattern then
+    pattern = d .. string.rep('%0' .. d .. '.0f', k) .. '%.0f'
+    PATTERN[key] = pattern
+  end
+  if k == 1 then
+    return string.format(pattern, counts[1], t)
+  end
+  return string.format(pattern, counts[1], counts[2], t)
+end
+
+-- The counts and time field of compose's value; nil for the legacy 'a:b[:c]' form.
+local function decompose(v, k)
+  local c = {}
+  if string.sub(v, 1, 1) == 'n' then
+    for x in string.gmatch(string.sub(v, 2), '[^:]+') do
+      c[#c + 1] = tonumber(x)
+    end
+    return c, c[k + 1]
+  end
+  if string.find(v, ':', 1, true) then
+    return nil
+  end
+  local d = tonumber(string.sub(v, 1, 1)) or 1
+  for j = 1, k do
+    c[j] = tonumber(string.sub(v, 2 + (j - 1) * d, 1 + j * d))
+  end
+  return c, tonumber(string.sub(v, 2 + k * d))
+end
+
+"#
+    };
+}
+
 /// KEYS: one per batch item, in batch order (a key may repeat; repeats are cumulative). A key is
 /// used with one algorithm only (the engine puts the algorithm in the key).
 ///
@@ -134,18 +217,9 @@ pub const KIND_QUOTA: &str = "q";
 /// Rust model's, so both round identically.
 ///
 /// Members go in `ZADD` chunks of at most 1000 (2000 arguments), far below Lua's `unpack` limit.
-pub const SCRIPT: &str = r#"
-local CHUNK = 1000
-local MAX_EXACT = 4503599627370496
--- Log members: 7-digit integers (24-bit listpack integers), assigned cyclically per key.
-local MEMBER_LO, MEMBER_HI, MEMBERS = 1000000, 8388607, 7388608
--- Undo token of a log item: (score mod 2^30) * 2^23 + (first member - MEMBER_LO) + 1.
-local TOKEN_MEMBER, TOKEN_SCORE = 8388608, 1073741824
-
-local function fmt(x)
-  return string.format('%.0f', x)
-end
-
+pub const SCRIPT: &str = concat!(
+    lua_prelude!(),
+    r#"
 local function ceil_div(a, b)
   if a <= 0 or b <= 0 then
     return 0
@@ -158,69 +232,6 @@ local function ceil_div(a, b)
     q = q - 1
   end
   return q
-end
-
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  while q * b > a do
-    q = q - 1
-  end
-  while (q + 1) * b <= a do
-    q = q + 1
-  end
-  return q
-end
-
--- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the
--- counts zero-padded to it, then the time field. Counts of more than 9 digits take the 'n'
--- form. One string.format per value, its pattern built once per width and count number.
-local PATTERN = {}
-local function compose(counts, t)
-  local k, top = #counts, counts[1]
-  if k > 1 and counts[2] > top then
-    top = counts[2]
-  end
-  local d, p = 1, 10
-  while top >= p and d < 10 do
-    d, p = d + 1, p * 10
-  end
-  if d > 9 then
-    local parts = {}
-    for j = 1, k do
-      parts[j] = fmt(counts[j])
-    end
-    parts[k + 1] = fmt(t)
-    return 'n' .. table.concat(parts, ':')
-  end
-  local key = k * 10 + d
-  local pattern = PATTERN[key]
-  if not pattern then
-    pattern = d .. string.rep('%0' .. d .. '.0f', k) .. '%.0f'
-    PATTERN[key] = pattern
-  end
-  if k == 1 then
-    return string.format(pattern, counts[1], t)
-  end
-  return string.format(pattern, counts[1], counts[2], t)
-end
-
--- The counts and time field of compose's value; nil for the legacy 'a:b[:c]' form.
-local function decompose(v, k)
-  local c = {}
-  if string.sub(v, 1, 1) == 'n' then
-    for x in string.gmatch(string.sub(v, 2), '[^:]+') do
-      c[#c + 1] = tonumber(x)
-    end
-    return c, c[k + 1]
-  end
-  if string.find(v, ':', 1, true) then
-    return nil
-  end
-  local d = tonumber(string.sub(v, 1, 1)) or 1
-  for j = 1, k do
-    c[j] = tonumber(string.sub(v, 2 + (j - 1) * d, 1 + j * d))
-  end
-  return c, tonumber(string.sub(v, 2 + k * d))
 end
 
 -- GCRA: token-ms in use at `now` of arrival time t and remainder r (at most MAX_EXACT).
@@ -864,7 +875,8 @@ for g = 1, groups do
   replies[g] = decide(keys, args)
 end
 return replies
-"#;
+"#
+);
 
 /// Undoes exactly what earlier [`SCRIPT`] calls recorded. KEYS = keys; ARGV per key:
 /// `algorithm` code, `undo` (from that call's reply, non-zero), `hits`, `window_ms`.
@@ -884,79 +896,12 @@ return replies
 ///
 /// Counts never go below zero (a refund may have taken them meanwhile). Reply: the hits taken
 /// back (for the log, the members removed).
-pub const COMPENSATE: &str = r#"
-local CHUNK = 1000
-local MEMBER_LO, MEMBER_HI, MEMBERS = 1000000, 8388607, 7388608
-local TOKEN_MEMBER, TOKEN_SCORE = 8388608, 1073741824
+pub const COMPENSATE: &str = concat!(
+    lua_prelude!(),
+    r#"
 local removed = 0
 if #ARGV ~= 4 * #KEYS then
   return redis.error_reply('sluice: expected 4 * #KEYS arguments')
-end
-local MAX_EXACT = 4503599627370496
-local function fmt(x)
-  return string.format('%.0f', x)
-end
-local function floor_div(a, b)
-  local q = math.floor(a / b)
-  while q * b > a do
-    q = q - 1
-  end
-  while (q + 1) * b <= a do
-    q = q + 1
-  end
-  return q
-end
-
--- An O(1) state as one decimal integer (the layout of SCRIPT's doc): the width digit, the
--- counts zero-padded to it, then the time field. Counts of more than 9 digits take the 'n'
--- form. One string.format per value, its pattern built once per width and count number.
-local PATTERN = {}
-local function compose(counts, t)
-  local k, top = #counts, counts[1]
-  if k > 1 and counts[2] > top then
-    top = counts[2]
-  end
-  local d, p = 1, 10
-  while top >= p and d < 10 do
-    d, p = d + 1, p * 10
-  end
-  if d > 9 then
-    local parts = {}
-    for j = 1, k do
-      parts[j] = fmt(counts[j])
-    end
-    parts[k + 1] = fmt(t)
-    return 'n' .. table.concat(parts, ':')
-  end
-  local key = k * 10 + d
-  local pattern = PATTERN[key]
-  if not pattern then
-    pattern = d .. string.rep('%0' .. d .. '.0f', k) .. '%.0f'
-    PATTERN[key] = pattern
-  end
-  if k == 1 then
-    return string.format(pattern, counts[1], t)
-  end
-  return string.format(pattern, counts[1], counts[2], t)
-end
-
--- The counts and time field of compose's value; nil for the legacy 'a:b[:c]' form.
-local function decompose(v, k)
-  local c = {}
-  if string.sub(v, 1, 1) == 'n' then
-    for x in string.gmatch(string.sub(v, 2), '[^:]+') do
-      c[#c + 1] = tonumber(x)
-    end
-    return c, c[k + 1]
-  end
-  if string.find(v, ':', 1, true) then
-    return nil
-  end
-  local d = tonumber(string.sub(v, 1, 1)) or 1
-  for j = 1, k do
-    c[j] = tonumber(string.sub(v, 2 + (j - 1) * d, 1 + j * d))
-  end
-  return c, tonumber(string.sub(v, 2 + k * d))
 end
 
 for i = 1, #KEYS do
@@ -1088,7 +1033,8 @@ for i = 1, #KEYS do
   end
 end
 return removed
-"#;
+"#
+);
 
 /// Decodes the reply of a batched call (`ARGV[1] = "b"`): one reply per group, each decoded by
 /// [`decode_reply`] against that group's item count. The outer error is for a reply that is not
