@@ -104,6 +104,33 @@ local function decompose(v, k)
   return c, tonumber(string.sub(v, 2 + k * d))
 end
 
+
+-- The state in an O(1) key's value `v`, as a, b, c: fixed window start (ms), count, 0; sliding
+-- counter start (ms), current count, previous count; GCRA arrival time, remainder, 0 (GCRA's
+-- rate `r` converts the previous version's 'last:token-ms'). `w` is the window in ms.
+local function read_o1(v, algo, w, r)
+  local k = 1
+  if algo == 's' then
+    k = 2
+  end
+  local c, t = decompose(v, k)
+  if not c then
+    -- Written by the previous version: 'start:count[:prev]' or GCRA 'last:token-ms'.
+    c = {}
+    for x in string.gmatch(v, '[^:]+') do
+      c[#c + 1] = tonumber(x)
+    end
+    local a, b = c[1] or 0, c[2] or 0
+    if algo == 'g' then
+      local q = floor_div(b, r)
+      return a + q, b - q * r, 0
+    end
+    return a, b, c[3] or 0
+  elseif algo == 'g' then
+    return t or 0, c[1] or 0, 0
+  end
+  return (t or 0) * w, c[1] or 0, c[2] or 0
+end
 "#
     };
 }
@@ -339,28 +366,7 @@ local function load(i)
     s = {a = 0, b = 0, c = 0}
     local v = redis.call('GET', key)
     if v then
-      local k = 1
-      if algo[i] == 's' then
-        k = 2
-      end
-      local c, t = decompose(v, k)
-      if not c then
-        -- Written by the previous version: 'start:count[:prev]' or GCRA 'last:token-ms'.
-        c = {}
-        for x in string.gmatch(v, '[^:]+') do
-          c[#c + 1] = tonumber(x)
-        end
-        s.a, s.b, s.c = c[1] or 0, c[2] or 0, c[3] or 0
-        if algo[i] == 'g' then
-          local r = rate(i)
-          local q = floor_div(s.b, r)
-          s.a, s.b = s.a + q, s.b - q * r
-        end
-      elseif algo[i] == 'g' then
-        s.a, s.b = t or 0, c[1] or 0
-      else
-        s.a, s.b, s.c = (t or 0) * wnd(i), c[1] or 0, c[2] or 0
-      end
+      s.a, s.b, s.c = read_o1(v, algo[i], wnd(i), rate(i))
     end
   end
   st[key] = s
@@ -555,34 +561,34 @@ local function own(m)
   return m and m >= MEMBER_LO and m <= MEMBER_HI
 end
 
--- A log key's newest entry {member, score}, read once (false: the key is empty).
-local function log_top(key)
+-- A log key's newest (`newest`) or oldest entry {member, score}, each read at most once per
+-- request and then kept up to date by its own adds and pops (false: the key is empty).
+local function log_end(key, newest)
   local lk = lg[key]
   if lk.card == 0 then
     lk.top, lk.old = false, false
-  elseif lk.top == nil then
-    local t = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    lk.top = {tonumber(t[1]), tonumber(t[2])}
+    return false
+  end
+  local field, at = 'old', 0
+  if newest then
+    field, at = 'top', -1
+  end
+  if lk[field] == nil then
+    local t = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+    lk[field] = {tonumber(t[1]), tonumber(t[2])}
     if lk.card == 1 then
-      lk.old = lk.top
+      lk.top, lk.old = lk[field], lk[field]
     end
   end
-  return lk.top
+  return lk[field]
 end
 
--- A log key's oldest entry, likewise.
+local function log_top(key)
+  return log_end(key, true)
+end
+
 local function log_old(key)
-  local lk = lg[key]
-  if lk.card == 0 then
-    lk.top, lk.old = false, false
-  elseif lk.old == nil then
-    local t = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    lk.old = {tonumber(t[1]), tonumber(t[2])}
-    if lk.card == 1 then
-      lk.top = lk.old
-    end
-  end
-  return lk.old
+  return log_end(key, false)
 end
 
 -- How many member numbers the key's live entries span, oldest to newest, cyclically. Entries
@@ -968,33 +974,12 @@ for i = 1, #KEYS do
   else
     local v = redis.call('GET', key)
     if v then
-      local k = 1
-      if a == 's' then
-        k = 2
-      end
       -- GCRA's token is its rate (token-ms per ms), which its arrival time is counted in.
       local r = 1
       if a == 'g' and token >= 1 then
         r = token
       end
-      local c, t = decompose(v, k)
-      local sa, sb, sc
-      if not c then
-        -- Written by the previous version: 'start:count[:prev]' or GCRA 'last:token-ms'.
-        c = {}
-        for x in string.gmatch(v, '[^:]+') do
-          c[#c + 1] = tonumber(x)
-        end
-        sa, sb, sc = c[1] or 0, c[2] or 0, c[3] or 0
-        if a == 'g' then
-          local q = floor_div(sb, r)
-          sa, sb = sa + q, sb - q * r
-        end
-      elseif a == 'g' then
-        sa, sb, sc = t or 0, c[1] or 0, 0
-      else
-        sa, sb, sc = (t or 0) * w, c[1] or 0, c[2] or 0
-      end
+      local sa, sb, sc = read_o1(v, a, w, r)
       if a == 'g' then
         -- Take hits × w token-ms off the arrival time: exact, whatever the clock says now.
         local d = hits * w
