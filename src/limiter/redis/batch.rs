@@ -7,18 +7,19 @@
 //! each had its own call in that order (the layout is on [`super::script::SCRIPT`]), so batching
 //! changes no decision: only how many requests share a round trip.
 //!
-//! How: each connection slot has a bounded queue and one flush task. A request is queued with a
-//! reply channel; the flush task takes the first request it finds and every other one already
-//! waiting (up to `batch_max`), sends them as one call, and hands each request its own outcome.
-//! Nothing ever waits for a batch to fill: an idle sidecar sends each request at once, alone, and
-//! batches form only while the connection is busy with the previous call, so batching adds no
-//! delay of its own. Requests with an explicit clock (tests) share a call only with requests of
+//! How: each connection slot has a bounded queue and one flush task. A request that finds its
+//! slot with no call out is sent at once from its own task, alone (an idle sidecar pays no hop
+//! to another task). Otherwise it is queued with a reply channel; the flush task takes the first
+//! request it finds and every other one already waiting (up to `batch_max`), sends them as one
+//! call, and hands each request its own outcome. Nothing ever waits for a batch to fill: batches
+//! form only while the slot is busy with an earlier call, so batching adds no delay of its own. Requests with an explicit clock (tests) share a call only with requests of
 //! the same clock. A request whose caller has gone (the guard's task holds it otherwise) is
 //! dropped before it is sent.
 //!
 //! Failures: a call that fails fails every request in it with the same error (they were sent
 //! together, so none of them is known to have been recorded or not, as for a single call).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
@@ -44,6 +45,24 @@ pub(super) struct Queue {
     slot: usize,
     batch_max: usize,
     sender: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Script calls out on this slot, sent directly or by the flush task.
+    busy: Arc<AtomicUsize>,
+}
+
+/// Counts a call out on a slot for as long as it lives, however the call ends.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn enter(busy: &Arc<AtomicUsize>) -> Self {
+        busy.fetch_add(1, Ordering::AcqRel);
+        Busy(Arc::clone(busy))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Queue {
@@ -52,6 +71,7 @@ impl Queue {
             slot,
             batch_max,
             sender: Mutex::new(None),
+            busy: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -61,20 +81,30 @@ impl Queue {
             Some(tx) if !tx.is_closed() => tx.clone(),
             _ => {
                 let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-                tokio::spawn(flush(Arc::clone(shared), self.slot, self.batch_max, rx));
+                tokio::spawn(flush(
+                    Arc::clone(shared),
+                    self.slot,
+                    self.batch_max,
+                    Arc::clone(&self.busy),
+                    rx,
+                ));
                 *sender = Some(tx.clone());
                 tx
             }
         }
     }
 
-    /// Queues `batch` and waits for its outcome.
+    /// Sends `batch` at once if the slot has no call out, else queues it; waits for its outcome.
     pub(super) async fn submit(
         &self,
         shared: &Arc<Shared>,
         batch: &[Hit],
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
+        if self.busy.load(Ordering::Acquire) == 0 {
+            let _busy = Busy::enter(&self.busy);
+            return shared.call_one(self.slot, batch, now).await;
+        }
         let (reply, outcome) = oneshot::channel();
         let job = Job {
             keys: batch.iter().map(|hit| hit.key.clone()).collect(),
@@ -95,7 +125,13 @@ impl Queue {
 }
 
 /// The flush task of one slot: ends when the limiter (every sender) is gone.
-async fn flush(shared: Arc<Shared>, slot: usize, batch_max: usize, mut queue: mpsc::Receiver<Job>) {
+async fn flush(
+    shared: Arc<Shared>,
+    slot: usize,
+    batch_max: usize,
+    busy: Arc<AtomicUsize>,
+    mut queue: mpsc::Receiver<Job>,
+) {
     let mut jobs: Vec<Job> = Vec::with_capacity(batch_max);
     while let Some(first) = queue.recv().await {
         jobs.push(first);
@@ -113,6 +149,7 @@ async fn flush(shared: Arc<Shared>, slot: usize, batch_max: usize, mut queue: mp
                 .position(|job| job.now != now)
                 .unwrap_or(jobs.len());
             let call: Vec<Job> = jobs.drain(..same_clock).collect();
+            let _busy = Busy::enter(&busy);
             send(&shared, slot, call).await;
         }
     }

@@ -205,24 +205,32 @@ impl RedisLimiter {
         let slot = self.next_slot();
         match self.queues.get(slot) {
             Some(queue) => queue.submit(&self.shared, batch, now).await,
-            None => {
-                let mut evalsha = self.shared.evalsha(1);
-                evalsha.arg(batch.len());
-                for hit in batch {
-                    evalsha.arg(hit.key.as_str());
-                }
-                evalsha.arg(now_arg(now));
-                for hit in batch {
-                    push_item_args(&mut evalsha, item_args(hit));
-                }
-                let reply = self.shared.call(slot, &mut evalsha).await?;
-                decode_reply(&reply, batch.len())
-            }
+            None => self.shared.call_one(slot, batch, now).await,
         }
     }
 }
 
 impl Shared {
+    /// Sends `batch` in a script call of its own on slot `slot`, from the caller's task.
+    pub(super) async fn call_one(
+        &self,
+        slot: usize,
+        batch: &[Hit],
+        now: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
+        let mut evalsha = self.evalsha(1);
+        evalsha.arg(batch.len());
+        for hit in batch {
+            evalsha.arg(hit.key.as_str());
+        }
+        evalsha.arg(now_arg(now));
+        for hit in batch {
+            push_item_args(&mut evalsha, item_args(hit));
+        }
+        let reply = self.call(slot, &mut evalsha).await?;
+        decode_reply(&reply, batch.len())
+    }
+
     /// An `EVALSHA` of the script, counted as a call carrying `decisions` decisions.
     pub(super) fn evalsha(&self, decisions: usize) -> redis::Cmd {
         self.script_calls.fetch_add(1, Ordering::Relaxed);
