@@ -21,31 +21,8 @@ for tool in redis-server redis-cli python3; do
 done
 cargo build --release --locked --bins -q
 BIN=target/release
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-wait_port() {
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on 127.0.0.1:$1" >&2; return 1
-}
-evalsha_calls() {
-  local calls
-  calls="$(redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' \
-    | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')"
-  echo "${calls:-0}"
-}
+# shellcheck source=scripts/bench-lib.sh
+source scripts/bench-lib.sh
 
 REDIS_PORT="$(free_port)"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
@@ -68,12 +45,12 @@ for round in $(seq 1 "$ROUNDS"); do
       --redis-batch-max "$batch" >"$WORK/sluice-$port.log" 2>&1 &
     sluice_pid=$!; PIDS+=("$sluice_pid")
     wait_port "$port"
-    before="$(evalsha_calls)"
+    before="$(evalsha_calls "$REDIS_PORT")"
     "$BIN/sluice-bench" --target "127.0.0.1:$port" --duration-secs "$SECS" --concurrency 64 \
       --connections 4 --keys 10000 --descriptor-keys user --ceiling "127.0.0.1:$NOOP_PORT" \
       --pid "noop=$NOOP_PID" --pid "sluice=$sluice_pid" --pid "redis-server=$REDIS_PID" \
       --json >"$WORK/run.json"
-    calls=$(( $(evalsha_calls) - before ))
+    calls=$(( $(evalsha_calls "$REDIS_PORT") - before ))
     kill "$sluice_pid"; wait "$sluice_pid" 2>/dev/null || true
     python3 - "$WORK/run.json" "$round" "$batch" "$calls" <<'EOF'
 import json, sys

@@ -40,27 +40,8 @@ BIN="target/$PROFILE"
 OUT="target/bench/$(date +%Y%m%d-%H%M%S)"
 [ "$SMOKE" = 1 ] && OUT="$OUT-smoke"
 mkdir -p "$OUT"
-WORK="$(mktemp -d)"
-
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
-wait_port() { # port
-  for _ in $(seq 1 200); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on 127.0.0.1:$1" >&2; return 1
-}
+# shellcheck source=scripts/bench-lib.sh
+source scripts/bench-lib.sh
 
 start_redis() { # -> sets REDIS_PORT REDIS_PID
   REDIS_PORT="$(free_port)"
@@ -84,13 +65,7 @@ start_sluice() { # [redis url] -> sets SLUICE_PORT SLUICE_PID
   wait_port "$SLUICE_PORT"
 }
 
-redis_commands() { # EVALSHA calls Redis has served so far (total_commands_processed would also
-  # count the commands the script runs inside Redis, which are no round trips)
-  local calls
-  calls="$(redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' \
-    | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')"
-  echo "${calls:-0}"
-}
+redis_commands() { evalsha_calls "$REDIS_PORT"; }
 
 bench() { # name, then sluice-bench arguments; B_CONC / B_CONNS override the defaults
   local name="$1"; shift
