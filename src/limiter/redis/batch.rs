@@ -19,13 +19,13 @@
 //! Failures: a call that fails fails every request in it with the same error (they were sent
 //! together, so none of them is known to have been recorded or not, as for a single call).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::script::decode_batched_reply;
-use super::{item_args, lock, now_arg, push_item_args, ItemArgs, Shared};
+use super::{item_args, lock, now_arg, push_item_args, Gauge, ItemArgs, Shared};
 use crate::limiter::{BatchOutcome, Hit, LimiterError};
 
 /// Requests queued per slot beyond which new ones fail fast instead of queueing.
@@ -46,23 +46,7 @@ pub(super) struct Queue {
     batch_max: usize,
     sender: Mutex<Option<mpsc::Sender<Job>>>,
     /// Script calls out on this slot, sent directly or by the flush task.
-    busy: Arc<AtomicUsize>,
-}
-
-/// Counts a call out on a slot for as long as it lives, however the call ends.
-struct Busy(Arc<AtomicUsize>);
-
-impl Busy {
-    fn enter(busy: &Arc<AtomicUsize>) -> Self {
-        busy.fetch_add(1, Ordering::AcqRel);
-        Busy(Arc::clone(busy))
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
+    busy: Arc<AtomicU64>,
 }
 
 impl Queue {
@@ -71,7 +55,7 @@ impl Queue {
             slot,
             batch_max,
             sender: Mutex::new(None),
-            busy: Arc::new(AtomicUsize::new(0)),
+            busy: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -101,8 +85,8 @@ impl Queue {
         batch: &[Hit],
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
-        if self.busy.load(Ordering::Acquire) == 0 {
-            let _busy = Busy::enter(&self.busy);
+        if self.busy.load(Ordering::Relaxed) == 0 {
+            let _busy = Gauge::enter(&self.busy);
             return shared.call_one(self.slot, batch, now).await;
         }
         let (reply, outcome) = oneshot::channel();
@@ -129,7 +113,7 @@ async fn flush(
     shared: Arc<Shared>,
     slot: usize,
     batch_max: usize,
-    busy: Arc<AtomicUsize>,
+    busy: Arc<AtomicU64>,
     mut queue: mpsc::Receiver<Job>,
 ) {
     let mut jobs: Vec<Job> = Vec::with_capacity(batch_max);
@@ -149,7 +133,7 @@ async fn flush(
                 .position(|job| job.now != now)
                 .unwrap_or(jobs.len());
             let call: Vec<Job> = jobs.drain(..same_clock).collect();
-            let _busy = Busy::enter(&busy);
+            let _busy = Gauge::enter(&busy);
             send(&shared, slot, call).await;
         }
     }

@@ -93,10 +93,10 @@ pub(super) struct Shared {
 }
 
 /// Counts a call in a gauge for as long as the guard lives, however the call ends.
-struct Gauge<'a>(&'a AtomicU64);
+pub(super) struct Gauge<'a>(&'a AtomicU64);
 
 impl<'a> Gauge<'a> {
-    fn enter(counter: &'a AtomicU64) -> Self {
+    pub(super) fn enter(counter: &'a AtomicU64) -> Self {
         counter.fetch_add(1, Ordering::Relaxed);
         Gauge(counter)
     }
