@@ -22,6 +22,11 @@ use sluice::metrics::MetricsSettings;
 use sluice::reload::ReloadSettings;
 use sluice::{run, ServerSettings};
 
+/// Per-request allocations (h2 frames, prost messages, Redis commands) are many and short-lived;
+/// mimalloc serves them from thread-local pages where glibc malloc spent ~16% of the CPU.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",
