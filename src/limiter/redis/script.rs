@@ -272,17 +272,17 @@ end
 
 -- One request's `KEYS` and `ARGV`: the call's own, or in a batched call a slice of them per
 -- request (`ARGV[1]` being the clock), rebound by `decide` before each request, so the code
--- below reads them as in a single call. Helpers and state tables are made once per call, not
--- once per request: a closure or table per request would cost more than the request's work.
+-- below reads them as in a single call. Helpers are made once per call, not once per request:
+-- a closure costs an allocation per captured variable, more than a request's own work.
 local CALL_KEYS, CALL_ARGV = KEYS, ARGV
 local KEYS, ARGV = KEYS, ARGV
 local n = #KEYS
 
-local limit, window, hits, kind, algo, param, passed = {}, {}, {}, {}, {}, {}, {}
-local earlier = {}
+-- Per-request state. `decide` makes its tables afresh for every request; the lean log path
+-- only overwrites entries 1..n of the first four, so only those exist from the start.
+local limit, window, hits, passed = {}, {}, {}, {}
+local kind, algo, param, earlier, st, lg
 local any_quota, quota_passed = false, false
-local st = {}
-local lg = {}
 local admitted = 1
 
 -- The other algorithms' helpers, made on a call's first non-log item: every closure costs its
