@@ -1,66 +1,15 @@
 #!/usr/bin/env bash
-# A/B of Redis batching (`--redis-batch-max`): the admit-heavy scenario of scripts/bench.sh
-# against one sluice per setting, settings alternating, each run against a fresh sluice on the
-# same redis-server (flushed between runs). Prints per run: decisions/s, the ratio to the no-op
-# server measured in the same run, EVALSHA calls per decision (from Redis's own command stats)
-# and the CPU of sluice and redis-server per decision. Figures in docs/performance.md
+# A/B of Redis batching (`--redis-batch-max`) with scripts/ab.sh: the admit-heavy scenario
+# against one sluice per setting, settings alternating. Figures in docs/performance.md
 # ("Batching concurrent decisions").
 #
 #   scripts/batch-ab.sh                # batch 1 vs 16, three rounds of 5 s each
 #   BATCHES="1 4 16" ROUNDS=2 BENCH_SECS=10 scripts/batch-ab.sh
-#
-# Every process listens on 127.0.0.1 only; all of them are stopped on exit (trap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-SECS="${BENCH_SECS:-5}"
-BATCHES="${BATCHES:-1 16}"
-ROUNDS="${ROUNDS:-3}"
-for tool in redis-server redis-cli python3; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "batch-ab.sh needs $tool (scripts/test.sh installs redis)" >&2; exit 1; }
+cargo build --release --locked --bin sluice -q
+variants=()
+for batch in ${BATCHES:-1 16}; do
+  variants+=("batch-$batch=target/release/sluice --redis-batch-max $batch")
 done
-cargo build --release --locked --bins -q
-BIN=target/release
-# shellcheck source=scripts/bench-lib.sh
-source scripts/bench-lib.sh
-
-REDIS_PORT="$(free_port)"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
-  --loglevel warning >"$WORK/redis.log" 2>&1 &
-REDIS_PID=$!; PIDS+=("$REDIS_PID")
-NOOP_PORT="$(free_port)"
-"$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
-NOOP_PID=$!; PIDS+=("$NOOP_PID")
-wait_port "$REDIS_PORT"; wait_port "$NOOP_PORT"
-
-echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //')"
-echo "| round | --redis-batch-max | decisions/s | vs no-op | EVALSHA per decision | sluice µs per decision | redis-server µs per decision | p99 ms |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|"
-for round in $(seq 1 "$ROUNDS"); do
-  for batch in $BATCHES; do
-    redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
-    port="$(free_port)"; admin="$(free_port)"
-    RUST_LOG=warn "$BIN/sluice" serve --config benches/limits --grpc-addr "127.0.0.1:$port" \
-      --admin-addr "127.0.0.1:$admin" --redis-url "redis://127.0.0.1:$REDIS_PORT" \
-      --redis-batch-max "$batch" >"$WORK/sluice-$port.log" 2>&1 &
-    sluice_pid=$!; PIDS+=("$sluice_pid")
-    wait_port "$port"
-    before="$(evalsha_calls "$REDIS_PORT")"
-    "$BIN/sluice-bench" --target "127.0.0.1:$port" --duration-secs "$SECS" --concurrency 64 \
-      --connections 4 --keys 10000 --descriptor-keys user --ceiling "127.0.0.1:$NOOP_PORT" \
-      --pid "noop=$NOOP_PID" --pid "sluice=$sluice_pid" --pid "redis-server=$REDIS_PID" \
-      --json >"$WORK/run.json"
-    calls=$(( $(evalsha_calls "$REDIS_PORT") - before ))
-    kill "$sluice_pid"; wait "$sluice_pid" 2>/dev/null || true
-    python3 - "$WORK/run.json" "$round" "$batch" "$calls" <<'EOF'
-import json, sys
-report, round_, batch, calls = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3], int(sys.argv[4])
-noop, target = report["phases"][0], report["phases"][1]
-n = max(target["requests"], 1)
-cpu = lambda name: target["cpu_secs"].get(name, 0.0) * 1e6 / n
-print(f"| {round_} | {batch} | {target['decisions_per_sec']:.0f} | "
-      f"{target['decisions_per_sec'] / noop['decisions_per_sec']:.2f} | {calls / n:.2f} | "
-      f"{cpu('sluice'):.1f} | {cpu('redis-server'):.1f} | {target['p99_ms']:.2f} |")
-EOF
-  done
-done
+exec bash scripts/ab.sh "${variants[@]}"
