@@ -113,8 +113,10 @@ struct ServeArgs {
     /// lines and manifests.
     #[arg(long, env = "SLUICE_REDIS_PASSWORD_FILE")]
     redis_password_file: Option<PathBuf>,
-    /// Redis connections kept open.
-    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 8)]
+    /// Redis connections kept open (multiplexed, round-robin). Two by default: concurrent
+    /// decisions share script calls per connection, and fewer connections make fuller calls
+    /// (docs/performance.md, "Connections").
+    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2)]
     redis_pool_size: usize,
     /// Concurrent decisions sent to Redis in one script call at most (each still decided on its
     /// own, all-or-nothing); 1 sends one call per decision. Never waits for a batch to fill.
