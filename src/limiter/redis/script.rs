@@ -285,6 +285,193 @@ local kind, algo, param, earlier, st, lg
 local any_quota, quota_passed = false, false
 local admitted = 1
 
+-- Whether a log member is one of ours (the previous version's were 16 digits).
+local function own(m)
+  return m and m >= MEMBER_LO and m <= MEMBER_HI
+end
+
+-- A log key's newest (`newest`) or oldest entry {member, score}, each read at most once per
+-- request and then kept up to date by its own adds and pops (false: the key is empty).
+local function log_end(key, newest)
+  local lk = lg[key]
+  if lk.card == 0 then
+    lk.top, lk.old = false, false
+    return false
+  end
+  local field, at = 'old', 0
+  if newest then
+    field, at = 'top', -1
+  end
+  if lk[field] == nil then
+    local t = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+    lk[field] = {tonumber(t[1]), tonumber(t[2])}
+    if lk.card == 1 then
+      lk.top, lk.old = lk[field], lk[field]
+    end
+  end
+  return lk[field]
+end
+
+local function log_top(key)
+  return log_end(key, true)
+end
+
+local function log_old(key)
+  return log_end(key, false)
+end
+
+-- How many member numbers the key's live entries span, oldest to newest, cyclically. Entries
+-- are added at the top and leave from the bottom (expiry) or the top (refunds), so the live
+-- members are one cyclic range; cluster compensation may leave holes, hence the span rather
+-- than the count. The previous version's members are outside the range and cannot collide.
+local function log_span(key)
+  local top, old = log_top(key), log_old(key)
+  if not top or not own(top[1]) then
+    return 0
+  end
+  local o = MEMBER_LO
+  if own(old[1]) then
+    o = old[1]
+  end
+  return (top[1] - o) % MEMBERS + 1
+end
+
+-- Adds h entries; returns the undo token (see the reply).
+local function add(key, h)
+  local lk = lg[key]
+  local top = log_top(key)
+  log_old(key)
+  local score, member = now_ms, MEMBER_LO
+  if top then
+    if top[2] > score then
+      score = top[2]
+    end
+    if own(top[1]) and top[1] < MEMBER_HI then
+      member = top[1] + 1
+    elseif score <= top[2] then
+      -- A wrap (or the previous version's top): the new member sorts below the top at an
+      -- equal score, so it goes 1 ms later to stay the newest.
+      score = top[2] + 1
+    end
+  end
+  local token = (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - MEMBER_LO) + 1
+  if not lk.old then
+    lk.old = {member, score}
+  end
+  lk.card = lk.card + h
+  while h > 0 do
+    local m = h
+    if m > CHUNK then
+      m = CHUNK
+    end
+    local args = {}
+    for j = 1, m do
+      args[2 * j - 1] = score
+      args[2 * j] = member
+      lk.top = {member, score}
+      member = member + 1
+      if member > MEMBER_HI then
+        -- The same at a wrap inside this call.
+        member = MEMBER_LO
+        score = score + 1
+      end
+    end
+    redis.call('ZADD', key, unpack(args))
+    h = h - m
+  end
+  return token
+end
+
+-- Most requests carry nothing but sliding-log consume items on distinct keys. This decides such
+-- a request with the same steps, Redis commands and reply as `decide` below (which stays the
+-- reference and takes every other request) but without the bookkeeping that other algorithms,
+-- kinds and repeated keys need: about half the instructions per request. nil when the request
+-- has another shape or a malformed argument; nothing has been read or written then.
+local function decide_log()
+  if n > 8 then
+    return nil
+  end
+  for i = 1, n do
+    local a = 1 + (i - 1) * 6
+    if ARGV[a + 5] ~= 'l' or ARGV[a + 4] ~= 'c' then
+      return nil
+    end
+    for j = 1, i - 1 do
+      if KEYS[j] == KEYS[i] then
+        return nil
+      end
+    end
+  end
+  for i = 1, n do
+    local a = 1 + (i - 1) * 6
+    limit[i], window[i], hits[i] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    if not (limit[i] and window[i] and hits[i] and tonumber(ARGV[a + 6])) then
+      return nil
+    end
+  end
+  lg = {}
+  local ok = 1
+  for i = 1, n do
+    local key = KEYS[i]
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms - window[i])
+    local card = redis.call('ZCARD', key)
+    lg[key] = {card = card}
+    if hits[i] == 0 then
+      passed[i] = card < limit[i]
+    else
+      passed[i] = card + hits[i] <= limit[i]
+    end
+    if not passed[i] then
+      ok = 0
+    end
+  end
+  local reply = {ok}
+  for i = 1, n do
+    reply[1 + 3 * n + i] = 0
+  end
+  if ok == 1 then
+    for i = 1, n do
+      if hits[i] > 0 and log_span(KEYS[i]) + hits[i] > MEMBERS then
+        return redis.error_reply('sluice: sliding log ' .. KEYS[i] .. ' is full (members wrap)')
+      end
+    end
+    for i = 1, n do
+      if hits[i] > 0 then
+        local key = KEYS[i]
+        reply[1 + 3 * n + i] = add(key, hits[i])
+        local ttl = log_top(key)[2] + window[i] - now_ms
+        if ttl < 1 then
+          ttl = 1
+        end
+        redis.call('PEXPIRE', key, fmt(ttl))
+      end
+    end
+  end
+  for i = 1, n do
+    local old, reset_ms = log_old(KEYS[i]), window[i]
+    if old then
+      reset_ms = old[2] + window[i] - now_ms
+      if reset_ms < 0 then
+        reset_ms = 0
+      end
+    end
+    local at = 3 * i - 1
+    reply[at] = passed[i] and 1 or 0
+    reply[at + 1] = lg[KEYS[i]].card
+    reply[at + 2] = reset_ms
+  end
+  return reply
+end
+
+-- An unbatched call of that shape is answered here, before the general path's helpers and
+-- `decide` exist: making those closures is about a twentieth of such a call.
+if not batched and #ARGV == 1 + 6 * n then
+  local fast = decide_log()
+  if fast then
+    return fast
+  end
+end
+
 -- The other algorithms' helpers, made on a call's first non-log item: every closure costs its
 -- upvalues on every call, and most calls carry sliding-log items only.
 local o1_helpers
@@ -574,191 +761,14 @@ local function o1()
   return o1_helpers
 end
 
--- Whether a log member is one of ours (the previous version's were 16 digits).
-local function own(m)
-  return m and m >= MEMBER_LO and m <= MEMBER_HI
-end
-
--- A log key's newest (`newest`) or oldest entry {member, score}, each read at most once per
--- request and then kept up to date by its own adds and pops (false: the key is empty).
-local function log_end(key, newest)
-  local lk = lg[key]
-  if lk.card == 0 then
-    lk.top, lk.old = false, false
-    return false
-  end
-  local field, at = 'old', 0
-  if newest then
-    field, at = 'top', -1
-  end
-  if lk[field] == nil then
-    local t = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
-    lk[field] = {tonumber(t[1]), tonumber(t[2])}
-    if lk.card == 1 then
-      lk.top, lk.old = lk[field], lk[field]
-    end
-  end
-  return lk[field]
-end
-
-local function log_top(key)
-  return log_end(key, true)
-end
-
-local function log_old(key)
-  return log_end(key, false)
-end
-
--- How many member numbers the key's live entries span, oldest to newest, cyclically. Entries
--- are added at the top and leave from the bottom (expiry) or the top (refunds), so the live
--- members are one cyclic range; cluster compensation may leave holes, hence the span rather
--- than the count. The previous version's members are outside the range and cannot collide.
-local function log_span(key)
-  local top, old = log_top(key), log_old(key)
-  if not top or not own(top[1]) then
-    return 0
-  end
-  local o = MEMBER_LO
-  if own(old[1]) then
-    o = old[1]
-  end
-  return (top[1] - o) % MEMBERS + 1
-end
-
--- Adds h entries; returns the undo token (see the reply).
-local function add(key, h)
-  local lk = lg[key]
-  local top = log_top(key)
-  log_old(key)
-  local score, member = now_ms, MEMBER_LO
-  if top then
-    if top[2] > score then
-      score = top[2]
-    end
-    if own(top[1]) and top[1] < MEMBER_HI then
-      member = top[1] + 1
-    elseif score <= top[2] then
-      -- A wrap (or the previous version's top): the new member sorts below the top at an
-      -- equal score, so it goes 1 ms later to stay the newest.
-      score = top[2] + 1
-    end
-  end
-  local token = (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - MEMBER_LO) + 1
-  if not lk.old then
-    lk.old = {member, score}
-  end
-  lk.card = lk.card + h
-  while h > 0 do
-    local m = h
-    if m > CHUNK then
-      m = CHUNK
-    end
-    local args = {}
-    for j = 1, m do
-      args[2 * j - 1] = score
-      args[2 * j] = member
-      lk.top = {member, score}
-      member = member + 1
-      if member > MEMBER_HI then
-        -- The same at a wrap inside this call.
-        member = MEMBER_LO
-        score = score + 1
-      end
-    end
-    redis.call('ZADD', key, unpack(args))
-    h = h - m
-  end
-  return token
-end
-
--- Most requests carry nothing but sliding-log consume items on distinct keys. This decides such
--- a request with the same steps, Redis commands and reply as `decide` below (which stays the
--- reference and takes every other request) but without the bookkeeping that other algorithms,
--- kinds and repeated keys need: about half the instructions per request. nil when the request
--- has another shape or a malformed argument; nothing has been read or written then.
-local function decide_log()
-  if n > 8 then
-    return nil
-  end
-  for i = 1, n do
-    local a = 1 + (i - 1) * 6
-    if ARGV[a + 5] ~= 'l' or ARGV[a + 4] ~= 'c' then
-      return nil
-    end
-    for j = 1, i - 1 do
-      if KEYS[j] == KEYS[i] then
-        return nil
-      end
-    end
-  end
-  for i = 1, n do
-    local a = 1 + (i - 1) * 6
-    limit[i], window[i], hits[i] = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    if not (limit[i] and window[i] and hits[i] and tonumber(ARGV[a + 6])) then
-      return nil
-    end
-  end
-  lg = {}
-  local ok = 1
-  for i = 1, n do
-    local key = KEYS[i]
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms - window[i])
-    local card = redis.call('ZCARD', key)
-    lg[key] = {card = card}
-    if hits[i] == 0 then
-      passed[i] = card < limit[i]
-    else
-      passed[i] = card + hits[i] <= limit[i]
-    end
-    if not passed[i] then
-      ok = 0
-    end
-  end
-  local reply = {ok}
-  for i = 1, n do
-    reply[1 + 3 * n + i] = 0
-  end
-  if ok == 1 then
-    for i = 1, n do
-      if hits[i] > 0 and log_span(KEYS[i]) + hits[i] > MEMBERS then
-        return redis.error_reply('sluice: sliding log ' .. KEYS[i] .. ' is full (members wrap)')
-      end
-    end
-    for i = 1, n do
-      if hits[i] > 0 then
-        local key = KEYS[i]
-        reply[1 + 3 * n + i] = add(key, hits[i])
-        local ttl = log_top(key)[2] + window[i] - now_ms
-        if ttl < 1 then
-          ttl = 1
-        end
-        redis.call('PEXPIRE', key, fmt(ttl))
-      end
-    end
-  end
-  for i = 1, n do
-    local old, reset_ms = log_old(KEYS[i]), window[i]
-    if old then
-      reset_ms = old[2] + window[i] - now_ms
-      if reset_ms < 0 then
-        reset_ms = 0
-      end
-    end
-    local at = 3 * i - 1
-    reply[at] = passed[i] and 1 or 0
-    reply[at + 1] = lg[KEYS[i]].card
-    reply[at + 2] = reset_ms
-  end
-  return reply
-end
-
--- Decides the request whose slices are `keys` and `args`; returns its reply.
-local function decide(keys, args)
+-- Decides the request whose slices are `keys` and `args`; returns its reply. `tried`: the lean
+-- log path has already declined this request.
+local function decide(keys, args, tried)
 KEYS, ARGV, n = keys, args, #keys
 if #ARGV ~= 1 + 6 * n then
   return redis.error_reply('sluice: expected 1 + 6 * #KEYS arguments')
 end
-local fast = decide_log()
+local fast = not tried and decide_log()
 if fast then
   return fast
 end
@@ -952,7 +962,7 @@ return reply
 end
 
 if not batched then
-  return decide(CALL_KEYS, CALL_ARGV)
+  return decide(CALL_KEYS, CALL_ARGV, true)
 end
 -- Several requests in one call, decided one after the other as if each had its own call.
 local groups = tonumber(CALL_ARGV[3])
