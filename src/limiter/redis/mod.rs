@@ -12,9 +12,10 @@
 //! `recycle` always sends `UNWATCH` + `PING` and has no fast recycling method to turn that off.
 //! A couple of connections (rather than one) spread the encoding/decoding work over two driver
 //! tasks; many more only split concurrent decisions into smaller batched calls (more calls, more
-//! socket work on both sides: measured in docs/performance.md, "Connections"). A connection that fails in a way that needs a new one is dropped and re-established
-//! lazily by the next request on that slot; while Redis is unreachable, reconnects of a slot are
-//! spaced by [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
+//! socket work on both sides: measured in docs/performance.md, "Connections"). A connection
+//! that fails in a way that needs a new one is dropped and re-established lazily by the next
+//! request on that slot; while Redis is unreachable, reconnects of a slot are spaced by
+//! [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
 //! A failed decision is never retried here: the script may have run before the connection broke.
 //!
 //! Batching (the `batch` module): concurrent decisions are coalesced into one `EVALSHA` per

@@ -241,7 +241,10 @@ end
 /// The log path reads each key's count once (`ZCARD` after the eviction) and its top and oldest
 /// entry at most once each, then keeps them up to date through its own adds and pops: an admitted
 /// single-hit item costs `ZREMRANGEBYSCORE`, `ZCARD`, two `ZRANGE`s (none on an empty key),
-/// `ZADD` and `PEXPIRE`.
+/// `ZADD` and `PEXPIRE`. A request of nothing but sliding-log consume items on distinct keys (the
+/// usual shape) takes a lean path with the same commands and reply, skipping the general path's
+/// per-request tables; the non-log algorithms' helpers are only made when an item needs them
+/// (instructions per request: docs/performance.md, `scripts/script-cost.sh`).
 ///
 /// Numbers: integer divisions go through `ceil_div`, exact for operands below 2^53; the sliding
 /// counter's weight `ceil(prev * left / window)` is the same IEEE-754 double expression as the
@@ -385,7 +388,7 @@ end
 -- Most requests carry nothing but sliding-log consume items on distinct keys. This decides such
 -- a request with the same steps, Redis commands and reply as `decide` below (which stays the
 -- reference and takes every other request) but without the bookkeeping that other algorithms,
--- kinds and repeated keys need: about half the instructions per request. nil when the request
+-- kinds and repeated keys need: about 15 % fewer instructions per request. nil when the request
 -- has another shape or a malformed argument; nothing has been read or written then.
 local function decide_log()
   if n > 8 then
