@@ -61,5 +61,7 @@ echo "== grpcurl walkthrough (README)"
 bash scripts/grpcurl-walkthrough.sh
 echo "== benchmark harness smoke run (scripts/bench.sh --smoke: a few seconds, no figures checked)"
 bash scripts/bench.sh --smoke >/dev/null
+echo "== the other measurement scripts parse (ab.sh, batch-ab.sh, script-cost.sh, ... : bash -n)"
+for script in scripts/*.sh; do bash -n "$script"; done
 echo "== cargo test"
 cargo test --locked -- --test-threads "${SLUICE_TEST_THREADS:-4}"
