@@ -47,9 +47,15 @@ end
 -- them), about a fifth of the cost: '%d' prints through the C library's integer path where
 -- '%.0f' goes through its floating-point one, and so does Redis 7.0 itself ('%.17g') for a Lua
 -- number handed to `redis.call`. Callers guarantee integrality (the clock and windows are
--- checked), since '%d' would truncate a fraction.
+-- checked), since '%d' would truncate a fraction. Lua's '%d' goes through a C `long`: 64 bits
+-- wherever Redis runs in production, but 32 on a 32-bit build, where a time in ms would wrap;
+-- such a server keeps '%.0f'.
+local INT_FORMAT = '%.0f'
+if string.format('%d', 1099511627776) == '1099511627776' then
+  INT_FORMAT = '%d'
+end
 local function ifmt(x)
-  return string.format('%d', x)
+  return string.format(INT_FORMAT, x)
 end
 
 local function floor_div(a, b)
