@@ -44,7 +44,7 @@ local function fmt(x)
 end
 
 -- The same for a number known to be an integer (times in ms, log members, TTLs derived from
--- them), about a fifth of the cost: '%d' prints through the C library's integer path where
+-- them), for less: '%d' prints through the C library's integer path where
 -- '%.0f' goes through its floating-point one, and so does Redis 7.0 itself ('%.17g') for a Lua
 -- number handed to `redis.call`. Callers guarantee integrality (the clock and windows are
 -- checked), since '%d' would truncate a fraction. Lua's '%d' goes through a C `long`: 64 bits
