@@ -602,6 +602,42 @@ mod redis_only {
             .expect("raw connection")
     }
 
+    /// The script prints times as integers, so a clock that is not a whole number of ms is
+    /// refused like a malformed one, before anything is written; a whole one is decided.
+    #[tokio::test]
+    async fn a_fractional_clock_is_refused_and_writes_nothing() {
+        let server = common::RedisServer::start();
+        let mut conn = raw(&server).await;
+        let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
+        let call = |now: &str| {
+            let mut call = script.prepare_invoke();
+            call.arg(now)
+                .key("clock-key")
+                .arg(&["10", "1000", "1", "c", "l", "0"]);
+            call
+        };
+        let refused: redis::RedisResult<redis::Value> =
+            call(&format!("{T}.5")).invoke_async(&mut conn).await;
+        let error = refused.expect_err("a fractional clock must be refused");
+        // redis-rs splits the message at its first word: `"sluice:": bad now`.
+        assert!(error.to_string().contains("bad now"), "{error}");
+        let exists: bool = conn.exists("clock-key").await.expect("exists");
+        assert!(!exists, "a refused call wrote the key");
+
+        let reply: redis::Value = call(&T.to_string())
+            .invoke_async(&mut conn)
+            .await
+            .expect("a whole clock is decided");
+        let outcome = sluice::limiter::redis::script::decode_reply(&reply, 1).expect("reply");
+        assert!(outcome.admitted);
+        let score: Option<f64> = conn.zscore("clock-key", "1000000").await.expect("zscore");
+        assert_eq!(
+            score,
+            Some(T as f64),
+            "the entry's score is the clock, printed whole"
+        );
+    }
+
     /// Concurrent requests share script calls, and each is still decided on its own, in some
     /// order, all-or-nothing: 400 requests of two items (one of 5 keys with limit 10, and a
     /// shared key with limit 30) admit exactly 30, at most 10 per key, whatever the batches.
