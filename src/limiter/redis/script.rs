@@ -297,8 +297,8 @@ local n = #KEYS
 -- Per-request state. `decide` makes its tables afresh for every request; the lean log path
 -- only overwrites entries 1..n of the first four, so only those exist from the start.
 local limit, window, hits, passed = {}, {}, {}, {}
--- The lean log path's keys of the request (entries 1..n).
-local lkey = {}
+-- The lean log path's keys and undo tokens of the request (entries 1..n).
+local lkey, undo = {}, {}
 local kind, algo, param, earlier, st, lg
 local any_quota, quota_passed = false, false
 local admitted = 1
@@ -377,6 +377,12 @@ local function add(key, h)
     lk.old = {member, score}
   end
   lk.card = lk.card + h
+  if h == 1 then
+    -- The usual single hit, without the argument table.
+    lk.top = {member, score}
+    redis.call('ZADD', key, ifmt(score), ifmt(member))
+    return token
+  end
   while h > 0 do
     local m = h
     if m > CHUNK then
@@ -451,9 +457,8 @@ local function decide_log(kb, ab)
       ok = 0
     end
   end
-  local reply = {ok}
   for i = 1, n do
-    reply[1 + 3 * n + i] = 0
+    undo[i] = 0
   end
   if ok == 1 then
     for i = 1, n do
@@ -464,7 +469,7 @@ local function decide_log(kb, ab)
     for i = 1, n do
       if hits[i] > 0 then
         local key = lkey[i]
-        reply[1 + 3 * n + i] = add(key, hits[i])
+        undo[i] = add(key, hits[i])
         local ttl = log_top(key)[2] + window[i] - now_ms
         if ttl < 1 then
           ttl = 1
@@ -473,6 +478,8 @@ local function decide_log(kb, ab)
       end
     end
   end
+  -- Filled in index order, so the table only ever grows its array part.
+  local reply = {ok}
   for i = 1, n do
     local old, reset_ms = log_old(lkey[i]), window[i]
     if old then
@@ -485,6 +492,9 @@ local function decide_log(kb, ab)
     reply[at] = passed[i] and 1 or 0
     reply[at + 1] = lg[lkey[i]].card
     reply[at + 2] = reset_ms
+  end
+  for i = 1, n do
+    reply[1 + 3 * n + i] = undo[i]
   end
   return reply
 end
