@@ -447,7 +447,8 @@ local function decide_log(kb, ab)
     local key = lkey[i]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', ifmt(now_ms - window[i]))
     local card = redis.call('ZCARD', key)
-    lg[key] = {card = card}
+    -- Room for the `top` and `old` that log_end adds: the constructor sizes the table.
+    lg[key] = {card = card, top = nil, old = nil}
     if hits[i] == 0 then
       passed[i] = card < limit[i]
     else
@@ -478,8 +479,8 @@ local function decide_log(kb, ab)
       end
     end
   end
-  -- Filled in index order, so the table only ever grows its array part.
-  local reply = {ok}
+  -- Filled in index order, so the table only ever grows its array part (sized for one item).
+  local reply = {ok, nil, nil, nil, nil}
   for i = 1, n do
     local old, reset_ms = log_old(lkey[i]), window[i]
     if old then
