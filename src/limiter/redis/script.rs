@@ -156,8 +156,9 @@ end
 /// used with one algorithm only (the engine puts the algorithm in the key).
 ///
 /// ARGV:
-/// - `ARGV[1]`: `now` in ms, or the empty string to read Redis `TIME` (production: every sidecar
-///   then uses the same clock, however skewed their hosts are). An explicit `now` is for tests.
+/// - `ARGV[1]`: `now` in whole ms, or the empty string to read Redis `TIME` (production: every
+///   sidecar then uses the same clock, however skewed their hosts are). An explicit `now` is for
+///   tests; a fraction is refused (`sluice: bad now`), since scores are printed as integers.
 /// - then per item `i` (1-based), at `ARGV[2 + 6(i-1)] ..`: `limit`, `window_ms`, `hits`, `kind`
 ///   (`c` consume, `s` shadow, `r` refund, `q` quota), `algorithm` (the code of
 ///   [`crate::limiter::Algorithm::code`]: `l` sliding log, `q` quantized log, `s` sliding
