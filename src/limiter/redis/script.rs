@@ -323,7 +323,8 @@ local function log_end(key, newest)
   end
   if lk[field] == nil then
     local t = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
-    lk[field] = {tonumber(t[1]), tonumber(t[2])}
+    -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
+    lk[field] = {tonumber(t[1]), t[2] + 0}
     if lk.card == 1 then
       lk.top, lk.old = lk[field], lk[field]
     end
