@@ -27,14 +27,11 @@ BIN=target/release
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-REDIS_PORT="$(free_port)"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
-  --loglevel warning >"$WORK/redis.log" 2>&1 &
-REDIS_PID=$!; PIDS+=("$REDIS_PID")
+start_redis
 NOOP_PORT="$(free_port)"
 "$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
 NOOP_PID=$!; PIDS+=("$NOOP_PID")
-wait_port "$REDIS_PORT"; wait_port "$NOOP_PORT"
+wait_port "$NOOP_PORT"
 
 load="${CONC:-64} callers"
 [ -n "${RATE:-}" ] && load="open loop at ${RATE}/s, up to ${CONC:-64} in flight"

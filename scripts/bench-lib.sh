@@ -1,5 +1,6 @@
 # Shared by the benchmark scripts (sourced, not run): a work directory, processes stopped on exit,
-# ephemeral loopback ports and Redis's own count of EVALSHA calls.
+# ephemeral loopback ports, a redis-server of their own, callgrind totals and Redis's own count
+# of EVALSHA calls.
 #
 # After sourcing: WORK is a fresh temporary directory; every PID appended to PIDS is killed and
 # awaited on exit (and WORK removed).
@@ -23,6 +24,29 @@ wait_port() { # port
     sleep 0.05
   done
   echo "nothing listens on 127.0.0.1:$1" >&2; return 1
+}
+
+start_redis() { # -> sets REDIS_PORT REDIS_PID; no persistence, loopback only
+  REDIS_PORT="$(free_port)"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$WORK" --loglevel warning >"$WORK/redis-$REDIS_PORT.log" 2>&1 &
+  REDIS_PID=$!
+  PIDS+=("$REDIS_PID")
+  wait_port "$REDIS_PORT"
+}
+
+callgrind_per() { # pid divisor: dumps the process's callgrind counters (callgrind started with
+  # --callgrind-out-file="$WORK/callgrind.%p", counters zeroed before the measured work) and
+  # prints its instructions divided by divisor
+  rm -f "$WORK"/callgrind."$1".*
+  callgrind_control --dump "$1" >/dev/null 2>&1
+  local dump=""
+  for _ in $(seq 1 100); do
+    dump="$(ls "$WORK"/callgrind."$1".* 2>/dev/null | head -1)"
+    [ -n "$dump" ] && grep -q '^totals:\|^summary:' "$dump" && break
+    sleep 0.1
+  done
+  awk '/^(totals|summary):/ { print int($2 / '"$2"'); exit }' "$dump"
 }
 
 evalsha_calls() { # port: EVALSHA calls that Redis has served so far (total_commands_processed

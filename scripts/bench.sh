@@ -43,15 +43,6 @@ mkdir -p "$OUT"
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-start_redis() { # -> sets REDIS_PORT REDIS_PID
-  REDIS_PORT="$(free_port)"
-  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$WORK" --loglevel warning >"$WORK/redis-$REDIS_PORT.log" 2>&1 &
-  REDIS_PID=$!
-  PIDS+=("$REDIS_PID")
-  wait_port "$REDIS_PORT"
-}
-
 start_sluice() { # [redis url] -> sets SLUICE_PORT SLUICE_PID
   SLUICE_PORT="$(free_port)"
   local admin; admin="$(free_port)"

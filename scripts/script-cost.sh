@@ -76,15 +76,7 @@ measure() { # file scenario
   redis-cli -p "$PORT" --pipe <"$WORK/calls.resp" >/dev/null
   callgrind_control --zero "$VG_PID" >/dev/null 2>&1
   redis-cli -p "$PORT" --pipe <"$WORK/calls.resp" >/dev/null
-  rm -f "$WORK"/callgrind."$VG_PID".*
-  callgrind_control --dump "$VG_PID" >/dev/null 2>&1
-  local dump=""
-  for _ in $(seq 1 100); do
-    dump="$(ls "$WORK"/callgrind."$VG_PID".* 2>/dev/null | head -1)"
-    [ -n "$dump" ] && grep -q '^totals:\|^summary:' "$dump" && break
-    sleep 0.1
-  done
-  awk '/^(totals|summary):/ { print int($2 / '"$CALLS"'); exit }' "$dump"
+  callgrind_per "$VG_PID" "$CALLS"
 }
 
 echo "instructions in redis-server per request ($CALLS requests per scenario)"

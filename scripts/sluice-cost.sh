@@ -24,11 +24,7 @@ cargo build --release --locked --bins -q
 # shellcheck source=scripts/bench-lib.sh
 source scripts/bench-lib.sh
 
-REDIS_PORT="$(free_port)"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
-  --loglevel warning >"$WORK/redis.log" 2>&1 &
-PIDS+=("$!")
-wait_port "$REDIS_PORT"
+start_redis
 
 MEASURED=4000
 load() { # port requests
@@ -57,15 +53,6 @@ for variant in "$@"; do
   load "$port" 2000
   callgrind_control --zero "$vg_pid" >/dev/null 2>&1
   load "$port" "$MEASURED"
-  rm -f "$WORK"/callgrind."$vg_pid".*
-  callgrind_control --dump "$vg_pid" >/dev/null 2>&1
-  dump=""
-  for _ in $(seq 1 100); do
-    dump="$(ls "$WORK"/callgrind."$vg_pid".* 2>/dev/null | head -1)"
-    [ -n "$dump" ] && grep -q '^totals:\|^summary:' "$dump" && break
-    sleep 0.1
-  done
-  printf '%-28s %10s\n' "$label" \
-    "$(awk '/^(totals|summary):/ { print int($2 / '"$MEASURED"'); exit }' "$dump")"
+  printf '%-28s %10s\n' "$label" "$(callgrind_per "$vg_pid" "$MEASURED")"
   kill "$vg_pid" 2>/dev/null || true; wait "$vg_pid" 2>/dev/null || true
 done

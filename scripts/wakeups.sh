@@ -29,14 +29,11 @@ EVENTS+=,syscalls:sys_enter_recvfrom,syscalls:sys_enter_writev,syscalls:sys_ente
 perf stat -e "$EVENTS" -- true >/dev/null 2>&1 \
   || { echo "perf cannot count syscall tracepoints here (root or perf_event_paranoid <= -1)" >&2; exit 1; }
 
-REDIS_PORT="$(free_port)"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" \
-  --loglevel warning >"$WORK/redis.log" 2>&1 &
-PIDS+=("$!")
+start_redis
 NOOP_PORT="$(free_port)"
 target/release/sluice-bench --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
 NOOP_PID=$!; PIDS+=("$NOOP_PID")
-wait_port "$REDIS_PORT"; wait_port "$NOOP_PORT"
+wait_port "$NOOP_PORT"
 
 # Drives `port` at `load` for 5 s and counts `pid`'s events over the last 4; prints one row.
 measure() { # label load port pid
