@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 
 use crate::limiter::LimiterError;
@@ -114,13 +115,24 @@ fn with_password(info: ConnectionInfo, options: &RedisOptions) -> ConnectionInfo
     }
 }
 
+/// TCP settings of every connection to Redis: `TCP_NODELAY` on. redis-rs leaves Nagle's
+/// algorithm on by default, and on a multiplexed connection that holds back every call written
+/// while an earlier one is unacknowledged: a pipelined call then waits for the previous reply,
+/// and a call split over two segments waits for the server's delayed ACK (tens of ms, far past
+/// the backend deadline). Every call is one complete command, written at once, so there is
+/// nothing for Nagle to coalesce.
+fn tcp_settings() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
 /// A standalone client for `url` (not a cluster setting).
 pub fn standalone_client(url: &str, options: &RedisOptions) -> Result<Client, LimiterError> {
     ensure_crypto_provider();
     let info = with_password(
         url.into_connection_info().map_err(|e| invalid(url, e))?,
         options,
-    );
+    )
+    .set_tcp_settings(tcp_settings());
     match read_ca(options)? {
         Some(root_cert) => Client::build_with_tls(
             info,
@@ -160,7 +172,8 @@ pub fn cluster_client(
         .response_timeout(response_timeout)
         .retries(CLUSTER_RETRIES)
         .min_retry_wait(10)
-        .max_retry_wait(100);
+        .max_retry_wait(100)
+        .tcp_settings(tcp_settings());
     if let Some(password) = &options.password {
         builder = builder.password(password);
     }
