@@ -1,11 +1,11 @@
 //! Every connection sluice opens to Redis has `TCP_NODELAY` on, standalone and cluster.
 //!
-//! Why it matters: redis-rs leaves Nagle's algorithm on unless told otherwise, and on a
-//! multiplexed connection Nagle holds back each call written while an earlier one is still
-//! unacknowledged, so pipelined calls wait for the previous reply (a round trip each on a real
-//! network, or the server's delayed ACK when a call was split over two segments). Timings would
-//! make a flaky test, so this reads the socket option itself: the test process's own sockets
-//! (the limiter runs in-process), duplicated through a pidfd and asked with `getsockopt`.
+//! Why it matters: redis-rs leaves Nagle's algorithm on unless told otherwise, and Nagle holds a
+//! small write back while an earlier small one on the same connection is unacknowledged, so a
+//! call pipelined behind another (the cluster connection does that) would wait up to a network
+//! round trip. On loopback the delay is too small and too variable for a timing test, so this
+//! reads the socket option itself: the test process's own sockets (the limiter runs
+//! in-process), duplicated through a pidfd and asked with `getsockopt`.
 
 mod common;
 

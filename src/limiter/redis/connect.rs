@@ -116,11 +116,11 @@ fn with_password(info: ConnectionInfo, options: &RedisOptions) -> ConnectionInfo
 }
 
 /// TCP settings of every connection to Redis: `TCP_NODELAY` on. redis-rs leaves Nagle's
-/// algorithm on by default, and on a multiplexed connection that holds back every call written
-/// while an earlier one is unacknowledged: a pipelined call then waits for the previous reply,
-/// and a call split over two segments waits for the server's delayed ACK (tens of ms, far past
-/// the backend deadline). Every call is one complete command, written at once, so there is
-/// nothing for Nagle to coalesce.
+/// algorithm on by default, and Nagle holds a small write back while an earlier small one on
+/// the same connection is unacknowledged: where several calls share a connection at once (the
+/// cluster connection pipelines them), a call would wait up to a network round trip for the
+/// previous call's ACK. Every call is one complete command written at once, so there is nothing
+/// for Nagle to coalesce.
 fn tcp_settings() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
 }
