@@ -36,8 +36,10 @@ fn nodelay_by_peer(ports: &[u16]) -> Vec<(u16, bool)> {
         let Ok(number) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        let Ok(fd) = pidfd_getfd(&me, number, PidfdGetfdFlags::empty()) else {
-            continue;
+        let fd = match pidfd_getfd(&me, number, PidfdGetfdFlags::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::BADF) => continue,
+            Err(e) => panic!("pidfd_getfd of this process's fd {number}: {e} (needs Linux 5.6+)"),
         };
         let Ok(Some(peer)) = rustix::net::getpeername(&fd) else {
             continue;
