@@ -7,9 +7,9 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use common::RedisServer;
+use common::{consume, RedisServer};
 use sluice::limiter::redis::RedisLimiter;
-use sluice::limiter::{Hit, HitKind, Limiter};
+use sluice::limiter::{Hit, Limiter};
 
 const DECISIONS: u64 = 200;
 
@@ -56,14 +56,7 @@ fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTree
 }
 
 fn batch(i: u64) -> Vec<Hit> {
-    vec![Hit {
-        key: format!("sluice:{{k{i}}}"),
-        limit: 10,
-        window_ms: 1000,
-        hits: 1,
-        kind: HitKind::Consume,
-        algorithm: sluice::limiter::Algorithm::SlidingLog,
-    }]
+    vec![consume(&format!("sluice:{{k{i}}}"), 10, 1000)]
 }
 
 #[tokio::test]

@@ -11,21 +11,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::RedisCluster;
+use common::{consume, RedisCluster};
 use sluice::limiter::redis::cluster::{key_slot, ClusterLimiter};
 use sluice::limiter::redis::RedisOptions;
 use sluice::limiter::{Hit, HitKind, Limiter};
-
-fn consume(key: &str, limit: u64, window_ms: u64) -> Hit {
-    Hit {
-        key: key.into(),
-        limit,
-        window_ms,
-        hits: 1,
-        kind: HitKind::Consume,
-        algorithm: sluice::limiter::Algorithm::SlidingLog,
-    }
-}
 
 async fn limiter(cluster: &RedisCluster) -> Arc<dyn Limiter> {
     Arc::new(

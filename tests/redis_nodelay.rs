@@ -12,10 +12,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use common::{RedisCluster, RedisServer};
+use common::{consume, RedisCluster, RedisServer};
 use sluice::limiter::redis::cluster::{key_slot, ClusterLimiter};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Hit, HitKind, Limiter};
+use sluice::limiter::Limiter;
 
 use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
 
@@ -55,17 +55,6 @@ fn nodelay_by_peer(ports: &[u16]) -> Vec<(u16, bool)> {
     found
 }
 
-fn consume(key: String) -> Vec<Hit> {
-    vec![Hit {
-        key,
-        limit: 10,
-        window_ms: 60_000,
-        hits: 1,
-        kind: HitKind::Consume,
-        algorithm: sluice::limiter::Algorithm::SlidingLog,
-    }]
-}
-
 #[tokio::test]
 async fn standalone_connections_have_nodelay() {
     let server = RedisServer::start();
@@ -74,7 +63,7 @@ async fn standalone_connections_have_nodelay() {
         .expect("connect");
     for i in 0..6 {
         limiter
-            .decide(&consume(format!("sluice:{{k{i}}}")))
+            .decide(&[consume(&format!("sluice:{{k{i}}}"), 10, 60_000)])
             .await
             .expect("decide");
     }
@@ -105,7 +94,10 @@ async fn cluster_connections_have_nodelay() {
         }
     }
     for key in by_node.into_values() {
-        limiter.decide(&consume(key)).await.expect("decide");
+        limiter
+            .decide(&[consume(&key, 10, 60_000)])
+            .await
+            .expect("decide");
     }
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.port()).collect();
     let sockets = nodelay_by_peer(&ports);

@@ -120,6 +120,19 @@ impl Drop for RedisServer {
     }
 }
 
+/// One consume hit of `key` on a sliding log: the decision shape of tests that exercise a Redis
+/// backend rather than a rule.
+pub fn consume(key: &str, limit: u64, window_ms: u64) -> sluice::limiter::Hit {
+    sluice::limiter::Hit {
+        key: key.into(),
+        limit,
+        window_ms,
+        hits: 1,
+        kind: sluice::limiter::HitKind::Consume,
+        algorithm: sluice::limiter::Algorithm::SlidingLog,
+    }
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
