@@ -11,8 +11,8 @@
 #   ROUNDS=5 scripts/script-bound.sh        # any scripts/ab.sh setting passes through
 #
 # The no-op-script build is made from the committed tree (git archive HEAD) with its own target
-# directory, target/script-bound/ (the first run compiles every dependency: about 10 minutes on
-# 2 cores). It is for this measurement only: it admits everything.
+# directory, target/script-bound/ (the first run compiles every dependency once more: about 3
+# minutes on these 2 cores). It is for this measurement only: it admits everything.
 # Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
