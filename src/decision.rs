@@ -371,7 +371,7 @@ impl Engine {
         let outcome = if batch.is_empty() {
             None
         } else {
-            match self.limiter.decide(&batch).await {
+            match self.limiter.decide(&batch, None).await {
                 Ok(outcome) => Some(outcome),
                 Err(err) => {
                     crate::metrics::record_backend_failure(self.on_backend_error.as_str());
@@ -883,12 +883,13 @@ mod tests {
 
     #[async_trait]
     impl Limiter for Recording {
-        async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+        async fn decide(
+            &self,
+            batch: &[Hit],
+            now: Option<u64>,
+        ) -> Result<BatchOutcome, LimiterError> {
             self.batches.lock().unwrap().push(batch.to_vec());
-            self.inner.decide(batch).await
-        }
-        async fn decide_at(&self, batch: &[Hit], now: u64) -> Result<BatchOutcome, LimiterError> {
-            self.inner.decide_at(batch, now).await
+            self.inner.decide(batch, now).await
         }
         async fn ping(&self) -> Result<(), LimiterError> {
             Ok(())
@@ -1151,7 +1152,7 @@ descriptors:
             hits: 0,
             ..limiter.batches.lock().unwrap()[0][1].clone()
         };
-        let out = limiter.inner.decide(&[probe]).await.unwrap();
+        let out = limiter.inner.decide(&[probe], None).await.unwrap();
         assert_eq!(out.items[0].count, 3);
     }
 

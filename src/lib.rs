@@ -32,5 +32,6 @@ pub mod proto;
 pub mod reload;
 pub mod server;
 pub mod service;
+pub mod sync;
 
 pub use server::{run, ServerSettings};

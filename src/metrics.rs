@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::decision::{Decision, DecisionError, Outcome, Request};
 use crate::descriptor::Entry;
 use crate::limiter::{BatchOutcome, Hit, Limiter, LimiterError};
+use crate::sync::lock;
 
 /// Label used for domains the config does not know, so client-chosen names cannot add series.
 const OTHER: &str = "_unknown";
@@ -210,11 +211,6 @@ pub fn record_config_failed() {
 /// Publishes a backend probe result.
 pub fn record_backend_up(up: bool) {
     metrics::gauge!(BACKEND_UP).set(if up { 1.0 } else { 0.0 });
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock still holds consistent metrics state: each update is a few assignments.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The stateful part of the metrics: the near-limit ratio, the detailed-label budget, the
@@ -606,15 +602,13 @@ impl ObservedLimiter {
 
 #[async_trait]
 impl Limiter for ObservedLimiter {
-    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+    async fn decide(
+        &self,
+        batch: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
         let started = Instant::now();
-        let result = self.inner.decide(batch).await;
-        self.observe(started, result)
-    }
-
-    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
-        let started = Instant::now();
-        let result = self.inner.decide_at(batch, now_ms).await;
+        let result = self.inner.decide(batch, now_ms).await;
         self.observe(started, result)
     }
 

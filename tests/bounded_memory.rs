@@ -52,7 +52,7 @@ async fn push_keys(limiter: &dyn Limiter) {
         }];
         // Time moves 1 ms per key: the least recently recorded key is the one evicted.
         let outcome = limiter
-            .decide_at(&batch, start + i)
+            .decide(&batch, Some(start + i))
             .await
             .expect("memory backend never fails");
         assert!(outcome.admitted, "a fresh key is admitted");
@@ -100,7 +100,7 @@ async fn a_million_keys_stay_under_the_memory_bound() {
         algorithm: Algorithm::SlidingLog,
     }];
     let outcome = limiter
-        .decide_at(&probe, 1_000_000 + KEYS)
+        .decide(&probe, Some(1_000_000 + KEYS))
         .await
         .expect("memory backend never fails");
     assert!(!outcome.admitted, "the newest key kept its hit");

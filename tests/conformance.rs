@@ -3,7 +3,7 @@
 //! Why: the trait's semantics (src/limiter/mod.rs) are only worth something if both backends
 //! implement them identically. Each check below is written once against `Arc<dyn Limiter>` and
 //! instantiated per backend by `conformance!`; the Redis instances each get their own
-//! `redis-server` from `tests/common`. Checks use `decide_at` with explicit times so window edges
+//! `redis-server` from `tests/common`. Checks pass explicit times to `decide` so window edges
 //! are exact; only `real_clock` and `concurrent_single_key` use the backend's own clock.
 
 mod common;
@@ -32,9 +32,9 @@ fn c(key: &str, limit: u64, hits: u64) -> Hit {
 }
 
 async fn at(l: &Arc<dyn Limiter>, batch: &[Hit], now: u64) -> BatchOutcome {
-    l.decide_at(batch, now)
+    l.decide(batch, Some(now))
         .await
-        .unwrap_or_else(|e| panic!("decide_at({now}) failed: {e}"))
+        .unwrap_or_else(|e| panic!("decide at {now} failed: {e}"))
 }
 
 /// The key's count in the window at `now`, via a check-only probe with an unreachable limit.
@@ -303,7 +303,7 @@ async fn real_clock(l: Arc<dyn Limiter>) {
     let decide = |l: &Arc<dyn Limiter>| {
         let l = Arc::clone(l);
         let batch = batch.clone();
-        async move { l.decide(&batch).await.expect("decide") }
+        async move { l.decide(&batch, None).await.expect("decide") }
     };
     assert!(decide(&l).await.admitted);
     assert!(decide(&l).await.admitted);
@@ -323,7 +323,7 @@ async fn concurrent_single_key(l: Arc<dyn Limiter>) {
         let l = Arc::clone(&l);
         tasks.spawn(async move {
             let batch = [hit("hot", 10, 60_000, 1, HitKind::Consume)];
-            l.decide(&batch).await.expect("decide").admitted
+            l.decide(&batch, None).await.expect("decide").admitted
         });
     }
     let mut admitted = 0;
@@ -657,7 +657,7 @@ mod redis_only {
                     hit(&own, 10, 60_000, 1, HitKind::Consume),
                     hit("shared", 30, 60_000, 1, HitKind::Consume),
                 ];
-                let out = l.decide(&batch).await.expect("decide");
+                let out = l.decide(&batch, None).await.expect("decide");
                 // The outcome belongs to this request: its own items, its own counts.
                 assert_eq!(out.items.len(), 2);
                 assert_eq!(out.admitted, out.items.iter().all(|item| item.passed));
@@ -712,7 +712,7 @@ mod redis_only {
             .expect("SCRIPT EXISTS");
         assert_eq!(loaded, [true]);
         // The first decision finds the script: no reload.
-        l.decide(&[c("w", 1, 1)]).await.expect("decide");
+        l.decide(&[c("w", 1, 1)], None).await.expect("decide");
         assert_eq!(l.stats().expect("stats").script_loads, 1);
     }
 
@@ -761,7 +761,7 @@ mod redis_only {
         assert!(at(&l, &[c("small", 100, 2)], 5).await.admitted);
         let real = [hit("real", 100, 60_000, 2, HitKind::Consume)];
         for _ in 0..2 {
-            assert!(l.decide(&real).await.expect("decide").admitted);
+            assert!(l.decide(&real, None).await.expect("decide").admitted);
         }
         for (key, expected) in [("small", 5), ("real", 4)] {
             let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("zrange");
@@ -972,7 +972,7 @@ mod redis_only {
         l.ping().await.expect("ping while up");
         server.stop();
         assert!(l.ping().await.is_err(), "ping while stopped");
-        match l.decide(&[c("k", 1, 1)]).await {
+        match l.decide(&[c("k", 1, 1)], None).await {
             Err(LimiterError::Unavailable(_)) | Err(LimiterError::Timeout(_)) => {}
             other => panic!("decide while stopped: {other:?}"),
         }
@@ -1343,7 +1343,7 @@ mod measure {
         let n = 5000u64;
         let started = Instant::now();
         for i in 0..n {
-            l.decide(&batch(i)).await.expect("decide");
+            l.decide(&batch(i), None).await.expect("decide");
         }
         let sequential = started.elapsed() / n as u32;
 
@@ -1354,7 +1354,7 @@ mod measure {
             let l = Arc::clone(&l);
             set.spawn(async move {
                 for i in 0..n / 10 {
-                    l.decide(&batch(t * 1000 + i)).await.expect("decide");
+                    l.decide(&batch(t * 1000 + i), None).await.expect("decide");
                 }
             });
         }

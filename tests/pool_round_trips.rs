@@ -66,10 +66,10 @@ async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more(
     let limiter = RedisLimiter::connect(&server.url(), 4)
         .await
         .expect("connect");
-    limiter.decide(&batch(0)).await.expect("warm-up");
+    limiter.decide(&batch(0), None).await.expect("warm-up");
     let before = commandstats(&server).await;
     for i in 0..DECISIONS {
-        limiter.decide(&batch(i)).await.expect("decide");
+        limiter.decide(&batch(i), None).await.expect("decide");
     }
     let ours = delta(&before, &commandstats(&server).await);
     let ours_total: u64 = ours.values().sum();

@@ -50,11 +50,16 @@ async fn cross_slot_rejection_leaves_nothing_behind() {
     let (a, b) = keys_on_two_nodes(&cluster);
     // Fill b, then ask for a (free) and b (full) together: a's part admits on its node, b's
     // rejects, and a's entries must be removed again.
-    assert!(l.decide(&[consume(&b, 1, 60_000)]).await.unwrap().admitted);
+    assert!(
+        l.decide(&[consume(&b, 1, 60_000)], None)
+            .await
+            .unwrap()
+            .admitted
+    );
     let mut big = consume(&a, 5000, 60_000);
     big.hits = 2500;
     let out = l
-        .decide(&[big.clone(), consume(&b, 1, 60_000)])
+        .decide(&[big.clone(), consume(&b, 1, 60_000)], None)
         .await
         .unwrap();
     assert!(!out.admitted);
@@ -66,7 +71,7 @@ async fn cross_slot_rejection_leaves_nothing_behind() {
     // And an admitted cross-slot request records on both nodes.
     let c = format!("{b}x");
     let out = l
-        .decide(&[consume(&a, 5, 60_000), consume(&c, 5, 60_000)])
+        .decide(&[consume(&a, 5, 60_000), consume(&c, 5, 60_000)], None)
         .await
         .unwrap();
     assert!(out.admitted);
@@ -131,8 +136,8 @@ async fn cross_slot_reports_match_one_script() {
         let slots: std::collections::BTreeSet<u16> =
             batch.iter().map(|h| key_slot(&h.key)).collect();
         assert!(slots.len() == batch.len().min(2), "spans slots: {batch:?}");
-        let expected = memory.decide_at(&batch, now).await.unwrap();
-        let got = l.decide_at(&batch, now).await.unwrap();
+        let expected = memory.decide(&batch, Some(now)).await.unwrap();
+        let got = l.decide(&batch, Some(now)).await.unwrap();
         assert_eq!(got, expected, "batch {batch:?} at {now}");
     }
 }
@@ -157,7 +162,7 @@ where
             let (mut admitted, mut errors) = (0, 0);
             for _ in 0..calls / 8 {
                 let batch = [consume(&key, limit, 3_600_000)];
-                match tokio::time::timeout(Duration::from_secs(5), l.decide(&batch)).await {
+                match tokio::time::timeout(Duration::from_secs(5), l.decide(&batch, None)).await {
                     Ok(Ok(out)) if out.admitted => admitted += 1,
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
@@ -197,7 +202,7 @@ async fn slot_migration_during_traffic_stays_exact() {
     // Some entries before the migration starts, so there is data to move.
     for _ in 0..10 {
         assert!(
-            l.decide(&[consume(&key, 300, 3_600_000)])
+            l.decide(&[consume(&key, 300, 3_600_000)], None)
                 .await
                 .unwrap()
                 .admitted
@@ -266,7 +271,7 @@ async fn primary_restart_during_traffic() {
                 let (mut admitted, mut rejected, mut failed) = (0u64, 0u64, 0u64);
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let hit = [consume(&key, 50, 60_000)];
-                    match tokio::time::timeout(Duration::from_secs(2), l.decide(&hit)).await {
+                    match tokio::time::timeout(Duration::from_secs(2), l.decide(&hit, None)).await {
                         Ok(Ok(out)) if out.admitted => admitted += 1,
                         Ok(Ok(_)) => rejected += 1,
                         Ok(Err(_)) => failed += 1,
@@ -289,7 +294,7 @@ async fn primary_restart_during_traffic() {
     let started = Instant::now();
     let failed = tokio::time::timeout(
         Duration::from_secs(5),
-        l.decide(&[consume(&down_key, 5, 60_000)]),
+        l.decide(&[consume(&down_key, 5, 60_000)], None),
     )
     .await;
     assert!(
@@ -302,7 +307,7 @@ async fn primary_restart_during_traffic() {
     );
     for i in 0..5 {
         let out = l
-            .decide(&[consume(&up_key, 3, 60_000)])
+            .decide(&[consume(&up_key, 3, 60_000)], None)
             .await
             .expect("other primary serves");
         assert_eq!(out.admitted, i < 3);
@@ -314,7 +319,7 @@ async fn primary_restart_during_traffic() {
     loop {
         if let Ok(Ok(out)) = tokio::time::timeout(
             Duration::from_secs(1),
-            l.decide(&[consume(&down_key, 5, 60_000)]),
+            l.decide(&[consume(&down_key, 5, 60_000)], None),
         )
         .await
         {
@@ -351,7 +356,7 @@ async fn primary_restart_during_traffic() {
 
     // The restarted primary lost its data (no persistence), the others kept theirs.
     let out = l
-        .decide(&[consume(&up_key, 3, 60_000)])
+        .decide(&[consume(&up_key, 3, 60_000)], None)
         .await
         .expect("decide");
     assert!(!out.admitted);

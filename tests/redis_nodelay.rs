@@ -63,7 +63,7 @@ async fn standalone_connections_have_nodelay() {
         .expect("connect");
     for i in 0..6 {
         limiter
-            .decide(&[consume(&format!("sluice:{{k{i}}}"), 10, 60_000)])
+            .decide(&[consume(&format!("sluice:{{k{i}}}"), 10, 60_000)], None)
             .await
             .expect("decide");
     }
@@ -95,7 +95,7 @@ async fn cluster_connections_have_nodelay() {
     }
     for key in by_node.into_values() {
         limiter
-            .decide(&[consume(&key, 10, 60_000)])
+            .decide(&[consume(&key, 10, 60_000)], None)
             .await
             .expect("decide");
     }

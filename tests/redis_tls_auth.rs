@@ -148,7 +148,10 @@ async fn rediss_with_the_ca_file_decides_and_without_it_fails() {
             .await
             .unwrap_or_else(|e| panic!("TLS connect: {e}")),
     );
-    let out = limiter.decide(&one_hit()).await.expect("decide over TLS");
+    let out = limiter
+        .decide(&one_hit(), None)
+        .await
+        .expect("decide over TLS");
     assert!(out.admitted);
     assert_eq!(out.items[0].count, 1);
 

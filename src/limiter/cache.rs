@@ -36,7 +36,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 
 use async_trait::async_trait;
 
@@ -59,12 +61,6 @@ pub struct RejectionCache {
     capacity: usize,
     entries: Mutex<HashMap<String, Entry>>,
     answered: AtomicU64,
-}
-
-/// The map holds plain values and the lock is never held across an await; a poisoned one still
-/// holds a valid map.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl RejectionCache {
@@ -180,10 +176,7 @@ impl RejectionCache {
                 entries.remove(&hit.key);
             }
         }
-        let outcome = match now {
-            Some(now) => self.inner.decide_at(batch, now).await?,
-            None => self.inner.decide(batch).await?,
-        };
+        let outcome = self.inner.decide(batch, now).await?;
         if self.capacity > 0 {
             self.learn(batch, &outcome, sent_at);
         }
@@ -205,12 +198,12 @@ fn evict(entries: &mut HashMap<String, Entry>, now: u64) {
 
 #[async_trait]
 impl Limiter for RejectionCache {
-    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
-        self.run(batch, None).await
-    }
-
-    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
-        self.run(batch, Some(now_ms)).await
+    async fn decide(
+        &self,
+        batch: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
+        self.run(batch, now_ms).await
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
@@ -258,13 +251,13 @@ mod tests {
 
     #[async_trait]
     impl Limiter for Counting {
-        async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+        async fn decide(
+            &self,
+            batch: &[Hit],
+            now: Option<u64>,
+        ) -> Result<BatchOutcome, LimiterError> {
             self.calls.fetch_add(1, Ordering::Relaxed);
-            self.inner.decide(batch).await
-        }
-        async fn decide_at(&self, batch: &[Hit], now: u64) -> Result<BatchOutcome, LimiterError> {
-            self.calls.fetch_add(1, Ordering::Relaxed);
-            self.inner.decide_at(batch, now).await
+            self.inner.decide(batch, now).await
         }
         async fn ping(&self) -> Result<(), LimiterError> {
             Ok(())
@@ -300,21 +293,21 @@ mod tests {
     async fn flood_on_a_full_key_reaches_the_backend_once_until_the_oldest_entry_leaves() {
         let (cache, inner) = setup(100);
         let b = [hit("k", 2, 1, HitKind::Consume)];
-        assert!(cache.decide_at(&b, T).await.unwrap().admitted);
-        assert!(cache.decide_at(&b, T + 100).await.unwrap().admitted);
+        assert!(cache.decide(&b, Some(T)).await.unwrap().admitted);
+        assert!(cache.decide(&b, Some(T + 100)).await.unwrap().admitted);
         assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
         for i in 0..1000 {
-            let out = cache.decide_at(&b, T + 100 + i % 900).await.unwrap();
+            let out = cache.decide(&b, Some(T + 100 + i % 900)).await.unwrap();
             assert!(!out.admitted);
             assert_eq!(out.items[0].count, 2);
         }
         assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
         assert_eq!(cache.answered_locally(), 1000);
         // One ms before the oldest entry leaves: still local; at the instant: the backend.
-        let out = cache.decide_at(&b, T + 999).await.unwrap();
+        let out = cache.decide(&b, Some(T + 999)).await.unwrap();
         assert_eq!(out.items[0].reset_ms, 1);
         assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
-        assert!(cache.decide_at(&b, T + 1000).await.unwrap().admitted);
+        assert!(cache.decide(&b, Some(T + 1000)).await.unwrap().admitted);
         assert_eq!(inner.calls.load(Ordering::Relaxed), 3);
     }
 
@@ -328,9 +321,9 @@ mod tests {
             algorithm: Algorithm::SlidingCounter,
             ..hit("s", 1, 1, HitKind::Consume)
         }];
-        assert!(cache.decide_at(&s, T).await.unwrap().admitted);
+        assert!(cache.decide(&s, Some(T)).await.unwrap().admitted);
         for i in 1..4 {
-            assert!(!cache.decide_at(&s, T + i).await.unwrap().admitted);
+            assert!(!cache.decide(&s, Some(T + i)).await.unwrap().admitted);
             assert_eq!(calls(), 1 + i);
         }
         assert!(cache.is_empty());
@@ -341,14 +334,14 @@ mod tests {
         }];
         let before = calls();
         for i in 0..3 {
-            assert!(cache.decide_at(&g, T).await.unwrap().admitted);
+            assert!(cache.decide(&g, Some(T)).await.unwrap().admitted);
             assert_eq!(
                 calls(),
                 before + i + 1,
                 "within the burst: the backend decides"
             );
         }
-        let out = cache.decide_at(&g, T + 999).await.unwrap();
+        let out = cache.decide(&g, Some(T + 999)).await.unwrap();
         assert!(!out.admitted);
         assert_eq!(out.items[0].count, 3);
         assert_eq!(
@@ -358,7 +351,7 @@ mod tests {
         );
         assert_eq!(cache.answered_locally(), 1);
         // One token every 1000 ms: free again at T + 1000 exactly.
-        assert!(cache.decide_at(&g, T + 1000).await.unwrap().admitted);
+        assert!(cache.decide(&g, Some(T + 1000)).await.unwrap().admitted);
     }
 
     #[tokio::test]
@@ -367,13 +360,13 @@ mod tests {
         // Full at 2 of limit 2, but a probe with a bigger limit, a shadow item and another
         // window on the same key are not certain to fail.
         cache
-            .decide_at(&[hit("k", 2, 2, HitKind::Consume)], T)
+            .decide(&[hit("k", 2, 2, HitKind::Consume)], Some(T))
             .await
             .unwrap();
         let calls = || inner.calls.load(Ordering::Relaxed);
         assert!(
             cache
-                .decide_at(&[hit("k", 3, 1, HitKind::Consume)], T + 1)
+                .decide(&[hit("k", 3, 1, HitKind::Consume)], Some(T + 1))
                 .await
                 .unwrap()
                 .admitted
@@ -383,22 +376,22 @@ mod tests {
             hit("k", 1, 1, HitKind::Shadow),
             hit("x", 5, 1, HitKind::Consume),
         ];
-        assert!(cache.decide_at(&shadow, T + 2).await.unwrap().admitted);
+        assert!(cache.decide(&shadow, Some(T + 2)).await.unwrap().admitted);
         assert_eq!(calls(), 3);
         // A two-item request with one certain rejection is local, and records nothing.
         let both = [
             hit("y", 5, 1, HitKind::Consume),
             hit("k", 3, 1, HitKind::Consume),
         ];
-        assert!(!cache.decide_at(&both, T + 4).await.unwrap().admitted);
+        assert!(!cache.decide(&both, Some(T + 4)).await.unwrap().admitted);
         assert_eq!(calls(), 3);
         let mut other_window = hit("k", 3, 1, HitKind::Consume);
         other_window.window_ms = 2000;
-        cache.decide_at(&[other_window], T + 5).await.unwrap();
+        cache.decide(&[other_window], Some(T + 5)).await.unwrap();
         assert_eq!(calls(), 4);
         let probe = [hit("y", 5, 0, HitKind::Consume)];
         assert_eq!(
-            cache.decide_at(&probe, T + 5).await.unwrap().items[0].count,
+            cache.decide(&probe, Some(T + 5)).await.unwrap().items[0].count,
             0
         );
     }
@@ -407,16 +400,16 @@ mod tests {
     async fn a_refund_through_this_instance_drops_the_entry() {
         let (cache, inner) = setup(100);
         cache
-            .decide_at(&[hit("k", 2, 2, HitKind::Consume)], T)
+            .decide(&[hit("k", 2, 2, HitKind::Consume)], Some(T))
             .await
             .unwrap();
         let refund = [
             hit("k", 2, 1, HitKind::Refund),
             hit("z", 9, 1, HitKind::Consume),
         ];
-        assert!(cache.decide_at(&refund, T + 1).await.unwrap().admitted);
+        assert!(cache.decide(&refund, Some(T + 1)).await.unwrap().admitted);
         let out = cache
-            .decide_at(&[hit("k", 2, 1, HitKind::Consume)], T + 2)
+            .decide(&[hit("k", 2, 1, HitKind::Consume)], Some(T + 2))
             .await
             .unwrap();
         assert!(out.admitted);
@@ -429,7 +422,7 @@ mod tests {
         for i in 0..100u64 {
             let key = format!("k{i}");
             cache
-                .decide_at(&[hit(&key, 1, 1, HitKind::Consume)], T + i)
+                .decide(&[hit(&key, 1, 1, HitKind::Consume)], Some(T + i))
                 .await
                 .unwrap();
             assert!(cache.len() <= 10);
@@ -463,8 +456,8 @@ mod tests {
             let mut now = T;
             for (dt, batch) in steps {
                 now += dt;
-                let a = rt.block_on(bare.decide_at(&batch, now)).unwrap();
-                let b = rt.block_on(cache.decide_at(&batch, now)).unwrap();
+                let a = rt.block_on(bare.decide(&batch, Some(now))).unwrap();
+                let b = rt.block_on(cache.decide(&batch, Some(now))).unwrap();
                 prop_assert_eq!(a.admitted, b.admitted, "batch {:?} at {}", batch, now);
             }
         }

@@ -123,15 +123,13 @@ where
 
 #[async_trait]
 impl Limiter for Guarded {
-    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+    async fn decide(
+        &self,
+        batch: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
         let batch = batch.to_vec();
-        self.bounded(move |l| async move { l.decide(&batch).await })
-            .await
-    }
-
-    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
-        let batch = batch.to_vec();
-        self.bounded(move |l| async move { l.decide_at(&batch, now_ms).await })
+        self.bounded(move |l| async move { l.decide(&batch, now_ms).await })
             .await
     }
 
@@ -159,12 +157,9 @@ mod tests {
 
     #[async_trait]
     impl Limiter for Hung {
-        async fn decide(&self, _: &[Hit]) -> Result<BatchOutcome, LimiterError> {
+        async fn decide(&self, _: &[Hit], _: Option<u64>) -> Result<BatchOutcome, LimiterError> {
             self.0.notified().await;
             Err(LimiterError::Unavailable("released".into()))
-        }
-        async fn decide_at(&self, batch: &[Hit], _: u64) -> Result<BatchOutcome, LimiterError> {
-            self.decide(batch).await
         }
         async fn ping(&self) -> Result<(), LimiterError> {
             Ok(())
@@ -190,16 +185,18 @@ mod tests {
         let hung = Arc::new(Hung(tokio::sync::Notify::new()));
         let g = Guarded::new(hung.clone(), Duration::from_secs(60), 1);
         // The caller gives up on its own (e.g. the gRPC call was cancelled): the call is dropped.
-        let abandoned = tokio::time::timeout(Duration::from_millis(5), g.decide(&batch())).await;
+        let abandoned =
+            tokio::time::timeout(Duration::from_millis(5), g.decide(&batch(), None)).await;
         assert!(abandoned.is_err());
-        match g.decide(&batch()).await {
+        match g.decide(&batch(), None).await {
             Err(LimiterError::Overloaded) => {}
             other => panic!("expected overload while the abandoned call runs, got {other:?}"),
         }
         hung.0.notify_waiters();
         tokio::time::sleep(Duration::from_millis(20)).await;
         // The permit is back: the next call takes it and waits on the backend.
-        let waiting = tokio::time::timeout(Duration::from_millis(20), g.decide(&batch())).await;
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(20), g.decide(&batch(), None)).await;
         assert!(
             waiting.is_err(),
             "expected the call to wait, got {waiting:?}"
@@ -211,14 +208,14 @@ mod tests {
         let hung = Arc::new(Hung(tokio::sync::Notify::new()));
         let g = Guarded::new(hung.clone(), Duration::from_millis(5), 2);
         for _ in 0..2 {
-            match g.decide(&batch()).await {
+            match g.decide(&batch(), None).await {
                 Err(LimiterError::Timeout(5)) => {}
                 other => panic!("expected a timeout, got {other:?}"),
             }
         }
         // Both permits are still held by the abandoned calls: the third fails without waiting.
         let started = std::time::Instant::now();
-        match g.decide(&batch()).await {
+        match g.decide(&batch(), None).await {
             Err(LimiterError::Overloaded) => {}
             other => panic!("expected overload, got {other:?}"),
         }
@@ -226,7 +223,7 @@ mod tests {
         // Once the backend answers the abandoned calls, permits come back: a timeout again.
         hung.0.notify_waiters();
         tokio::time::sleep(Duration::from_millis(20)).await;
-        match g.decide(&batch()).await {
+        match g.decide(&batch(), None).await {
             Err(LimiterError::Timeout(5)) => {}
             other => panic!("expected a timeout after release, got {other:?}"),
         }

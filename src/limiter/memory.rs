@@ -25,6 +25,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::sync::lock;
+
 use async_trait::async_trait;
 
 use super::algorithms::State;
@@ -63,14 +65,6 @@ impl std::fmt::Debug for MemoryLimiter {
             .field("per_shard_cap", &self.per_shard_cap)
             .finish_non_exhaustive()
     }
-}
-
-/// A poisoned lock only means another thread panicked mid-decision; the log is still a valid
-/// (at worst slightly stale) log, and refusing every later request would be worse.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl MemoryLimiter {
@@ -232,11 +226,12 @@ fn make_room(map: &mut Shard, now: u64, cap: usize) {
 
 #[async_trait]
 impl Limiter for MemoryLimiter {
-    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
-        Ok(self.decide_sync(batch, self.clock.now_ms()))
-    }
-
-    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
+    async fn decide(
+        &self,
+        batch: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
+        let now_ms = now_ms.unwrap_or_else(|| self.clock.now_ms());
         Ok(self.decide_sync(batch, now_ms))
     }
 

@@ -143,11 +143,14 @@ impl Clock for SystemClock {
 
 #[async_trait]
 pub trait Limiter: Send + Sync {
-    /// Decides a batch on the backend's own clock.
-    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError>;
-
-    /// Decides a batch as if the time were `now_ms` (tests and property checks).
-    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError>;
+    /// Decides a batch. `now_ms: None` uses the backend's own clock (Redis `TIME`, the memory
+    /// backend's [`Clock`]); `Some(t)` decides as if the time were `t` ms since the Unix epoch
+    /// (tests and property checks). Wrappers pass `now_ms` through unchanged.
+    async fn decide(
+        &self,
+        batch: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError>;
 
     /// Cheap reachability probe for readiness.
     async fn ping(&self) -> Result<(), LimiterError>;

@@ -22,10 +22,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::sync::lock;
+
 use tokio::sync::{mpsc, oneshot};
 
 use super::script::decode_batched_reply;
-use super::{item_args, lock, now_arg, push_item_args, Gauge, ItemArgs, Shared};
+use super::{item_args, now_arg, push_item_args, Gauge, ItemArgs, Shared};
 use crate::limiter::{BatchOutcome, Hit, LimiterError};
 
 /// Requests queued per slot beyond which new ones fail fast instead of queueing.

@@ -32,7 +32,9 @@
 //! a script call it retries after a lost reply may record twice, with the same consequence.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
+
+use crate::sync::lock;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -100,10 +102,6 @@ fn not_executed(e: &RedisError) -> bool {
             ServerErrorKind::Ask | ServerErrorKind::Moved | ServerErrorKind::TryAgain
         )
     )
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// `item`, reported by a part that was compensated afterwards, as the key is once `undone` of
@@ -428,12 +426,12 @@ impl ClusterLimiter {
 
 #[async_trait]
 impl Limiter for ClusterLimiter {
-    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
-        self.run(batch, None).await
-    }
-
-    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
-        self.run(batch, Some(now_ms)).await
+    async fn decide(
+        &self,
+        batch: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
+        self.run(batch, now_ms).await
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {

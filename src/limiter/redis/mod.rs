@@ -33,7 +33,9 @@ pub mod connect;
 pub mod script;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -62,12 +64,6 @@ struct Slot {
     failed_at: Mutex<Option<Instant>>,
     /// Serializes reconnects of this slot so a burst of requests makes one attempt, not many.
     connecting: tokio::sync::Mutex<()>,
-}
-
-/// The std mutexes here guard plain values and are never held across an await; a poisoned one
-/// still holds a valid value.
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub struct RedisLimiter {
@@ -426,12 +422,12 @@ pub(crate) fn map_error(e: &RedisError) -> LimiterError {
 
 #[async_trait]
 impl Limiter for RedisLimiter {
-    async fn decide(&self, batch: &[Hit]) -> Result<BatchOutcome, LimiterError> {
-        self.run(batch, None).await
-    }
-
-    async fn decide_at(&self, batch: &[Hit], now_ms: u64) -> Result<BatchOutcome, LimiterError> {
-        self.run(batch, Some(now_ms)).await
+    async fn decide(
+        &self,
+        batch: &[Hit],
+        now_ms: Option<u64>,
+    ) -> Result<BatchOutcome, LimiterError> {
+        self.run(batch, now_ms).await
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
