@@ -16,6 +16,7 @@
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`server`]: wiring: `run(config, listeners, shutdown)`.
 #![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod admin;
 pub mod cardinality;

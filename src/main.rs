@@ -1,5 +1,7 @@
 //! The `sluice` command: parses flags (each also read from a `SLUICE_*` variable), loads the
 //! config, builds the backend, binds the listeners and hands them to [`sluice::run`].
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

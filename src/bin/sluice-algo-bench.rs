@@ -10,6 +10,8 @@
 //!    round trip), and prints decisions per second.
 //!
 //! Run: `bash scripts/algo-bench.sh` (a release build). Needs `redis-server` on the PATH.
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

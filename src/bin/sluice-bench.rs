@@ -5,6 +5,8 @@
 //! RLS server (same process, same connections, same load shape), then the target, and prints both
 //! with their ratio. Load is bounded by duration and an optional request cap, and targets only the
 //! address given (loopback in every script of this project).
+#![forbid(unsafe_code)]
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
