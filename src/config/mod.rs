@@ -19,6 +19,7 @@
 //! value.
 
 mod error;
+mod locate;
 mod raw;
 mod tree;
 mod validate;
