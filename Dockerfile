@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # sluice's container image. The build stage runs CI's build step (`cargo build --locked`, in
-# release mode); scripts/check_deploy.py checks the paths, ports and flags below against the
+# release mode); scripts/ci/check_deploy.py checks the paths, ports and flags below against the
 # binary and the manifests in deploy/, since CI has no Docker engine to build this file.
 
 FROM rust:1.89-bookworm AS build
