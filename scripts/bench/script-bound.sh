@@ -5,7 +5,7 @@
 # Everything else is the same: gRPC, batching, EVALSHA round trips, reply decoding, the
 # generator and the no-op ceiling. The gap between the two is what the sliding log's work inside
 # Redis costs; the ratio of the no-op-script build is a ceiling for any script. Figures in
-# docs/performance.md ("Fifth run", "The ceiling of any script").
+# docs/performance.md ("The ceiling of any script").
 #
 #   scripts/bench/script-bound.sh                 # 3 alternating rounds, 64 callers
 #   ROUNDS=5 scripts/bench/script-bound.sh        # any scripts/bench/ab.sh setting passes through

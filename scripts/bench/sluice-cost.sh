@@ -2,7 +2,7 @@
 # Instructions that sluice executes per admit-heavy decision (Redis backend), counted by
 # valgrind's callgrind: unlike CPU times on a shared VM, the counts repeat to within about 1 %,
 # so two builds (or flag sets) can be compared on a noisy machine. Figures in
-# docs/performance.md ("Fourth run").
+# docs/performance.md ("Inside sluice").
 #
 #   scripts/bench/sluice-cost.sh                                   # the current release build
 #   scripts/bench/sluice-cost.sh 'old=/tmp/sluice-old' 'new=target/release/sluice'

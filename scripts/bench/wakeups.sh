@@ -2,7 +2,8 @@
 # Where a server's CPU goes per decision as the load changes: its CPU µs, context switches and
 # syscalls per decision, counted by `perf stat` (kernel tracepoints: needs root or
 # kernel.perf_event_paranoid <= -1). Run for sluice (Redis backend) and for the no-op RLS server
-# at each load, admit-heavy shape. Figures in docs/performance.md ("Fourth run").
+# at each load, admit-heavy shape. Figures in docs/performance.md ("Why half the
+# rate is not half the load").
 #
 #   scripts/bench/wakeups.sh                                    # current build, default loads
 #   LOADS="closed 2000 14000" scripts/bench/wakeups.sh 'w2=target/release/sluice' \
