@@ -658,7 +658,7 @@ where
     false
 }
 
-/// Issue 7's exactness target, through the whole gRPC path: 64 concurrent callers on one key
+/// The benchmark's exactness check, through the whole gRPC path: 64 concurrent callers on one key
 /// with a limit of 10 (benches/limits `flood`) admit exactly 10, on Redis and in memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_concurrent_callers_on_one_key_admit_exactly_the_limit() {
