@@ -375,8 +375,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_yaml_parse_error_on_reload_is_logged_as_check_config_prints_it() {
+    /// A plain file `d.yaml` with `limits(3)`, loaded into an engine a reloader watches.
+    fn watched_file() -> (tempfile::TempDir, PathBuf, Arc<Engine>, Reloader) {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("d.yaml");
         std::fs::write(&file, limits(3)).unwrap();
@@ -384,7 +384,13 @@ mod tests {
             Config::load(&file).unwrap(),
             Arc::new(MemoryLimiter::new(Arc::new(SystemClock))),
         ));
-        let mut reloader = Reloader::new(file.clone(), engine.clone());
+        let reloader = Reloader::new(file.clone(), engine.clone());
+        (dir, file, engine, reloader)
+    }
+
+    #[test]
+    fn a_yaml_parse_error_on_reload_is_logged_as_check_config_prints_it() {
+        let (_dir, file, engine, mut reloader) = watched_file();
         // An unclosed flow mapping on line 4, inside descriptor `k`.
         let broken = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute\n";
         std::fs::write(&file, broken).unwrap();
@@ -413,14 +419,7 @@ mod tests {
 
     #[test]
     fn plain_file_edits_are_seen() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("d.yaml");
-        std::fs::write(&file, limits(3)).unwrap();
-        let engine = Arc::new(Engine::new(
-            Config::load(&file).unwrap(),
-            Arc::new(MemoryLimiter::new(Arc::new(SystemClock))),
-        ));
-        let mut reloader = Reloader::new(file.clone(), engine.clone());
+        let (_dir, file, engine, mut reloader) = watched_file();
         std::fs::write(&file, limits(4)).unwrap();
         assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
         assert_eq!(limit_of(&engine), 4);
