@@ -1,4 +1,4 @@
-//! Measurement behind the connection design (issue 4, item 5): Redis commands per decision
+//! Measurement behind the connection design (docs/redis.md): Redis commands per decision
 //! with the limiter's shared multiplexed connections versus a deadpool-redis pool, counted by
 //! Redis itself (`INFO commandstats`). deadpool-redis is a dev-dependency only for this.
 //! `cargo test --test pool_round_trips -- --nocapture` prints the figures for docs/redis.md.

@@ -1,7 +1,7 @@
 //! Redis failures seen from Envoy's side: the built binary over real gRPC against a real
 //! `redis-server` that the test freezes (SIGSTOP), kills and brings back.
 //!
-//! What must hold (issue 4): every call is answered within the backend deadline (plus a little)
+//! What must hold (docs/redis.md): every call is answered within the backend deadline (plus a little)
 //! while Redis hangs or is dead, the failure policy decides the answer, and decisions resume
 //! without a restart once Redis is back. The figures (p50/p99 while hung, recovery times) are
 //! printed for docs/redis.md; the assertions use generous bounds so a loaded 2-core machine does

@@ -21,8 +21,6 @@ use std::path::Path;
 
 /// Rule name of file-level problems.
 pub(crate) const DOMAIN_RULE: &str = "domain";
-/// Rule name of parser errors.
-pub(crate) const YAML_RULE: &str = "yaml";
 
 const VALID_UNITS: &str = "second, minute, hour, day, week, month, year";
 const VALID_ALGORITHMS: &str = "sliding_log, quantized_log, sliding_counter, gcra, fixed_window";
@@ -56,7 +54,8 @@ pub(crate) fn compile_file(
             if let Some(column) = failure.column {
                 message.push_str(&format!(" (column {column})"));
             }
-            errors.push(ConfigError::new(file, failure.line, YAML_RULE, message));
+            let rule = super::locate::rule_at(text, failure.line);
+            errors.push(ConfigError::new(file, failure.line, rule, message));
             return CompiledFile {
                 domain: None,
                 root: Level::default(),

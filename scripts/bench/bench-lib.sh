@@ -1,9 +1,15 @@
+#!/usr/bin/env bash
 # Shared by the benchmark scripts (sourced, not run): a work directory, processes stopped on exit,
 # ephemeral loopback ports, a redis-server of their own, callgrind totals and Redis's own count
 # of EVALSHA calls.
 #
 # After sourcing: WORK is a fresh temporary directory; every PID appended to PIDS is killed and
 # awaited on exit (and WORK removed).
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  echo "bench-lib.sh is sourced by the other scripts in scripts/bench/, not run" >&2
+  exit 2
+fi
 
 WORK="$(mktemp -d)"
 PIDS=()

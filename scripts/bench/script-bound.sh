@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The most admit-heavy could reach with one script call per decision on this machine: sluice
 # built with a Lua script that decides nothing (it returns a well-formed "admitted" reply for
-# every request of a call, touching no key), A/B against the real build with scripts/ab.sh.
+# every request of a call, touching no key), A/B against the real build with scripts/bench/ab.sh.
 # Everything else is the same: gRPC, batching, EVALSHA round trips, reply decoding, the
 # generator and the no-op ceiling. The gap between the two is what the sliding log's work inside
 # Redis costs; the ratio of the no-op-script build is a ceiling for any script. Figures in
-# docs/performance.md ("Fifth run", "The ceiling of any script").
+# docs/performance.md ("The ceiling of any script").
 #
-#   scripts/script-bound.sh                 # 3 alternating rounds, 64 callers
-#   ROUNDS=5 scripts/script-bound.sh        # any scripts/ab.sh setting passes through
+#   scripts/bench/script-bound.sh                 # 3 alternating rounds, 64 callers
+#   ROUNDS=5 scripts/bench/script-bound.sh        # any scripts/bench/ab.sh setting passes through
 #
 # The no-op-script build is made from the committed tree (git archive HEAD) with its own target
 # directory, target/script-bound/ (the first run compiles every dependency once more: about 3
 # minutes on these 2 cores). It is for this measurement only: it admits everything.
 # Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 for tool in git python3 redis-server; do
   command -v "$tool" >/dev/null 2>&1 || { echo "script-bound.sh needs $tool" >&2; exit 1; }
@@ -61,4 +61,4 @@ echo "== building the no-op-script sluice (target/script-bound/)"
 echo "== building the real sluice (target/release/)"
 cargo build --release --locked --bin sluice -q
 
-bash scripts/ab.sh 'real=target/release/sluice' 'noop-script=target/script-bound/release/sluice'
+bash scripts/bench/ab.sh 'real=target/release/sluice' 'noop-script=target/script-bound/release/sluice'

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Validates deploy/ offline: renders every kustomization with `kubectl kustomize`, checks the
 # native objects against the Kubernetes schemas with kubernetes-validate (PyPI, bundles the
-# schemas), then scripts/check_deploy.py cross-checks manifests, Envoy/Istio configs and the
+# schemas), then scripts/ci/check_deploy.py cross-checks manifests, Envoy/Istio configs and the
 # Dockerfile against each other and against the built binary (`sluice serve --help`,
 # `sluice check-config` on every limits ConfigMap). Needs kubectl and kubernetes-validate:
-# scripts/test.sh installs them.
+# scripts/setup.sh installs them.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
-command -v kubectl >/dev/null 2>&1 || fail "kubectl is not installed (scripts/test.sh installs it)"
-command -v kubernetes-validate >/dev/null 2>&1 || fail "kubernetes-validate is not installed (pip install kubernetes-validate)"
+command -v kubectl >/dev/null 2>&1 || fail "kubectl is not installed (scripts/setup.sh installs it)"
+command -v kubernetes-validate >/dev/null 2>&1 || fail "kubernetes-validate is not installed (scripts/setup.sh installs it)"
 
 cargo build --locked --quiet
 bin=target/debug/sluice
@@ -37,4 +37,4 @@ PY
   echo "  ok  $dir: kubectl kustomize + kubernetes-validate --strict ($(grep -c '^kind:' "$work/render/$name.yaml") objects)"
 done
 
-python3 scripts/check_deploy.py "$bin" "$work/render"
+python3 scripts/ci/check_deploy.py "$bin" "$work/render"

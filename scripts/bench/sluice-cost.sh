@@ -2,27 +2,27 @@
 # Instructions that sluice executes per admit-heavy decision (Redis backend), counted by
 # valgrind's callgrind: unlike CPU times on a shared VM, the counts repeat to within about 1 %,
 # so two builds (or flag sets) can be compared on a noisy machine. Figures in
-# docs/performance.md ("Fourth run").
+# docs/performance.md ("Inside sluice").
 #
-#   scripts/sluice-cost.sh                                   # the current release build
-#   scripts/sluice-cost.sh 'old=/tmp/sluice-old' 'new=target/release/sluice'
+#   scripts/bench/sluice-cost.sh                                   # the current release build
+#   scripts/bench/sluice-cost.sh 'old=/tmp/sluice-old' 'new=target/release/sluice'
 #
 # A variant is `label=command`: a sluice binary and any extra `serve` flags (word-split), as in
-# scripts/ab.sh. Each variant runs under callgrind against its own flushed redis-server; 2,000
+# scripts/bench/ab.sh. Each variant runs under callgrind against its own flushed redis-server; 2,000
 # warm-up decisions (connections, script load), then counters zeroed, then 4,000 measured
 # decisions from sluice-bench (16 callers, 2 connections, 10,000 keys). Only user-space
 # instructions count: the kernel's share (syscalls, wake-ups) is not in these figures.
 # Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 for tool in valgrind callgrind_control redis-server redis-cli python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "sluice-cost.sh needs $tool" >&2; exit 1; }
 done
-cargo build --release --locked --bins -q
+cargo build --release --locked -p sluice -p sluice-bench --bins -q
 [ "$#" -ge 1 ] || set -- "current=target/release/sluice"
-# shellcheck source=scripts/bench-lib.sh
-source scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
 
 start_redis
 

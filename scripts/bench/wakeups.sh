@@ -2,10 +2,11 @@
 # Where a server's CPU goes per decision as the load changes: its CPU µs, context switches and
 # syscalls per decision, counted by `perf stat` (kernel tracepoints: needs root or
 # kernel.perf_event_paranoid <= -1). Run for sluice (Redis backend) and for the no-op RLS server
-# at each load, admit-heavy shape. Figures in docs/performance.md ("Fourth run").
+# at each load, admit-heavy shape. Figures in docs/performance.md ("Why half the
+# rate is not half the load").
 #
-#   scripts/wakeups.sh                                    # current build, default loads
-#   LOADS="closed 2000 14000" scripts/wakeups.sh 'w2=target/release/sluice' \
+#   scripts/bench/wakeups.sh                                    # current build, default loads
+#   LOADS="closed 2000 14000" scripts/bench/wakeups.sh 'w2=target/release/sluice' \
 #     'w1=env TOKIO_WORKER_THREADS=1 target/release/sluice'
 #
 # LOADS: `closed` (64 callers, closed loop) and/or open-loop rates in requests per second.
@@ -13,16 +14,16 @@
 # flags); the no-op server is measured once per load. Each run: 1 s of warm-up, then 4 s
 # counted. Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 for tool in perf redis-server redis-cli python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "wakeups.sh needs $tool" >&2; exit 1; }
 done
-cargo build --release --locked --bins -q
+cargo build --release --locked -p sluice -p sluice-bench --bins -q
 [ "$#" -ge 1 ] || set -- "sluice=target/release/sluice"
 LOADS="${LOADS:-closed 1000 4000 8000}"
-# shellcheck source=scripts/bench-lib.sh
-source scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
 
 EVENTS=context-switches,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex
 EVENTS+=,syscalls:sys_enter_recvfrom,syscalls:sys_enter_writev,syscalls:sys_enter_write

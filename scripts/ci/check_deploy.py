@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks deploy/, the Dockerfile and the Envoy/Istio configs against each other and against the
-built binary. Called by scripts/validate-deploy.sh after `kubectl kustomize` rendered every
+built binary. Called by scripts/ci/validate-deploy.sh after `kubectl kustomize` rendered every
 kustomization into RENDER_DIR (one NAME.yaml per kustomization) and kubernetes-validate checked
 the native objects against the Kubernetes schemas.
 
@@ -17,10 +17,13 @@ import re
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import clihelp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LIVENESS_SERVICE = "sluice.liveness"
 RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 RATELIMIT_FILTER = "envoy.filters.http.ratelimit"
@@ -49,18 +52,12 @@ def load_all(path):
 
 
 def serve_help(binary):
-    out = subprocess.run([binary, "serve", "--help"], capture_output=True, text=True, check=True).stdout
-    flags = set(re.findall(r"--([a-z][a-z0-9-]*)", out))
-    envs = set(re.findall(r"\[env: (SLUICE_[A-Z0-9_]+)", out))
-    defaults = {}
-    # clap prints a flag's help lines then `[env: X=] [default: Y]` on the last one.
-    for block in re.split(r"\n(?=\s+(?:-\w, )?--)", out):
-        m = re.match(r"\s+(?:-\w, )?--([a-z0-9-]+)", block)
-        d = re.search(r"\[default: ([^\]]+)\]", block)
-        if m and d:
-            defaults[m.group(1)] = d.group(1)
-    if not flags or not envs:
-        fail("sluice serve --help", "could not parse any flag or env var")
+    opts = clihelp.options(binary, "serve")
+    flags = set(opts)
+    envs = {o["env"] for o in opts.values() if o["env"]}
+    defaults = {name: o["default"] for name, o in opts.items() if o["default"] is not None}
+    if not envs:
+        fail("sluice serve --help", "could not parse any env var")
     return flags, envs, defaults
 
 
@@ -449,6 +446,16 @@ def check_dockerfile(defaults, mount_paths):
             for src in l.split()[1:-1]:
                 if not os.path.exists(os.path.join(ROOT, src)):
                     fail(where, f"COPY source {src} does not exist")
+    # Cargo reads every workspace member's manifest, even to build one package: each member
+    # must be in the build context the Dockerfile copies.
+    with open(os.path.join(ROOT, "Cargo.toml"), "rb") as f:
+        members = tomllib.load(f).get("workspace", {}).get("members", [])
+    copied = [os.path.normpath(src) for l in lines if l.startswith("COPY ") and "--from=" not in l
+              for src in l.split()[1:-1]]
+    for member in members:
+        member = os.path.normpath(member)
+        if member != "." and not any(member == c or member.startswith(c + "/") for c in copied):
+            fail(where, f"workspace member {member} is not copied into the build stage (cargo needs its manifest)")
     # The binary copied out of the builder is the one cargo writes.
     copies = [l for l in lines if l.startswith(f"COPY --from={builder} ")]
     binary_dst = None

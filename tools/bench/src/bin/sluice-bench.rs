@@ -296,7 +296,7 @@ fn take(budget: &AtomicU64) -> bool {
 /// 1 ms of the generator's own lag. A timerfd wakes the waiting worker at the instant (plus the
 /// kernel's timer slack, ~50 µs) without a thread of its own: a pacer thread handing requests
 /// to the runtime costs two thread wake-ups per tick, and on a loaded 2-core machine each
-/// hand-over waits for the scheduler (measured in docs/performance.md, "Open-loop pacing").
+/// hand-over waits for the scheduler (measured in docs/performance-history.md).
 struct PreciseTimer {
     fd: tokio::io::unix::AsyncFd<rustix::fd::OwnedFd>,
     /// The same instant on both clocks (`Instant` is CLOCK_MONOTONIC on Linux).

@@ -1,7 +1,8 @@
 //! `sluice-algo-bench`: measures each limiting algorithm in Redis, for docs/algorithms.md.
 //!
-//! Why a program and not an estimate: issue 5 asks for measured bytes per key and decisions per
-//! second. It starts its own `redis-server` on a free loopback port (nothing persisted), then
+//! Why a program and not an estimate: docs/algorithms.md states bytes per key and decisions per
+//! second as measured figures, and each must come from a run anyone can repeat. It starts its
+//! own `redis-server` on a free loopback port (nothing persisted), then
 //! 1. fills one key per algorithm at full use (`limit` hits spread evenly over a 60 s window,
 //!    one script call each, on an explicit clock) for limits 10, 100, 1,000 and 10,000, and
 //!    prints `MEMORY USAGE` per key (and per entry for the logs);
@@ -9,7 +10,7 @@
 //!    keys on Redis `TIME`, sequentially (one call per round trip) and pipelined (100 calls per
 //!    round trip), and prints decisions per second.
 //!
-//! Run: `bash scripts/algo-bench.sh` (a release build). Needs `redis-server` on the PATH.
+//! Run: `bash scripts/bench/algo-bench.sh` (a release build). Needs `redis-server` on the PATH.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 

@@ -4,8 +4,8 @@
 # machine is, so two versions of the script can be compared on a noisy machine. Figures in
 # docs/performance.md ("Redis's side: instructions per request").
 #
-#   scripts/script-cost.sh                  # the current script (from sluice-bench)
-#   scripts/script-cost.sh old.lua new.lua  # A/B of script files
+#   scripts/bench/script-cost.sh                  # the current script (from sluice-bench)
+#   scripts/bench/script-cost.sh old.lua new.lua  # A/B of script files
 #
 # Get a version's script with `target/release/sluice-bench --print-lua-script > x.lua`.
 # Scenarios, each a fixed sequence of 2,000 EVALSHA calls over 200 keys (TIME clock, limits never
@@ -17,16 +17,16 @@
 #   empty    `return 1` and `TIME` only, for the floor of any call
 # Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 for tool in valgrind callgrind_control redis-server redis-cli python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "script-cost.sh needs $tool" >&2; exit 1; }
 done
-# shellcheck source=scripts/bench-lib.sh
-source scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
 
 if [ "$#" -eq 0 ]; then
-  cargo build --release --locked --bin sluice-bench -q
+  cargo build --release --locked -p sluice-bench --bin sluice-bench -q
   target/release/sluice-bench --print-lua-script >"$WORK/current.lua"
   set -- "$WORK/current.lua"
 fi

@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
-# A/B of sluice builds or flags under the admit-heavy scenario of scripts/bench.sh: one sluice
+# A/B of sluice builds or flags under the admit-heavy scenario of scripts/bench/bench.sh: one sluice
 # per variant, variants alternating round after round, each against a fresh sluice on the same
 # redis-server (flushed between runs) and measured together with the no-op server in the same
 # run. Prints per run: decisions/s, the ratio to the no-op server, EVALSHA calls per decision
 # (Redis's own command stats), the CPU of sluice and redis-server per decision, and p99.
 #
-#   scripts/ab.sh 'old=/tmp/sluice-old' 'new=target/release/sluice'
-#   scripts/ab.sh 'pool-8=target/release/sluice --redis-pool-size 8' \
+#   scripts/bench/ab.sh 'old=/tmp/sluice-old' 'new=target/release/sluice'
+#   scripts/bench/ab.sh 'pool-8=target/release/sluice --redis-pool-size 8' \
 #                 'pool-2=target/release/sluice --redis-pool-size 2'
-#   ROUNDS=2 BENCH_SECS=10 RATE=9000 CONC=1024 scripts/ab.sh ...   # open loop at 9,000/s
+#   ROUNDS=2 BENCH_SECS=10 RATE=9000 CONC=1024 scripts/bench/ab.sh ...   # open loop at 9,000/s
 #
 # A variant is `label=command`: a sluice binary and any extra `serve` flags (word-split). Keep a
 # build for later comparison with `cp target/release/sluice /tmp/sluice-old`.
 # Every process listens on 127.0.0.1 only; all of them are stopped on exit (trap).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 [ "$#" -ge 1 ] || { sed -n '2,16p' "$0"; exit 2; }
 SECS="${BENCH_SECS:-5}"
 ROUNDS="${ROUNDS:-3}"
 for tool in redis-server redis-cli python3; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "ab.sh needs $tool (scripts/test.sh installs redis)" >&2; exit 1; }
+  command -v "$tool" >/dev/null 2>&1 || { echo "ab.sh needs $tool (scripts/setup.sh installs it)" >&2; exit 1; }
 done
-cargo build --release --locked --bin sluice-bench -q
+cargo build --release --locked -p sluice-bench --bin sluice-bench -q
 BIN=target/release
-# shellcheck source=scripts/bench-lib.sh
-source scripts/bench-lib.sh
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
 
 start_redis
 NOOP_PORT="$(free_port)"
