@@ -80,7 +80,7 @@ async fn cross_slot_rejection_leaves_nothing_behind() {
 /// of a compensated slot report the reset of the key without their hits (a quantized log kept
 /// the reset of the bucket it had just opened), and items of a refunded key report the key
 /// after the refund (they reported it before). Found by the differential property test
-/// (tests/conformance.rs, `memory_and_redis_cluster_agree`).
+/// (tests/differential.rs, `memory_and_redis_cluster_agree`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_slot_reports_match_one_script() {
     use sluice::limiter::memory::MemoryLimiter;
