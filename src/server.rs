@@ -36,7 +36,7 @@ pub const LIVENESS_SERVICE: &str = "sluice.liveness";
 pub struct ServerSettings {
     pub config: Config,
     pub limiter: Arc<dyn Limiter>,
-    /// Renders `/metrics`; `None` when no recorder is installed (e.g. in-process tests).
+    /// Renders `/metrics`; `None` when no recorder is installed ([`crate::app::install_metrics`]).
     pub metrics: Option<PrometheusHandle>,
     /// How often readiness re-probes the backend.
     pub probe_interval: Duration,

@@ -42,8 +42,8 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions, SettingError};
 use super::script::{decode_reply_with_added, COMPENSATE, MAX_EXACT, SCRIPT};
-use super::slot::Slot;
-use super::{invocation, map_error, CONNECT_TIMEOUT, PING_TIMEOUT, RESPONSE_TIMEOUT};
+use super::slot::{probe_within_timeout, Slot};
+use super::{invocation, map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
@@ -407,17 +407,15 @@ impl Limiter for ClusterLimiter {
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
-        let attempt = async {
+        probe_within_timeout(async {
             let mut conn = self.connection().await?;
             let _: Value = redis::cmd("PING")
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.fail(&e))?;
             Ok(())
-        };
-        tokio::time::timeout(PING_TIMEOUT, attempt)
-            .await
-            .map_err(|_| LimiterError::Timeout(PING_TIMEOUT.as_millis() as u64))?
+        })
+        .await
     }
 
     fn backend(&self) -> &'static str {

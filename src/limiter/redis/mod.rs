@@ -376,7 +376,7 @@ impl Limiter for RedisLimiter {
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
-        let attempt = async {
+        slot::probe_within_timeout(async {
             let shared = &self.shared;
             let slot = &shared.slots[self.next_slot()];
             let mut conn = shared.connection(slot).await?;
@@ -402,10 +402,8 @@ impl Limiter for RedisLimiter {
                 shared.warm().await?;
             }
             Ok(())
-        };
-        tokio::time::timeout(PING_TIMEOUT, attempt)
-            .await
-            .map_err(|_| LimiterError::Timeout(PING_TIMEOUT.as_millis() as u64))?
+        })
+        .await
     }
 
     fn backend(&self) -> &'static str {

@@ -4,7 +4,8 @@
 //! Why one place: the standalone backend keeps a few slots round-robin and the cluster backend
 //! one, and both must behave alike when Redis goes away: a burst of requests makes one connect
 //! attempt, not one each, and requests fail fast between attempts instead of queueing on them.
-//! What differs (how a connection is made, which errors drop it) stays with each backend.
+//! What differs (how a connection is made, which errors drop it) stays with each backend. Both
+//! bound their readiness probe the same way too ([`probe_within_timeout`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,7 +14,7 @@ use std::time::Instant;
 
 use redis::RedisError;
 
-use super::{map_error, Gauge, RECONNECT_BACKOFF};
+use super::{map_error, Gauge, PING_TIMEOUT, RECONNECT_BACKOFF};
 use crate::limiter::LimiterError;
 use crate::sync::lock;
 
@@ -79,6 +80,16 @@ impl<C: Clone> Slot<C> {
             }
         }
     }
+}
+
+/// Runs a readiness probe within [`PING_TIMEOUT`], so that a frozen Redis makes the probe
+/// fail instead of hang.
+pub(super) async fn probe_within_timeout(
+    probe: impl Future<Output = Result<(), LimiterError>>,
+) -> Result<(), LimiterError> {
+    tokio::time::timeout(PING_TIMEOUT, probe)
+        .await
+        .map_err(|_| LimiterError::Timeout(PING_TIMEOUT.as_millis() as u64))?
 }
 
 impl<C> Slot<C> {
