@@ -1,6 +1,7 @@
 //! Runs the built `sluice` binary as a child process on ephemeral loopback ports, the way an
-//! operator runs it, and gives tests a gRPC client to it.
-#![allow(dead_code)]
+//! operator runs it, and gives tests a gRPC client to it. For the black-box tests of the binary
+//! (flags, environment, start-up errors, signals, its log, its memory); everything else runs
+//! sluice in process ([`super::TestServer`]), which is quicker and needs no log parsing.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -10,11 +11,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::transport::Channel;
+
+use super::in_process::TEST_BACKEND_TIMEOUT;
 
 pub struct Sluice {
     child: Child,
@@ -47,16 +47,8 @@ impl Sluice {
             .arg("--config")
             .arg(config)
             .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(extra)
-            .env_remove("SLUICE_REDIS_URL")
-            // The production deadline (10 ms) is for a quiet host; on a loaded 2-core test
-            // machine it would turn scheduler hiccups into flaky failures of tests that are not
-            // about deadlines. Tests about deadlines pass `--backend-timeout-ms`, which wins.
-            .env("SLUICE_BACKEND_TIMEOUT_MS", "500")
-            .env("SLUICE_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .args(extra);
+        Self::quiet_defaults(&mut cmd);
         cmd.envs(env.iter().copied());
         if let Some(url) = redis_url {
             cmd.args(["--redis-url", url]);
@@ -64,17 +56,27 @@ impl Sluice {
         Self::launch(cmd)
     }
 
-    /// Starts `sluice serve` with no flag at all: everything comes from `env` (e.g. an
-    /// envoyproxy/ratelimit Deployment's variables). `env` must pick ephemeral ports.
-    pub fn start_env_only(env: &[(&str, &str)]) -> Sluice {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        cmd.arg("serve")
-            .env_remove("SLUICE_REDIS_URL")
-            .env("SLUICE_BACKEND_TIMEOUT_MS", "500")
+    /// What every test start shares: no Redis from the caller's environment, the test deadline
+    /// (see [`TEST_BACKEND_TIMEOUT`]; tests about deadlines pass `--backend-timeout-ms`, which
+    /// wins), info logs on a piped stderr.
+    fn quiet_defaults(cmd: &mut Command) {
+        cmd.env_remove("SLUICE_REDIS_URL")
+            .env(
+                "SLUICE_BACKEND_TIMEOUT_MS",
+                TEST_BACKEND_TIMEOUT.as_millis().to_string(),
+            )
             .env("SLUICE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+    }
+
+    /// Starts `sluice serve` with no flag at all: everything comes from `env` (e.g. an
+    /// envoyproxy/ratelimit Deployment's variables). `env` must pick ephemeral ports.
+    pub fn start_env_only(env: &[(&str, &str)]) -> Sluice {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("serve");
+        Self::quiet_defaults(&mut cmd);
         cmd.envs(env.iter().copied());
         Self::launch(cmd)
     }
@@ -122,18 +124,7 @@ impl Sluice {
     }
 
     pub async fn channel(&self) -> Channel {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Channel::from_shared(format!("http://{}", self.grpc_addr))
-                .expect("uri")
-                .connect()
-                .await
-            {
-                Ok(channel) => return channel,
-                Err(err) if Instant::now() > deadline => panic!("cannot connect to sluice: {err}"),
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
+        super::grpc_channel(self.grpc_addr).await
     }
 
     pub async fn client(&self) -> RateLimitServiceClient<Channel> {
@@ -197,56 +188,18 @@ impl Drop for Sluice {
     }
 }
 
-/// A descriptor from `key=value` pairs.
-pub fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: pairs
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.into(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-/// A plain HTTP/1.1 request to the admin port over loopback; returns (status, body).
-pub fn http_request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect admin");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("read timeout");
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write request");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read response");
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// `GET path` on the admin port; returns (status, body).
-pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    http_request(addr, "GET", path, "")
+/// Runs `sluice ARGS` to completion (no Redis URL from the caller's environment) and returns
+/// its output: for commands that exit by themselves, and start-up errors.
+pub fn run_sluice<I, S>(args: I, env: &[(&str, &str)]) -> std::process::Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env_remove("SLUICE_REDIS_URL")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the sluice binary")
 }

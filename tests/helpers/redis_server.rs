@@ -1,11 +1,10 @@
-//! Shared test harness: a throwaway `redis-server` per test.
+//! Throwaway `redis-server` processes, one per test, and 3-primary clusters.
 //!
 //! Why a real server and not a mock: the Redis backend's correctness lives in a Lua script and in
 //! Redis semantics (sorted-set tie-breaks, TTLs, NOSCRIPT), which only a real server exercises.
 //! Each [`RedisServer`] runs in its own temp dir on its own loopback port, persists nothing, and
 //! is killed on drop, so tests run in parallel without sharing state. A missing `redis-server`
 //! is a hard failure, never a skip: a silently skipped backend is an untested backend.
-#![allow(dead_code)] // Each test crate uses a different subset of these helpers.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -59,6 +58,11 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A connection of the test's own, next to the limiter's (to look at what it stored).
+    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        raw_connection(&self.url()).await
     }
 
     /// The child's process id (while running), for signals.
@@ -120,17 +124,13 @@ impl Drop for RedisServer {
     }
 }
 
-/// One consume hit of `key` on a sliding log: the decision shape of tests that exercise a Redis
-/// backend rather than a rule.
-pub fn consume(key: &str, limit: u64, window_ms: u64) -> sluice::limiter::Hit {
-    sluice::limiter::Hit {
-        key: key.into(),
-        limit,
-        window_ms,
-        hits: 1,
-        kind: sluice::limiter::HitKind::Consume,
-        algorithm: sluice::limiter::Algorithm::SlidingLog,
-    }
+/// A multiplexed connection to `url`.
+pub async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
 }
 
 pub fn free_port() -> u16 {
