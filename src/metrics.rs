@@ -318,12 +318,18 @@ impl Observer {
             Err(err) => {
                 let kind = match err {
                     DecisionError::Invalid(_) => "invalid_argument",
-                    DecisionError::Backend(_) => "backend",
+                    DecisionError::Backend(_) => {
+                        record_backend_failure(crate::decision::FailurePolicy::Error.as_str());
+                        "backend"
+                    }
                 };
                 metrics::counter!(REQUEST_ERRORS_TOTAL, "kind" => kind).increment(1);
                 return;
             }
         };
+        if let Some(policy) = decision.backend_failed {
+            record_backend_failure(policy.as_str());
+        }
         let domain = if decision.known_domain {
             request.domain.as_str()
         } else {
