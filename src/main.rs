@@ -380,7 +380,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     sluice::metrics::record_config_loaded(&args.config, &config, unix_now);
-    sluice::metrics::describe_backend();
 
     let shutdown = shutdown_signal()?;
     let grpc = tokio::net::TcpListener::bind(args.grpc_addr)

@@ -102,9 +102,7 @@ impl Engine {
         } else {
             match self.limiter.decide(&batch, None).await {
                 Ok(outcome) => Some(outcome),
-                Err(err) if self.on_backend_error == FailurePolicy::Error => {
-                    return Err(err.into())
-                }
+                Err(err) if self.on_backend_error == FailurePolicy::Error => return Err(err.into()),
                 Err(err) => {
                     let policy = self.on_backend_error;
                     tracing::debug!(error = %err, policy = policy.as_str(), "backend failed");
@@ -424,24 +422,40 @@ descriptors:
     #[tokio::test]
     async fn a_failed_backend_is_answered_by_the_policy_and_the_decision_says_which() {
         let request = req(&[&[("user", "a")], &[("shadow", "s")], &[("bot", "b")]]);
-        let failing = |policy| Engine::new(config(crate::decision::test_support::YAML), Arc::new(Down))
-            .with_failure_policy(policy);
+        let failing = |policy| {
+            Engine::new(config(crate::decision::test_support::YAML), Arc::new(Down))
+                .with_failure_policy(policy)
+        };
         let err = failing(FailurePolicy::Error).decide(&request).await;
-        assert!(matches!(err, Err(DecisionError::Backend(LimiterError::Timeout(5)))));
+        assert!(matches!(
+            err,
+            Err(DecisionError::Backend(LimiterError::Timeout(5)))
+        ));
 
-        let allowed = failing(FailurePolicy::Allow).decide(&request).await.unwrap();
+        let allowed = failing(FailurePolicy::Allow)
+            .decide(&request)
+            .await
+            .unwrap();
         assert_eq!(allowed.backend_failed, Some(FailurePolicy::Allow));
         assert_eq!(allowed.overall, Code::Ok);
         let outcomes: Vec<_> = allowed.verdicts.iter().map(|v| v.outcome).collect();
         assert_eq!(
             outcomes,
-            [Outcome::BackendAllowed, Outcome::BackendAllowed, Outcome::Unlimited]
+            [
+                Outcome::BackendAllowed,
+                Outcome::BackendAllowed,
+                Outcome::Unlimited
+            ]
         );
 
         let denied = failing(FailurePolicy::Deny).decide(&request).await.unwrap();
         assert_eq!(denied.backend_failed, Some(FailurePolicy::Deny));
         assert_eq!(denied.overall, Code::OverLimit);
-        let codes: Vec<_> = denied.verdicts.iter().map(|v| (v.code, v.outcome)).collect();
+        let codes: Vec<_> = denied
+            .verdicts
+            .iter()
+            .map(|v| (v.code, v.outcome))
+            .collect();
         assert_eq!(
             codes,
             [

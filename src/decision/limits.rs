@@ -150,7 +150,10 @@ mod tests {
         let err = validate_with(&long, &limits).unwrap_err();
         assert_eq!(err.field, "descriptors[1].entries[0].value");
         assert_eq!(err.reason, "4 bytes exceeds --max-value-bytes 3");
-        assert!(validate(&long).is_err(), "the empty key, under the defaults");
+        assert!(
+            validate(&long).is_err(),
+            "the empty key, under the defaults"
+        );
         assert_eq!(validate(&req(&[&[("user", "abcd")]])), Ok(()));
     }
 }
