@@ -325,6 +325,36 @@ mod tests {
     }
 
     #[test]
+    fn rlconfig_calls_only_leaves_without_a_limit_whitelists() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: user
+    value: healthcheck
+  - key: tier
+    value: premium
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 5}
+";
+        let config =
+            crate::config::Config::from_yaml_str(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let text = config.describe();
+        assert!(
+            text.contains("d.user_healthcheck: no limit (whitelist)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("d.tier_premium: no limit (nested descriptors only)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("d.tier_premium.user: unit=MINUTE requests_per_unit=5\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn errors_keep_the_grpc_code_as_an_http_status() {
         assert_eq!(
             http_status(tonic::Code::InvalidArgument),
