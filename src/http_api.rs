@@ -154,6 +154,15 @@ struct JsonOverride {
     unit: Option<Value>,
 }
 
+impl From<JsonEntry> for Entry {
+    fn from(entry: JsonEntry) -> Self {
+        Entry {
+            key: entry.key,
+            value: entry.value,
+        }
+    }
+}
+
 /// A protobuf JSON integer: a number or a decimal string.
 fn number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
     match Option::<Value>::deserialize(deserializer)? {
@@ -227,14 +236,7 @@ impl JsonDescriptor {
             }
         };
         Ok(RateLimitDescriptor {
-            entries: self
-                .entries
-                .into_iter()
-                .map(|e| Entry {
-                    key: e.key,
-                    value: e.value,
-                })
-                .collect(),
+            entries: self.entries.into_iter().map(Entry::from).collect(),
             limit,
             hits_addend: self.hits_addend,
             is_negative_hits: self.is_negative_hits,

@@ -99,10 +99,7 @@ fn descriptor_to_domain(
         entries: descriptor
             .entries
             .into_iter()
-            .map(|e| Entry {
-                key: e.key,
-                value: e.value,
-            })
+            .map(|e| Entry::new(e.key, e.value))
             .collect(),
         limit_override,
         hits_addend: descriptor.hits_addend,

@@ -240,18 +240,12 @@ fn fallback(
                     (FailurePolicy::Deny, _) => (Code::Ok, Outcome::BackendDenied),
                     _ => (Code::Ok, Outcome::BackendAllowed),
                 };
+                // Nothing is known of the key's window (no count, no key for the window
+                // gauges), and no headers are advertised.
                 Verdict {
                     code,
-                    outcome,
                     limit: Some(limit),
-                    remaining: 0,
-                    reset_ms: 0,
-                    rule: rule.map(|r| r.path.clone()),
-                    window_count: 0,
-                    detailed_metric: wants_detailed_metric(rule),
-                    // Nothing is known of the key's window: keep it out of the window gauges.
-                    key: None,
-                    headers: HeaderPolicy::default(),
+                    ..Verdict::unlimited_or_none(outcome, rule)
                 }
             }
         })

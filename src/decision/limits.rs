@@ -34,102 +34,97 @@ fn invalid(field: impl Into<String>, reason: impl Into<Cow<'static, str>>) -> In
     }
 }
 
-/// `N bytes exceeds --flag LIMIT`, or the count form for lists.
-fn too_long(len: usize, unit: &str, flag: &str, limit: impl std::fmt::Display) -> String {
-    format!("{len} {unit} exceeds {flag} {limit}")
+/// `Err` naming `field` when `len` (of `unit`: bytes, entries...; none for a plain number)
+/// exceeds the limit set by `flag`: `N bytes exceeds --flag LIMIT`. `field` is built only then,
+/// so a valid request allocates nothing here.
+fn at_most(
+    len: impl Into<u64>,
+    max: impl Into<u64>,
+    unit: &str,
+    flag: &str,
+    field: impl FnOnce() -> String,
+) -> Result<(), InvalidRequest> {
+    let (len, max) = (len.into(), max.into());
+    if len <= max {
+        return Ok(());
+    }
+    let reason = if unit.is_empty() {
+        format!("{len} exceeds {flag} {max}")
+    } else {
+        format!("{len} {unit} exceeds {flag} {max}")
+    };
+    Err(invalid(field(), reason))
 }
 
 /// [`validate`] under explicit limits; the first violation in field order is named.
 pub fn validate_with(request: &Request, limits: &InputLimits) -> Result<(), InvalidRequest> {
     let [domain_flag, descriptors_flag, entries_flag, key_flag, value_flag, hits_flag, _] =
         InputLimits::FLAGS;
+    // usize -> u64 never truncates on the platforms Rust supports.
+    let n = |len: usize| len as u64;
     if request.domain.is_empty() {
         return Err(invalid("domain", "must not be empty"));
     }
-    if request.domain.len() > limits.max_domain_bytes {
-        return Err(invalid(
-            "domain",
-            too_long(
-                request.domain.len(),
-                "bytes",
-                domain_flag,
-                limits.max_domain_bytes,
-            ),
-        ));
-    }
+    at_most(
+        n(request.domain.len()),
+        n(limits.max_domain_bytes),
+        "bytes",
+        domain_flag,
+        || "domain".into(),
+    )?;
     if request.descriptors.is_empty() {
         return Err(invalid("descriptors", "must hold at least one descriptor"));
     }
-    if request.descriptors.len() > limits.max_descriptors {
-        return Err(invalid(
-            "descriptors",
-            too_long(
-                request.descriptors.len(),
-                "descriptors",
-                descriptors_flag,
-                limits.max_descriptors,
-            ),
-        ));
-    }
-    if u64::from(request.hits_addend) > limits.max_hits_addend {
-        return Err(invalid(
-            "hits_addend",
-            format!(
-                "{} exceeds {hits_flag} {}",
-                request.hits_addend, limits.max_hits_addend
-            ),
-        ));
-    }
+    at_most(
+        n(request.descriptors.len()),
+        n(limits.max_descriptors),
+        "descriptors",
+        descriptors_flag,
+        || "descriptors".into(),
+    )?;
+    at_most(
+        request.hits_addend,
+        limits.max_hits_addend,
+        "",
+        hits_flag,
+        || "hits_addend".into(),
+    )?;
     for (i, descriptor) in request.descriptors.iter().enumerate() {
+        let entries = || format!("descriptors[{i}].entries");
         if descriptor.entries.is_empty() {
-            return Err(invalid(
-                format!("descriptors[{i}].entries"),
-                "must hold at least one entry",
-            ));
+            return Err(invalid(entries(), "must hold at least one entry"));
         }
-        if descriptor.entries.len() > limits.max_entries {
-            return Err(invalid(
-                format!("descriptors[{i}].entries"),
-                too_long(
-                    descriptor.entries.len(),
-                    "entries",
-                    entries_flag,
-                    limits.max_entries,
-                ),
-            ));
-        }
+        at_most(
+            n(descriptor.entries.len()),
+            n(limits.max_entries),
+            "entries",
+            entries_flag,
+            entries,
+        )?;
         for (j, entry) in descriptor.entries.iter().enumerate() {
+            let key = || format!("descriptors[{i}].entries[{j}].key");
             if entry.key.is_empty() {
-                return Err(invalid(
-                    format!("descriptors[{i}].entries[{j}].key"),
-                    "must not be empty",
-                ));
+                return Err(invalid(key(), "must not be empty"));
             }
-            if entry.key.len() > limits.max_key_bytes {
-                return Err(invalid(
-                    format!("descriptors[{i}].entries[{j}].key"),
-                    too_long(entry.key.len(), "bytes", key_flag, limits.max_key_bytes),
-                ));
-            }
-            if entry.value.len() > limits.max_value_bytes {
-                return Err(invalid(
-                    format!("descriptors[{i}].entries[{j}].value"),
-                    too_long(
-                        entry.value.len(),
-                        "bytes",
-                        value_flag,
-                        limits.max_value_bytes,
-                    ),
-                ));
-            }
+            at_most(
+                n(entry.key.len()),
+                n(limits.max_key_bytes),
+                "bytes",
+                key_flag,
+                key,
+            )?;
+            at_most(
+                n(entry.value.len()),
+                n(limits.max_value_bytes),
+                "bytes",
+                value_flag,
+                || format!("descriptors[{i}].entries[{j}].value"),
+            )?;
         }
         if let Some(hits) = descriptor.hits_addend {
-            if hits > limits.max_hits_addend {
-                return Err(invalid(
-                    format!("descriptors[{i}].hits_addend"),
-                    format!("{hits} exceeds {hits_flag} {}", limits.max_hits_addend),
-                ));
-            }
+            at_most(hits, limits.max_hits_addend, "", hits_flag, || {
+                format!("descriptors[{i}].hits_addend")
+            })?;
         }
     }
     Ok(())

@@ -140,30 +140,20 @@ mod tests {
             backend_allowed: Outcome::BackendAllowed,
             backend_denied: Outcome::BackendDenied,
         };
+        // No `..`: the compiler checks that every slot is read back.
         let PerOutcome {
-            no_rule,
-            unlimited,
-            admitted,
-            rejected,
-            not_recorded,
-            shadow_rejected,
-            refunded,
-            quota_exhausted,
-            backend_allowed,
-            backend_denied,
+            no_rule: a,
+            unlimited: b,
+            admitted: c,
+            rejected: d,
+            not_recorded: e,
+            shadow_rejected: f,
+            refunded: g,
+            quota_exhausted: h,
+            backend_allowed: i,
+            backend_denied: j,
         } = table;
-        let all = vec![
-            no_rule,
-            unlimited,
-            admitted,
-            rejected,
-            not_recorded,
-            shadow_rejected,
-            refunded,
-            quota_exhausted,
-            backend_allowed,
-            backend_denied,
-        ];
+        let all = vec![a, b, c, d, e, f, g, h, i, j];
         (table, all)
     }
 
