@@ -271,8 +271,12 @@ fn drop_replaced(plans: &mut [Resolution<'_>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::test_support::{engine, engine_with, req};
-    use crate::decision::Code;
+    use std::sync::Arc;
+
+    use crate::config::Unit;
+    use crate::decision::test_support::{config, engine, engine_with, req, FixedClock, YAML};
+    use crate::decision::{Code, Engine, LimitOverride};
+    use crate::limiter::memory::MemoryLimiter;
 
     #[tokio::test]
     async fn share_threshold_values_share_one_counter() {
@@ -348,7 +352,7 @@ mod tests {
     #[test]
     fn resolve_settles_what_needs_no_backend() {
         // `sluice explain` calls `resolve` directly, without an engine or a backend.
-        let config = crate::decision::test_support::config(crate::decision::test_support::YAML);
+        let config = config(YAML);
         let request = req(&[&[("user", "a")], &[("vip", "v")], &[("bot", "b")]]);
         let plans = resolve(&config, &request, &EngineOptions::default());
         let shapes: Vec<_> = plans
@@ -366,5 +370,35 @@ mod tests {
                 ("unlimited", None)
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn zero_requests_per_unit_is_always_over() {
+        let (engine, _) = engine();
+        let mut r = req(&[&[("user", "z")]]);
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: Unit::Second,
+        });
+        let d = engine.decide(&r).await.unwrap();
+        assert_eq!(d.overall, Code::OverLimit);
+    }
+
+    #[tokio::test]
+    async fn custom_windows_report_the_nearest_unit_and_the_real_window() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {window: 30s, requests_per_unit: 1}
+";
+        let engine = Engine::new(
+            config(yaml),
+            Arc::new(MemoryLimiter::new(Arc::new(FixedClock(0)))),
+        );
+        let d = engine.decide(&req(&[&[("k", "v")]])).await.unwrap();
+        let limit = d.verdicts[0].limit.as_ref().unwrap();
+        assert_eq!((limit.unit, limit.window_ms), (Unit::Minute, 30_000));
+        assert_eq!(d.verdicts[0].reset_ms, 30_000);
     }
 }
