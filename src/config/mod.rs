@@ -328,6 +328,16 @@ impl Config {
         })
     }
 
+    /// No domain at all: what an engine holds before its first config arrives.
+    pub fn empty() -> Config {
+        Config {
+            domains: Vec::new(),
+            by_name: HashMap::new(),
+            sources: Vec::new(),
+            rule_count: 0,
+        }
+    }
+
     pub fn has_domain(&self, domain: &str) -> bool {
         self.by_name.contains_key(domain)
     }

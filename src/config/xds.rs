@@ -43,7 +43,7 @@ impl Config {
             resources
                 .iter()
                 .enumerate()
-                .map(|(i, r)| (resource_source(i, r), Document::Raw(root(r)))),
+                .map(|(i, r)| (resource_source(i, r), Document::Raw(Box::new(root(r))))),
             Vec::new(),
             options,
         )

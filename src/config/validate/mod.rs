@@ -35,7 +35,7 @@ pub(crate) struct CompiledFile {
 /// model (an xDS resource, converted by `config::xds`), which has no lines.
 pub(crate) enum Document<'a> {
     Yaml(&'a str),
-    Raw(RawRoot),
+    Raw(Box<RawRoot>),
 }
 
 /// Parses (YAML), validates and compiles one document, appending its problems to `errors`.
@@ -48,7 +48,7 @@ pub(crate) fn compile_file(
     errors: &mut Vec<ConfigError>,
 ) -> CompiledFile {
     let root = match document {
-        Document::Raw(root) => root,
+        Document::Raw(root) => *root,
         Document::Yaml(text) => match raw::parse(text) {
             Ok(root) => root,
             Err(failure) => {
