@@ -179,10 +179,15 @@ fn request(
 }
 
 fn status_text(status: &tonic::Status) -> String {
-    let mut text = format!("stream failed: {:?}: {}", status.code(), status.message());
+    let mut detail = status.message().to_owned();
     if let Some(source) = std::error::Error::source(status) {
-        text.push_str(": ");
-        text.push_str(&error_chain(source));
+        let chain = error_chain(source);
+        // A transport failure's message is its source's first line: say it once.
+        if chain.starts_with(&detail) {
+            detail = chain;
+        } else {
+            detail = format!("{detail}: {chain}");
+        }
     }
-    text
+    format!("stream failed: {:?}: {detail}", status.code())
 }

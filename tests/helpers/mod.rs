@@ -10,8 +10,11 @@
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
+//! - [`xds_server`]: a test double of an xDS management server (plaintext or mutual TLS 1.3);
+//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen).
 #![allow(dead_code, unused_imports)]
 
+pub mod certs;
 pub mod fuzz_harness;
 pub mod http;
 pub mod in_process;
@@ -19,6 +22,7 @@ pub mod limiter;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
+pub mod xds_server;
 
 pub use http::{http_get, http_request};
 pub use in_process::{test_settings, TestServer};
