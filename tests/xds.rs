@@ -562,6 +562,21 @@ async fn the_envoy_gateway_environment_subscribes_over_mutual_tls() {
             "/metrics lacks `{line}`:\n{metrics}"
         );
     }
+    // Every xDS family on the page is documented.
+    let docs = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"),
+    )
+    .expect("docs/metrics.md");
+    for family in metrics
+        .lines()
+        .filter(|l| l.starts_with("sluice_xds_"))
+        .filter_map(|l| l.split(['{', ' ']).next())
+    {
+        assert!(
+            docs.contains(&format!("`{family}`")),
+            "{family} undocumented"
+        );
+    }
     let log = sluice.log_text();
     for expected in [
         "RUNTIME_ROOT ignored: CONFIG_TYPE=GRPC_XDS_SOTW takes the limits from xDS",
