@@ -9,7 +9,7 @@ mod helpers;
 
 use std::time::{Duration, Instant};
 
-use helpers::certs::{TestCa, Usage};
+use helpers::certs::{Issued, TestCa, Usage};
 use helpers::in_process::TEST_BACKEND_TIMEOUT;
 use helpers::xds_server::{Handshake, ServerTls, XdsServer};
 use helpers::{descriptor, http_get, request, Sluice, TestServer};
@@ -71,6 +71,19 @@ fn serve(xds: XdsSettings) -> TestServer {
     let mut settings = Settings::with_source(ConfigSource::Xds(xds));
     settings.backend.deadline = TEST_BACKEND_TIMEOUT;
     TestServer::start(settings)
+}
+
+/// A plaintext double and a sluice subscribed to it, serving `gateway_limits(per_minute)` at
+/// `version` (pushed and ACKed).
+async fn subscribed(version: &str, per_minute: u32) -> (XdsServer, TestServer) {
+    let xds = XdsServer::start().await;
+    let sluice = serve(xds_settings(xds.url(false)));
+    xds.next_request().await;
+    xds.push(version, &[gateway_limits(per_minute)]).await;
+    let ack = xds.next_request().await.request;
+    assert_eq!(ack.version_info, version);
+    assert!(ack.error_detail.is_none(), "{ack:?}");
+    (xds, sluice)
 }
 
 /// The overall code of one request from `address` to the route.
@@ -189,11 +202,7 @@ async fn pushes_become_live_limits_and_are_replaced_by_the_next() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_push_is_nacked_and_the_previous_limits_keep_serving() {
-    let xds = XdsServer::start().await;
-    let sluice = serve(xds_settings(xds.url(false)));
-    xds.next_request().await;
-    xds.push("1", &[gateway_limits(1)]).await;
-    assert!(xds.next_request().await.request.error_detail.is_none());
+    let (xds, sluice) = subscribed("1", 1).await;
 
     let nonce = xds.push("2", &[broken_limits()]).await;
     let nack = xds.next_request().await.request;
@@ -246,11 +255,7 @@ async fn a_bad_push_is_nacked_and_the_previous_limits_keep_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_stream_is_resubscribed_with_the_version_served() {
-    let xds = XdsServer::start().await;
-    let sluice = serve(xds_settings(xds.url(false)));
-    xds.next_request().await;
-    xds.push("7", &[gateway_limits(1)]).await;
-    xds.next_request().await;
+    let (xds, sluice) = subscribed("7", 1).await;
 
     xds.drop_streams();
     let again = xds.next_request().await;
@@ -279,24 +284,41 @@ async fn a_lost_stream_is_resubscribed_with_the_version_served() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutual_tls_1_3_with_the_server_name_checked() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new(dir.path(), "gateway");
-    // Envoy Gateway's server certificate names the service, not the address dialled.
-    let server = ca.issue("xds-server", &["envoy-gateway"], Usage::Server);
-    let client = ca.issue("ratelimit", &["envoy-ratelimit"], Usage::Client);
-    let xds = XdsServer::start_tls(ServerTls {
+/// A TLS double whose certificate, from `server_ca`, names `names`; it trusts clients of
+/// `client_ca`.
+async fn tls_double(server_ca: &TestCa, client_ca: &TestCa, names: &[&str]) -> XdsServer {
+    let server = server_ca.issue(&format!("server-{}", names[0]), names, Usage::Server);
+    XdsServer::start_tls(ServerTls {
         server: &server,
-        client_ca_pem: &ca.cert_pem,
+        client_ca_pem: &client_ca.cert_pem,
     })
-    .await;
+    .await
+}
+
+/// sluice's client certificate from `ca`, as Envoy Gateway's Secret holds it.
+fn client_cert(ca: &TestCa) -> Issued {
+    ca.issue("ratelimit", &["envoy-ratelimit"], Usage::Client)
+}
+
+/// Settings for `xds` over TLS: servers of `ca` trusted, `client` presented, the server's
+/// certificate checked for Envoy Gateway's service name (not the address dialled).
+fn mutual_tls(xds: &XdsServer, ca: &TestCa, client: &Issued) -> XdsSettings {
     let mut settings = xds_settings(xds.url(true));
     settings.tls.ca_file = Some(ca.cert.clone());
     settings.tls.client_cert = Some(client.cert.clone());
     settings.tls.client_key = Some(client.key.clone());
     settings.tls.server_name = Some("envoy-gateway".into());
-    let sluice = serve(settings);
+    settings
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_1_3_with_the_server_name_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "gateway");
+    // Envoy Gateway's server certificate names the service, not the address dialled.
+    let xds = tls_double(&ca, &ca, &["envoy-gateway"]).await;
+    let client = client_cert(&ca);
+    let sluice = serve(mutual_tls(&xds, &ca, &client));
 
     let subscribe = xds.next_request().await;
     assert!(subscribe.client_cert, "sluice presented its certificate");
@@ -320,18 +342,9 @@ async fn a_server_of_another_ca_or_a_client_without_certificate_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let trusted = TestCa::new(dir.path(), "trusted");
     let rogue = TestCa::new(dir.path(), "rogue");
-    let rogue_server = rogue.issue("rogue-server", &["envoy-gateway"], Usage::Server);
-    let client = trusted.issue("ratelimit", &["envoy-ratelimit"], Usage::Client);
-    let xds = XdsServer::start_tls(ServerTls {
-        server: &rogue_server,
-        client_ca_pem: &trusted.cert_pem,
-    })
-    .await;
-    let mut settings = xds_settings(xds.url(true));
-    settings.tls.ca_file = Some(trusted.cert.clone());
-    settings.tls.client_cert = Some(client.cert.clone());
-    settings.tls.client_key = Some(client.key.clone());
-    settings.tls.server_name = Some("envoy-gateway".into());
+    let xds = tls_double(&rogue, &trusted, &["envoy-gateway"]).await;
+    let client = client_cert(&trusted);
+    let mut settings = mutual_tls(&xds, &trusted, &client);
     settings.force_start = true;
     let sluice = serve(settings.clone());
 
@@ -349,29 +362,14 @@ async fn a_server_of_another_ca_or_a_client_without_certificate_is_refused() {
         "{body}"
     );
     // It keeps trying (backoff), and never subscribes to that server.
-    assert!(xds
-        .request_within(Duration::from_millis(500))
-        .await
-        .is_none());
+    assert_refused(&xds, "UnknownCA").await;
     assert!(xds.handshakes().len() >= 2, "{:?}", xds.handshakes());
-    assert!(
-        xds.handshakes()
-            .iter()
-            .all(|h| matches!(h, Handshake::Failed(e) if e.contains("UnknownCA"))),
-        "{:?}",
-        xds.handshakes()
-    );
     let refused = decide(&sluice, "10.3.0.1").await.expect_err("no config");
     assert_eq!(refused.code(), tonic::Code::Unavailable);
     sluice.stop().await.expect("clean stop");
 
     // A client that offers no certificate is refused by the server: nothing subscribed.
-    let honest_server = trusted.issue("honest-server", &["envoy-gateway"], Usage::Server);
-    let xds = XdsServer::start_tls(ServerTls {
-        server: &honest_server,
-        client_ca_pem: &trusted.cert_pem,
-    })
-    .await;
+    let xds = tls_double(&trusted, &trusted, &["envoy-gateway"]).await;
     settings.url = xds.url(true);
     settings.tls.client_cert = None;
     settings.tls.client_key = None;
@@ -381,16 +379,22 @@ async fn a_server_of_another_ca_or_a_client_without_certificate_is_refused() {
         code == 503 && body.starts_with(&why)
     })
     .await;
+    assert_refused(&xds, "no certificates").await;
+}
+
+/// No request reaches `xds` (for 800 ms), and every TLS handshake failed with `reason`.
+async fn assert_refused(xds: &XdsServer, reason: &str) {
     assert!(xds
         .request_within(Duration::from_millis(800))
         .await
         .is_none());
+    let handshakes = xds.handshakes();
     assert!(
-        xds.handshakes()
-            .iter()
-            .any(|h| matches!(h, Handshake::Failed(e) if e.contains("no certificates"))),
-        "{:?}",
-        xds.handshakes()
+        !handshakes.is_empty()
+            && handshakes
+                .iter()
+                .all(|h| matches!(h, Handshake::Failed(e) if e.contains(reason))),
+        "{handshakes:?}"
     );
 }
 
@@ -478,13 +482,9 @@ async fn without_force_start_grpc_waits_for_the_first_config() {
 async fn the_envoy_gateway_environment_subscribes_over_mutual_tls() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(dir.path(), "envoy-gateway");
-    let server = ca.issue("xds", &["envoy-gateway", "127.0.0.1"], Usage::Server);
-    let client = ca.issue("tls", &["envoy-ratelimit"], Usage::Client);
-    let xds = XdsServer::start_tls(ServerTls {
-        server: &server,
-        client_ca_pem: &ca.cert_pem,
-    })
-    .await;
+    // No server name override in Envoy Gateway's environment: the address dialled is named.
+    let xds = tls_double(&ca, &ca, &["envoy-gateway", "127.0.0.1"]).await;
+    let client = client_cert(&ca);
     let address = xds.addr.to_string();
     let (cert, key, ca_file) = (
         client.cert.display().to_string(),
@@ -528,20 +528,11 @@ async fn the_envoy_gateway_environment_subscribes_over_mutual_tls() {
             ])],
         )
     };
-    let codes: Vec<i32> = vec![
-        client
-            .should_rate_limit(req())
-            .await
-            .unwrap()
-            .into_inner()
-            .overall_code,
-        client
-            .should_rate_limit(req())
-            .await
-            .unwrap()
-            .into_inner()
-            .overall_code,
-    ];
+    let mut codes = Vec::new();
+    for _ in 0..2 {
+        let response = client.should_rate_limit(req()).await.unwrap();
+        codes.push(response.into_inner().overall_code);
+    }
     assert_eq!(codes, [Code::Ok as i32, Code::OverLimit as i32]);
     xds.push("2", &[broken_limits()]).await;
     assert!(xds.next_request().await.request.error_detail.is_some());
