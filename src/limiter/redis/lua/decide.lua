@@ -1,0 +1,726 @@
+-- Decides one request (or, in a batched call, several one after the other) atomically inside
+-- Redis: every key of a request is read, checked and then written all or nothing, in one round
+-- trip, so concurrent sidecars can never interleave between check and record.
+--
+-- KEYS, ARGV and the reply: the doc of `SCRIPT` in src/limiter/redis/script.rs, which also
+-- generates the layout header this script starts with; shared.lua comes next.
+--
+-- The steps are a transcription of `decide_batch` (src/limiter/window.rs) over the per-algorithm
+-- models of src/limiter/algorithms.rs, which are the reference (a property test holds the two to
+-- the same outcomes on random traces):
+-- - phase 1, per item in order: bring the key to now (sliding log: ZREMRANGEBYSCORE of entries
+--   at or before now - window; the other algorithms: settle a copy in Lua), then check
+--   `count + earlier + hits <= capacity` (`< capacity` for a probe of 0 hits), `earlier` being
+--   the hits earlier items of the request record on the same key (consume always, shadow and
+--   quota only if they passed), the capacity the limit or GCRA's burst. Refunds pass. If the
+--   request has quota items, at least one must pass;
+-- - phase 2, only if every consume item passed: in request order, consume items and passed
+--   shadow and quota items record their hits, refunds take back up to theirs, newest first; then
+--   every written key gets its TTL, so idle keys vanish on their own. A rejected request writes
+--   nothing but phase 1's evictions;
+-- - every item reports its key's count and reset after the decision.
+--
+-- Data layout per algorithm (MEMORY USAGE measured in docs/algorithms.md):
+-- - sliding log: a sorted set, one member per hit, scored with the ms it was recorded. TTL:
+--   until the newest entry leaves the window;
+-- - quantized log: a hash `bucket start (ms) -> hits`; hits go to the bucket
+--   max(floor(now / quantum) * quantum, newest bucket). TTL: until the newest bucket leaves;
+-- - the O(1) algorithms: one value (encode_value in shared.lua), written with `SET .. PX`:
+--   - fixed window: its count; time = the window index start / window. TTL: two windows from
+--     its start (`sluice:{edge|user=u10|60000|fw}` holding 12 hits is `21228333334`);
+--   - sliding counter: the current and the previous window's counts; time = the window index.
+--     TTL: two windows from its start;
+--   - GCRA: remainder r; time = the theoretical arrival time T (ms). The tokens in use, times
+--     the window, in integer token-ms (the refill is exactly rate = max(limit, 1) token-ms per
+--     ms) are max(0, (T - now) * rate + r) with 0 <= r < rate, capped at MAX_EXACT; (0, 0) is
+--     empty (the key is deleted). Recording h hits adds h * window token-ms to what is in use
+--     at now and re-derives T = now + floor(used / rate), r = used mod rate; a refund takes
+--     them off the same way. A clock that lags sees more tokens in use (conservative). At
+--     limits up to 100,000 the value stays an integer. TTL: until empty, plus one window.
+-- TTLs outlive the state by about a window, so that a lagging clock finds the same state the
+-- memory backend keeps; an emptied key is deleted.
+--
+-- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 when the item added
+-- nothing; for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER + (first member -
+-- LOG_MEMBER_FIRST) + 1, the item having added `hits` consecutive members, cyclically, from there
+-- at that score (one ms later after a wrap); for the quantized log the bucket start + 1; for the
+-- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1).
+--
+-- Log members must be unique per key and short: a listpack stores an integer member of
+-- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (1000000..8388607) in 5 bytes (a 24-bit integer; a UUID
+-- costs 37). So members are 7-digit integers assigned cyclically per key: a new key starts at
+-- LOG_MEMBER_FIRST, then member = newest member + 1 per hit, wrapping from the last to the
+-- first. Scores never decrease: score = max(now, newest score). Why this is safe across
+-- instances and clock steps:
+-- - with one width, Redis's tie-break between equal scores (lexicographic) is numeric order,
+--   and with non-decreasing scores the newest entry is the last one: ZPOPMAX removes the newest
+--   entries, and the next member follows the newest. At a wrap the new member would sort below
+--   the newest at an equal score, so it and the rest of its item go 1 ms later: such an entry
+--   counts 1 ms longer than the memory backend's would (conservative), once per 7.4 million;
+-- - entries leave from the bottom (expiry) and the top (refunds), so the live members are one
+--   cyclic range; a new member collides with a live one (ZADD would update it instead of adding
+--   one: over-admission) only if the range's span plus the hits exceed the LOG_MEMBERS numbers.
+--   The span is checked before anything is written, and the call fails with a `sluice:` error;
+-- - a score never goes back in time, so a step back of the clock cannot make a new entry expire
+--   before the one before it (the memory backend records at max(now, newest) too).
+--
+-- Cost (instructions per request: docs/performance.md, scripts/script-cost.sh): a log key's
+-- count is read once (ZCARD after the eviction) and its newest and oldest entry at most once
+-- each, then kept up to date through the request's own adds and pops: an admitted single-hit
+-- item costs ZREMRANGEBYSCORE, ZCARD, two ZRANGEs (none on an empty key), ZADD and PEXPIRE.
+-- Every closure costs an allocation per call, so the other algorithms' models are only made
+-- when a call has an item that needs them, and the per-request state is one table per item and
+-- one per key.
+
+-- The call's clock: Redis TIME (every sidecar then uses the same clock, however skewed their
+-- hosts are), or an explicit whole number of ms (tests).
+local batched = ARGV[1] == BATCHED
+local clock = ARGV[1]
+if batched then
+  clock = ARGV[2]
+end
+local now_ms
+if clock == '' then
+  local time = redis.call('TIME')
+  now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+else
+  now_ms = tonumber(clock)
+  if not now_ms or now_ms % 1 ~= 0 then
+    return redis.error_reply('sluice: bad now')
+  end
+end
+
+-- A sliding-log key's newest entry (member, score), read at most once per request; nil when
+-- the key is empty.
+local function log_newest(key, state)
+  if state.card == 0 then
+    return nil
+  end
+  if not state.newest_score then
+    local entry = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+    -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
+    state.newest_member, state.newest_score = tonumber(entry[1]), entry[2] + 0
+  end
+  return state.newest_member, state.newest_score
+end
+
+-- Its oldest entry, the same way.
+local function log_oldest(key, state)
+  if state.card == 0 then
+    return nil
+  end
+  if not state.oldest_score then
+    local entry = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+    state.oldest_member, state.oldest_score = tonumber(entry[1]), entry[2] + 0
+  end
+  return state.oldest_member, state.oldest_score
+end
+
+-- How many member numbers the key's live entries span, oldest to newest, cyclically (cluster
+-- compensation may leave holes, hence the span rather than the count).
+local function log_span(key, state)
+  local newest = log_newest(key, state)
+  if not newest then
+    return 0
+  end
+  return (newest - log_oldest(key, state)) % LOG_MEMBERS + 1
+end
+
+-- Adds `hits` entries to a log key; returns their undo token (see shared.lua).
+local function log_add(key, state, hits)
+  local newest_member, newest_score = log_newest(key, state)
+  local score, member = now_ms, LOG_MEMBER_FIRST
+  if newest_member then
+    if newest_score > score then
+      score = newest_score
+    end
+    if newest_member < LOG_MEMBER_LAST then
+      member = newest_member + 1
+    elseif score <= newest_score then
+      -- A wrap: the new member sorts below the newest at an equal score, so it goes 1 ms later
+      -- to stay the newest.
+      score = newest_score + 1
+    end
+  end
+  local token = (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
+  if state.card == 0 then
+    state.oldest_member, state.oldest_score = member, score
+  end
+  state.card = state.card + hits
+  if hits == 1 then
+    -- The usual single hit, without the argument table.
+    state.newest_member, state.newest_score = member, score
+    redis.call('ZADD', key, format_integer(score), format_integer(member))
+    return token
+  end
+  while hits > 0 do
+    local chunk = math.min(hits, MEMBERS_PER_COMMAND)
+    local args = {}
+    local printed_score = format_integer(score)
+    for j = 1, chunk do
+      args[2 * j - 1] = printed_score
+      args[2 * j] = format_integer(member)
+      state.newest_member, state.newest_score = member, score
+      member = member + 1
+      if member > LOG_MEMBER_LAST then
+        -- The same at a wrap inside this item.
+        member = LOG_MEMBER_FIRST
+        score = score + 1
+        printed_score = format_integer(score)
+      end
+    end
+    redis.call('ZADD', key, unpack(args))
+    hits = hits - chunk
+  end
+  return token
+end
+
+-- Phase 1 for a sliding-log item: evicts what left the window and returns the key's count.
+local function log_settle(item, state)
+  local removed = redis.call('ZREMRANGEBYSCORE', item.key, '-inf',
+    format_integer(now_ms - item.window))
+  if not state.card then
+    state.card = redis.call('ZCARD', item.key)
+  elseif removed > 0 then
+    -- An earlier item of the request had the key with a shorter window.
+    state.card = state.card - removed
+    state.newest_score, state.oldest_score = false, false
+  end
+  return state.card
+end
+
+-- Phase 2 for a sliding-log item: records its hits or takes back its refund; whether it wrote.
+local function log_write(item, state)
+  if item.kind ~= KIND_REFUND then
+    item.undo = log_add(item.key, state, item.hits)
+    return true
+  end
+  local take = math.min(item.hits, state.card)
+  if take == 0 then
+    return false
+  end
+  redis.call('ZPOPMAX', item.key, format_number(take))
+  state.card = state.card - take
+  state.newest_score = false
+  return true
+end
+
+-- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
+-- that wrote it.
+local function log_store(writer, state)
+  local _, newest_score = log_newest(writer.key, state)
+  if newest_score then
+    local ttl = math.max(newest_score + writer.window - now_ms, 1)
+    redis.call('PEXPIRE', writer.key, format_integer(ttl))
+  end
+end
+
+-- A log item's reset: until its key's oldest entry leaves the window; the window when empty.
+local function log_reset_ms(item, state)
+  local _, oldest_score = log_oldest(item.key, state)
+  if not oldest_score then
+    return item.window
+  end
+  return math.max(oldest_score + item.window - now_ms, 0)
+end
+
+-- The models of every algorithm but the sliding log, whose state the script loads into Lua,
+-- changes as src/limiter/algorithms.rs does, and stores back: made on a call's first item that
+-- needs them (most calls carry sliding-log items only).
+local lua_models
+local function models()
+  if lua_models then
+    return lua_models
+  end
+
+  local function ceil_div(a, b)
+    if a <= 0 or b <= 0 then
+      return 0
+    end
+    local q = math.floor(a / b)
+    while q * b < a do
+      q = q + 1
+    end
+    while q > 0 and (q - 1) * b >= a do
+      q = q - 1
+    end
+    return q
+  end
+
+  local function window_of(item)
+    return math.max(item.window, 1)
+  end
+
+  local function quantum_of(item)
+    return math.max(item.param, 1)
+  end
+
+  -- GCRA's refill in token-ms per ms (a limit of 0 refills like 1; its capacity is 0 anyway).
+  local function rate_of(item)
+    return math.max(item.limit, 1)
+  end
+
+  -- GCRA: token-ms in use at now (at most MAX_EXACT).
+  local function gcra_used(item, state)
+    local arrival, remainder, rate = state.arrival, state.remainder, rate_of(item)
+    if arrival >= now_ms then
+      return math.min((arrival - now_ms) * rate + remainder, MAX_EXACT)
+    end
+    local refilled = (now_ms - arrival) * rate
+    if refilled >= remainder then
+      return 0
+    end
+    return remainder - refilled
+  end
+
+  -- GCRA: the state that holds `used` token-ms at now; (0, 0) when empty.
+  local function gcra_hold(item, state, used)
+    if used <= 0 then
+      state.arrival, state.remainder = 0, 0
+      return
+    end
+    local rate = rate_of(item)
+    local whole = floor_div(used, rate)
+    state.arrival, state.remainder = now_ms + whole, used - whole * rate
+  end
+
+  -- Reads a key's state, once per request.
+  local function load(item, state)
+    local algorithm = item.algorithm
+    if algorithm == ALGORITHM_QUANTIZED_LOG then
+      -- Buckets {start, hits} sorted by start, and their total.
+      local buckets, total = {}, 0
+      local flat = redis.call('HGETALL', item.key)
+      for j = 1, #flat, 2 do
+        local start, hits = tonumber(flat[j]), tonumber(flat[j + 1])
+        buckets[#buckets + 1] = {start, hits}
+        total = total + hits
+      end
+      table.sort(buckets, function(x, y) return x[1] < y[1] end)
+      state.buckets, state.total = buckets, total
+      return
+    end
+    local value = redis.call('GET', item.key)
+    if algorithm == ALGORITHM_GCRA then
+      state.arrival, state.remainder = 0, 0
+      if value then
+        local remainder, _, arrival = decode_value(value, 1)
+        state.arrival, state.remainder = arrival, remainder
+      end
+      return
+    end
+    -- Fixed window (count) or sliding counter (current and previous count), by window start.
+    state.start, state.current, state.previous = 0, 0, 0
+    if value then
+      local counts = 1
+      if algorithm == ALGORITHM_SLIDING_COUNTER then
+        counts = 2
+      end
+      local current, previous, index = decode_value(value, counts)
+      state.start, state.current, state.previous = index * window_of(item), current, previous
+    end
+  end
+
+  -- Brings the state to now: evict, rotate, decay (State::settle).
+  local function settle(item, state)
+    local algorithm = item.algorithm
+    if algorithm == ALGORITHM_QUANTIZED_LOG then
+      local span = item.window + quantum_of(item)
+      local expired = {}
+      while state.buckets[1] and state.buckets[1][1] + span <= now_ms do
+        local bucket = table.remove(state.buckets, 1)
+        state.total = state.total - bucket[2]
+        expired[#expired + 1] = format_number(bucket[1])
+      end
+      if #expired > 0 then
+        redis.call('HDEL', item.key, unpack(expired))
+      end
+    elseif algorithm == ALGORITHM_GCRA then
+      -- Only an emptied bucket changes: it forgets its arrival time.
+      if gcra_used(item, state) == 0 then
+        state.arrival, state.remainder = 0, 0
+      end
+    else
+      local window = window_of(item)
+      local start = math.floor(now_ms / window) * window
+      if start > state.start then
+        if algorithm == ALGORITHM_SLIDING_COUNTER and start == state.start + window then
+          state.previous = state.current
+        else
+          state.previous = 0
+        end
+        state.start, state.current = start, 0
+      end
+    end
+  end
+
+  -- What counts against the capacity (State::count).
+  local function count(item, state)
+    local algorithm = item.algorithm
+    if algorithm == ALGORITHM_QUANTIZED_LOG then
+      return state.total
+    elseif algorithm == ALGORITHM_GCRA then
+      return ceil_div(gcra_used(item, state), window_of(item))
+    elseif algorithm == ALGORITHM_SLIDING_COUNTER then
+      -- The same IEEE-754 double expression as the Rust model's, so both round identically.
+      local window = window_of(item)
+      local left = math.max(window - math.max(now_ms - state.start, 0), 0)
+      return state.current + math.ceil(state.previous * left / window)
+    end
+    return state.current
+  end
+
+  -- Milliseconds until the count drops (State::reset_ms).
+  local function reset_ms(item, state)
+    local algorithm = item.algorithm
+    local reset
+    if algorithm == ALGORITHM_QUANTIZED_LOG then
+      if not state.buckets[1] then
+        return item.window
+      end
+      reset = state.buckets[1][1] + item.window + quantum_of(item) - now_ms
+    elseif algorithm == ALGORITHM_GCRA then
+      local used = gcra_used(item, state)
+      if used == 0 or item.limit == 0 then
+        return item.window
+      end
+      local window = window_of(item)
+      reset = ceil_div(used - (ceil_div(used, window) - 1) * window, item.limit)
+    else
+      reset = state.start + window_of(item) - now_ms
+    end
+    return math.max(reset, 0)
+  end
+
+  -- Records `item.hits` (State::record); returns the undo token: the bucket start + 1, the
+  -- window start + 1, or GCRA's rate.
+  local function record(item, state)
+    local algorithm, hits = item.algorithm, item.hits
+    if algorithm == ALGORITHM_QUANTIZED_LOG then
+      local quantum = quantum_of(item)
+      local start = math.floor(now_ms / quantum) * quantum
+      local newest = state.buckets[#state.buckets]
+      if newest and newest[1] >= start then
+        start = newest[1]
+        newest[2] = newest[2] + hits
+      else
+        state.buckets[#state.buckets + 1] = {start, hits}
+      end
+      state.total = state.total + hits
+      redis.call('HINCRBY', item.key, format_number(start), format_number(hits))
+      return start + 1
+    elseif algorithm == ALGORITHM_GCRA then
+      gcra_hold(item, state, math.min(gcra_used(item, state) + hits * window_of(item), MAX_EXACT))
+      return rate_of(item)
+    end
+    state.current = state.current + hits
+    return state.start + 1
+  end
+
+  -- Gives back up to `item.hits`, newest first (State::refund).
+  local function refund(item, state)
+    local algorithm, hits = item.algorithm, item.hits
+    if algorithm == ALGORITHM_QUANTIZED_LOG then
+      while hits > 0 and state.buckets[#state.buckets] do
+        local newest = state.buckets[#state.buckets]
+        local take = math.min(newest[2], hits)
+        newest[2] = newest[2] - take
+        hits = hits - take
+        state.total = state.total - take
+        if newest[2] == 0 then
+          table.remove(state.buckets)
+          redis.call('HDEL', item.key, format_number(newest[1]))
+        else
+          redis.call('HSET', item.key, format_number(newest[1]), format_number(newest[2]))
+        end
+      end
+    elseif algorithm == ALGORITHM_GCRA then
+      gcra_hold(item, state, math.max(gcra_used(item, state) - hits * window_of(item), 0))
+    else
+      local take = math.min(hits, state.current)
+      state.current = state.current - take
+      state.previous = math.max(state.previous - (hits - take), 0)
+    end
+  end
+
+  -- Stores a written key with its TTL, or deletes it once empty.
+  local function store(item, state)
+    local key, algorithm, window = item.key, item.algorithm, window_of(item)
+    if algorithm == ALGORITHM_QUANTIZED_LOG then
+      local newest = state.buckets[#state.buckets]
+      if not newest then
+        redis.call('DEL', key)
+        return
+      end
+      local ttl = newest[1] + item.window + quantum_of(item) - now_ms
+      redis.call('PEXPIRE', key, format_number(math.max(ttl, 1)))
+      return
+    end
+    local value, ttl
+    if algorithm == ALGORITHM_GCRA then
+      if state.arrival == 0 and state.remainder == 0 then
+        redis.call('DEL', key)
+        return
+      end
+      value = encode_value(state.arrival, state.remainder)
+      ttl = ceil_div(gcra_used(item, state), rate_of(item)) + window
+    else
+      if state.current == 0 and state.previous == 0 then
+        redis.call('DEL', key)
+        return
+      end
+      local index = math.floor(state.start / window)
+      if algorithm == ALGORITHM_SLIDING_COUNTER then
+        value = encode_value(index, state.current, state.previous)
+      else
+        value = encode_value(index, state.current)
+      end
+      ttl = state.start + 2 * window - now_ms
+    end
+    redis.call('SET', key, value, 'PX', format_number(math.max(ttl, 1)))
+  end
+
+  lua_models = {
+    load = load, settle = settle, count = count, reset_ms = reset_ms,
+    record = record, refund = refund, store = store,
+  }
+  return lua_models
+end
+
+-- A key's state during a request, shared by its items (a key is used with one algorithm only):
+-- `earlier`, the hits earlier items record on it; `writer`, the item whose write decides its TTL
+-- (false: not written); for a sliding log its count (false: not read yet) and its newest and
+-- oldest entry (log_newest, log_oldest), for the other algorithms what models().load reads.
+local function new_state(algorithm)
+  if algorithm == ALGORITHM_SLIDING_LOG then
+    return {
+      algorithm = algorithm, earlier = 0, writer = false, card = false,
+      newest_member = false, newest_score = false, oldest_member = false, oldest_score = false,
+    }
+  end
+  return {algorithm = algorithm, earlier = 0, writer = false, loaded = false}
+end
+
+-- Reads the `n` items of one request, KEYS[first_key + 1 ..] and ARGV[first_arg + 1 ..]: one
+-- table per item, each with its key's state. Returns nil and an error message for a malformed
+-- item, before anything is read from or written to Redis.
+local function read_items(first_key, first_arg, n)
+  local items, states = {}, {}
+  for i = 1, n do
+    local key, at = KEYS[first_key + i], first_arg + (i - 1) * ARGS_PER_ITEM
+    local item = {
+      key = key,
+      limit = tonumber(ARGV[at + 1]),
+      window = tonumber(ARGV[at + 2]),
+      hits = tonumber(ARGV[at + 3]),
+      kind = ARGV[at + 4],
+      algorithm = ARGV[at + 5],
+      param = tonumber(ARGV[at + 6]),
+      passed = false,
+      undo = 0,
+      state = false,
+    }
+    -- Whole windows and hits: times and members are printed as integers.
+    if not (item.limit and item.window and item.hits and item.param)
+        or item.window % 1 ~= 0 or item.hits % 1 ~= 0 then
+      return nil, 'sluice: bad number in item ' .. i
+    end
+    local kind = item.kind
+    if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
+        and kind ~= KIND_QUOTA then
+      return nil, 'sluice: bad kind in item ' .. i
+    end
+    local algorithm = item.algorithm
+    if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
+        and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
+        and algorithm ~= ALGORITHM_FIXED_WINDOW then
+      return nil, 'sluice: bad algorithm in item ' .. i
+    end
+    local state = states[key]
+    if not state then
+      state = new_state(algorithm)
+      states[key] = state
+    elseif state.algorithm ~= algorithm then
+      return nil, 'sluice: the key of item ' .. i .. ' has two algorithms'
+    end
+    item.state = state
+    items[i] = item
+  end
+  return items
+end
+
+-- Phase 1: brings every item's key to now and checks the item; nothing but expired entries is
+-- removed. Returns whether the request is admitted.
+local function check(items, n)
+  local admitted = true
+  local any_quota, quota_passed = false, false
+  for i = 1, n do
+    local item = items[i]
+    local state, kind = item.state, item.kind
+    local count, capacity = 0, item.limit
+    if item.algorithm == ALGORITHM_SLIDING_LOG then
+      count = log_settle(item, state)
+    else
+      local model = models()
+      if not state.loaded then
+        model.load(item, state)
+        state.loaded = true
+      end
+      model.settle(item, state)
+      if kind ~= KIND_REFUND then
+        count = model.count(item, state)
+      end
+      if item.algorithm == ALGORITHM_GCRA then
+        -- The burst; none at a rate of 0.
+        capacity = 0
+        if item.limit > 0 then
+          capacity = item.param
+        end
+      end
+    end
+    if kind == KIND_REFUND then
+      item.passed = true
+    else
+      local seen = count + state.earlier
+      if item.hits == 0 then
+        item.passed = seen < capacity
+      else
+        item.passed = seen + item.hits <= capacity
+      end
+      -- An admitted request records every consume item, and shadow and quota items that passed.
+      if kind == KIND_CONSUME or item.passed then
+        state.earlier = state.earlier + item.hits
+      end
+      if kind == KIND_CONSUME then
+        admitted = admitted and item.passed
+      elseif kind == KIND_QUOTA then
+        any_quota = true
+        quota_passed = quota_passed or item.passed
+      end
+    end
+  end
+  -- quota_mode: an over-limit quota item fails the request only when every quota item is over.
+  return admitted and (quota_passed or not any_quota)
+end
+
+-- Phase 2, for an admitted request (every consume item passed, refunds pass): in request order,
+-- items that passed record their hits or take back their refund; then each written key gets its
+-- TTL, or its value and TTL. Returns an error reply instead, having written nothing, if a log key
+-- would reach one of its live members.
+local function write(items, n)
+  for i = 1, n do
+    local item = items[i]
+    local state = item.state
+    -- `earlier` is now every hit the request adds to the key. ZADD would update a live member
+    -- instead of adding one; it takes about 7.4 million live entries.
+    if item.algorithm == ALGORITHM_SLIDING_LOG and item.kind ~= KIND_REFUND and item.passed
+        and item.hits > 0 and log_span(item.key, state) + state.earlier > LOG_MEMBERS then
+      return redis.error_reply('sluice: sliding log ' .. item.key .. ' is full (members wrap)')
+    end
+  end
+  for i = 1, n do
+    local item = items[i]
+    local state = item.state
+    if item.passed and item.hits > 0 then
+      if item.algorithm == ALGORITHM_SLIDING_LOG then
+        -- A log's TTL follows the window of the first item that wrote to it.
+        if log_write(item, state) and not state.writer then
+          state.writer = item
+        end
+      else
+        -- The other models store what their last writing item sees.
+        if item.kind == KIND_REFUND then
+          models().refund(item, state)
+        else
+          item.undo = models().record(item, state)
+        end
+        state.writer = item
+      end
+    end
+  end
+  for i = 1, n do
+    local state = items[i].state
+    local writer = state.writer
+    if writer then
+      if writer.algorithm == ALGORITHM_SLIDING_LOG then
+        log_store(writer, state)
+      else
+        models().store(writer, state)
+      end
+      state.writer = false
+    end
+  end
+  return nil
+end
+
+-- The reply of a decided request (see `SCRIPT` in script.rs): {admitted, then passed, count and
+-- reset_ms per item, then the undo token per item}. Filled in index order, so the table only
+-- ever grows its array part.
+local function outcomes(items, n, admitted)
+  local reply = {admitted and 1 or 0}
+  for i = 1, n do
+    local item = items[i]
+    local state = item.state
+    reply[3 * i - 1] = item.passed and 1 or 0
+    if item.algorithm == ALGORITHM_SLIDING_LOG then
+      reply[3 * i] = state.card
+      reply[3 * i + 1] = log_reset_ms(item, state)
+    else
+      reply[3 * i] = models().count(item, state)
+      reply[3 * i + 1] = models().reset_ms(item, state)
+    end
+  end
+  for i = 1, n do
+    reply[1 + 3 * n + i] = items[i].undo
+  end
+  return reply
+end
+
+-- Decides the request of `n` items at KEYS[first_key + 1 ..] and ARGV[first_arg + 1 ..];
+-- returns its reply.
+local function decide(first_key, first_arg, n)
+  local items, malformed = read_items(first_key, first_arg, n)
+  if not items then
+    return redis.error_reply(malformed)
+  end
+  local admitted = check(items, n)
+  if admitted then
+    local refused = write(items, n)
+    if refused then
+      return refused
+    end
+  end
+  return outcomes(items, n, admitted)
+end
+
+if not batched then
+  if #ARGV ~= 1 + ARGS_PER_ITEM * #KEYS then
+    return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
+  end
+  return decide(0, 1, #KEYS)
+end
+
+-- Several requests in one call, decided one after the other as if each had its own call.
+local requests = tonumber(ARGV[3])
+if not requests or requests < 1 or #ARGV < 3 + requests then
+  return redis.error_reply('sluice: bad group count')
+end
+local sizes, total = {}, 0
+for r = 1, requests do
+  sizes[r] = tonumber(ARGV[3 + r])
+  if not sizes[r] or sizes[r] < 0 then
+    return redis.error_reply('sluice: bad size of group ' .. r)
+  end
+  total = total + sizes[r]
+end
+if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
+  return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
+end
+local replies = {}
+local first_key, first_arg = 0, 3 + requests
+for r = 1, requests do
+  replies[r] = decide(first_key, first_arg, sizes[r])
+  first_key = first_key + sizes[r]
+  first_arg = first_arg + ARGS_PER_ITEM * sizes[r]
+end
+return replies
