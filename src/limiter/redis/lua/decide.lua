@@ -72,6 +72,10 @@
 -- when a call has an item that needs them, and the per-request state is one table per item and
 -- one per key.
 
+-- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
+-- less than a global per access.
+local KEYS, ARGV = KEYS, ARGV
+
 -- The call's clock: Redis TIME (every sidecar then uses the same clock, however skewed their
 -- hosts are), or an explicit whole number of ms (tests).
 local batched = ARGV[1] == BATCHED
@@ -100,6 +104,9 @@ local function log_newest(key, state)
     local entry = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
     -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
     state.newest_member, state.newest_score = tonumber(entry[1]), entry[2] + 0
+    if state.card == 1 then
+      state.oldest_member, state.oldest_score = state.newest_member, state.newest_score
+    end
   end
   return state.newest_member, state.newest_score
 end
@@ -112,6 +119,9 @@ local function log_oldest(key, state)
   if not state.oldest_score then
     local entry = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
     state.oldest_member, state.oldest_score = tonumber(entry[1]), entry[2] + 0
+    if state.card == 1 then
+      state.newest_member, state.newest_score = state.oldest_member, state.oldest_score
+    end
   end
   return state.oldest_member, state.oldest_score
 end
@@ -182,7 +192,7 @@ local function log_settle(item, state)
   if not state.card then
     state.card = redis.call('ZCARD', item.key)
   elseif removed > 0 then
-    -- An earlier item of the request had the key with a shorter window.
+    -- The key again, with a shorter window than an earlier item's.
     state.card = state.card - removed
     state.newest_score, state.oldest_score = false, false
   end
@@ -210,7 +220,10 @@ end
 local function log_store(writer, state)
   local _, newest_score = log_newest(writer.key, state)
   if newest_score then
-    local ttl = math.max(newest_score + writer.window - now_ms, 1)
+    local ttl = newest_score + writer.window - now_ms
+    if ttl < 1 then
+      ttl = 1
+    end
     redis.call('PEXPIRE', writer.key, format_integer(ttl))
   end
 end
@@ -221,7 +234,11 @@ local function log_reset_ms(item, state)
   if not oldest_score then
     return item.window
   end
-  return math.max(oldest_score + item.window - now_ms, 0)
+  local reset = oldest_score + item.window - now_ms
+  if reset < 0 then
+    return 0
+  end
+  return reset
 end
 
 -- The models of every algorithm but the sliding log, whose state the script loads into Lua,
@@ -487,64 +504,58 @@ local function models()
   return lua_models
 end
 
--- A key's state during a request, shared by its items (a key is used with one algorithm only):
--- `earlier`, the hits earlier items record on it; `writer`, the item whose write decides its TTL
--- (false: not written); for a sliding log its count (false: not read yet) and its newest and
--- oldest entry (log_newest, log_oldest), for the other algorithms what models().load reads.
-local function new_state(algorithm)
-  if algorithm == ALGORITHM_SLIDING_LOG then
-    return {
-      algorithm = algorithm, earlier = 0, writer = false, card = false,
-      newest_member = false, newest_score = false, oldest_member = false, oldest_score = false,
-    }
-  end
-  return {algorithm = algorithm, earlier = 0, writer = false, loaded = false}
-end
-
 -- Reads the `n` items of one request, KEYS[first_key + 1 ..] and ARGV[first_arg + 1 ..]: one
 -- table per item, each with its key's state. Returns nil and an error message for a malformed
 -- item, before anything is read from or written to Redis.
 local function read_items(first_key, first_arg, n)
-  local items, states = {}, {}
+  local items = {}
   for i = 1, n do
     local key, at = KEYS[first_key + i], first_arg + (i - 1) * ARGS_PER_ITEM
-    local item = {
-      key = key,
-      limit = tonumber(ARGV[at + 1]),
-      window = tonumber(ARGV[at + 2]),
-      hits = tonumber(ARGV[at + 3]),
-      kind = ARGV[at + 4],
-      algorithm = ARGV[at + 5],
-      param = tonumber(ARGV[at + 6]),
-      passed = false,
-      undo = 0,
-      state = false,
-    }
+    local limit, window, hits = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
+      tonumber(ARGV[at + 3])
+    local kind, algorithm, param = ARGV[at + 4], ARGV[at + 5], tonumber(ARGV[at + 6])
     -- Whole windows and hits: times and members are printed as integers.
-    if not (item.limit and item.window and item.hits and item.param)
-        or item.window % 1 ~= 0 or item.hits % 1 ~= 0 then
+    if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0 then
       return nil, 'sluice: bad number in item ' .. i
     end
-    local kind = item.kind
     if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
         and kind ~= KIND_QUOTA then
       return nil, 'sluice: bad kind in item ' .. i
     end
-    local algorithm = item.algorithm
     if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
         and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
         and algorithm ~= ALGORITHM_FIXED_WINDOW then
       return nil, 'sluice: bad algorithm in item ' .. i
     end
-    local state = states[key]
+    -- The state of an earlier item's key, else a new one. A linear scan: requests carry a
+    -- handful of items, and a table of keys would cost more than the scan.
+    local state
+    for j = 1, i - 1 do
+      if items[j].key == key then
+        state = items[j].state
+        break
+      end
+    end
     if not state then
-      state = new_state(algorithm)
-      states[key] = state
+      -- A key's state during the request, shared by its items: `earlier`, the hits earlier
+      -- items record on it; `writer`, the item whose write decides its TTL (false: not
+      -- written); for a sliding log its count (false: not read yet) and its newest and oldest
+      -- entry (log_newest, log_oldest); for the other algorithms what models().load reads.
+      if algorithm == ALGORITHM_SLIDING_LOG then
+        state = {
+          algorithm = algorithm, earlier = 0, writer = false, card = false,
+          newest_member = false, newest_score = false, oldest_member = false, oldest_score = false,
+        }
+      else
+        state = {algorithm = algorithm, earlier = 0, writer = false, loaded = false}
+      end
     elseif state.algorithm ~= algorithm then
       return nil, 'sluice: the key of item ' .. i .. ' has two algorithms'
     end
-    item.state = state
-    items[i] = item
+    items[i] = {
+      key = key, limit = limit, window = window, hits = hits, kind = kind,
+      algorithm = algorithm, param = param, state = state, passed = false, undo = 0,
+    }
   end
   return items
 end
