@@ -44,10 +44,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions};
-use super::script::{decode_reply_with_added, COMPENSATE, MAX_EXACT, SCRIPT};
-use super::{
-    invocation, map_error, CONNECT_TIMEOUT, PING_TIMEOUT, RECONNECT_BACKOFF, RESPONSE_TIMEOUT,
+use super::script::{
+    decode_reply_with_added, invocation, undo_args, COMPENSATE, MAX_EXACT, SCRIPT,
 };
+use super::{map_error, CONNECT_TIMEOUT, PING_TIMEOUT, RECONNECT_BACKOFF, RESPONSE_TIMEOUT};
 use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
@@ -297,10 +297,7 @@ impl ClusterLimiter {
                 any = true;
                 invocation
                     .key(batch[i].key.as_str())
-                    .arg(batch[i].algorithm.code())
-                    .arg(part.added[k])
-                    .arg(batch[i].hits.min(MAX_EXACT))
-                    .arg(batch[i].window_ms.min(MAX_EXACT));
+                    .arg(&undo_args(&batch[i], part.added[k])[..]);
             }
         }
         if !any {

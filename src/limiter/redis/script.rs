@@ -15,8 +15,8 @@
 //! [`COMPENSATE`]; the Lua files say what the scripts do with them (steps, data layout in Redis,
 //! log members). `scripts/ci/lua-lint.sh` runs luacheck over them.
 
-use crate::limiter::{BatchOutcome, KeyOutcome, LimiterError};
-use redis::Value;
+use crate::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, LimiterError};
+use redis::{Script, ScriptInvocation, Value};
 
 /// Declares each constant that Rust and the scripts share once: as a Rust constant, and as a
 /// `local NAME = value` line of [`LUA_HEADER`], which starts every script.
@@ -133,6 +133,83 @@ pub const COMPENSATE: &str = concat!(
     include_str!("lua/compensate.lua")
 );
 
+/// The clock argument (`ARGV[1]`, in a batched call `ARGV[2]`): the explicit clock in ms, or
+/// empty for Redis `TIME`.
+pub(super) fn now_arg(now: Option<u64>) -> String {
+    now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string())
+}
+
+/// One item's [`ARGS_PER_ITEM`] `ARGV` values, in order: limit, window_ms, hits, kind,
+/// algorithm code, parameter.
+pub(super) type ItemArgs = (u64, u64, u64, &'static str, &'static str, u64);
+
+/// The `ARGV` values of `hit` (see [`SCRIPT`]).
+pub(super) fn item_args(hit: &Hit) -> ItemArgs {
+    // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact. Limits cap one
+    // below hits, so that a clamped huge `hits` still fails like the original, and still counts
+    // as at least any limit for later items on the key.
+    let kind = match hit.kind {
+        HitKind::Consume => KIND_CONSUME,
+        HitKind::Shadow => KIND_SHADOW,
+        HitKind::Refund => KIND_REFUND,
+        HitKind::Quota => KIND_QUOTA,
+    };
+    (
+        hit.limit.min(MAX_EXACT - 1),
+        hit.window_ms.min(MAX_EXACT),
+        hit.hits.min(MAX_EXACT),
+        kind,
+        hit.algorithm.code(),
+        hit.algorithm.param().min(MAX_EXACT - 1),
+    )
+}
+
+/// Appends one item's `ARGV` values to a hand-built `EVALSHA`.
+pub(super) fn push_item_args(
+    cmd: &mut redis::Cmd,
+    (limit, window_ms, hits, kind, algorithm, param): ItemArgs,
+) {
+    cmd.arg(limit)
+        .arg(window_ms)
+        .arg(hits)
+        .arg(kind)
+        .arg(algorithm)
+        .arg(param);
+}
+
+/// The unbatched call of [`SCRIPT`] for `batch`.
+pub(super) fn invocation<'s>(
+    script: &'s Script,
+    batch: &[Hit],
+    now: Option<u64>,
+) -> ScriptInvocation<'s> {
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(now_arg(now));
+    for hit in batch {
+        let (limit, window_ms, hits, kind, algorithm, param) = item_args(hit);
+        invocation
+            .key(hit.key.as_str())
+            .arg(limit)
+            .arg(window_ms)
+            .arg(hits)
+            .arg(kind)
+            .arg(algorithm)
+            .arg(param);
+    }
+    invocation
+}
+
+/// The `ARGV` values of a [`COMPENSATE`] call for `hit`, whose [`SCRIPT`] call returned undo
+/// token `undo`.
+pub(super) fn undo_args(hit: &Hit, undo: u64) -> [String; UNDO_ARGS_PER_KEY] {
+    [
+        hit.algorithm.code().to_string(),
+        undo.to_string(),
+        hit.hits.min(MAX_EXACT).to_string(),
+        hit.window_ms.min(MAX_EXACT).to_string(),
+    ]
+}
+
 /// Decodes the reply of a batched call (`ARGV[1] = "b"`): one reply per group, each decoded by
 /// [`decode_reply`] against that group's item count. The outer error is for a reply that is not
 /// one array of `sizes.len()` elements; a group the script refused gets its own error.
@@ -224,6 +301,115 @@ pub fn decode_reply_with_added(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Algorithm;
+    use std::collections::BTreeSet;
+
+    /// Each line of the generated header is `local NAME = <Lua literal>`: an integer the scripts
+    /// compute exactly or a quoted lowercase code. (A Rust literal with a suffix or underscores,
+    /// or an expression, would not be Lua.)
+    #[test]
+    fn the_lua_header_is_plain_lua_literals() {
+        let mut names = 0;
+        for line in LUA_HEADER.lines().filter(|line| !line.starts_with("--")) {
+            let (name, value) = line
+                .strip_prefix("local ")
+                .and_then(|rest| rest.split_once(" = "))
+                .unwrap_or_else(|| panic!("not a Lua constant: {line}"));
+            assert!(
+                name.chars().all(|c| c.is_ascii_uppercase() || c == '_'),
+                "{line}"
+            );
+            let number = value.parse::<u64>().is_ok_and(|n| n <= MAX_EXACT);
+            let code = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_lowercase()));
+            assert!(number || code, "{line}");
+            names += 1;
+        }
+        assert_eq!(names, header_names().len());
+        assert!(LUA_HEADER.contains(&format!("local ARGS_PER_ITEM = {ARGS_PER_ITEM}\n")));
+        assert!(LUA_HEADER.contains(&format!("local KIND_REFUND = \"{KIND_REFUND}\"\n")));
+    }
+
+    fn header_names() -> BTreeSet<&'static str> {
+        LUA_HEADER
+            .lines()
+            .filter_map(|line| line.strip_prefix("local ")?.split(" = ").next())
+            .collect()
+    }
+
+    /// The codes Rust sends ([`Algorithm::code`]) are the ones the Lua compares with.
+    #[test]
+    fn algorithm_codes_are_the_header_constants() {
+        let all = [
+            Algorithm::SlidingLog,
+            Algorithm::QuantizedLog { quantum_ms: 100 },
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra { burst: 5 },
+            Algorithm::FixedWindow,
+        ];
+        for algorithm in all {
+            // Exhaustive: a new algorithm does not compile without its constant.
+            let constant = match algorithm {
+                Algorithm::SlidingLog => ALGORITHM_SLIDING_LOG,
+                Algorithm::QuantizedLog { .. } => ALGORITHM_QUANTIZED_LOG,
+                Algorithm::SlidingCounter => ALGORITHM_SLIDING_COUNTER,
+                Algorithm::Gcra { .. } => ALGORITHM_GCRA,
+                Algorithm::FixedWindow => ALGORITHM_FIXED_WINDOW,
+            };
+            assert_eq!(algorithm.code(), constant, "{algorithm:?}");
+        }
+        let distinct: BTreeSet<_> = all.iter().map(|a| a.code()).collect();
+        assert_eq!(distinct.len(), all.len());
+    }
+
+    /// An item takes [`ARGS_PER_ITEM`] arguments however it is sent.
+    #[test]
+    fn an_item_is_args_per_item_arguments() {
+        let hit = Hit {
+            key: "k".into(),
+            limit: u64::MAX,
+            window_ms: 60_000,
+            hits: 1,
+            kind: crate::limiter::HitKind::Quota,
+            algorithm: Algorithm::Gcra { burst: 3 },
+        };
+        let mut cmd = redis::cmd("EVALSHA");
+        push_item_args(&mut cmd, item_args(&hit));
+        let args: Vec<String> = cmd
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                other => panic!("not a plain argument: {other:?}"),
+            })
+            .collect();
+        assert_eq!(args.len(), 1 + ARGS_PER_ITEM, "{args:?}");
+        let limit = (MAX_EXACT - 1).to_string();
+        assert_eq!(
+            args[1..],
+            [&limit, "60000", "1", KIND_QUOTA, ALGORITHM_GCRA, "3"]
+        );
+    }
+
+    /// luacheck reads each .lua file alone, so .luacheckrc lists the header's names; this keeps
+    /// the list equal to what script.rs generates.
+    #[test]
+    fn luacheckrc_lists_the_header() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/.luacheckrc");
+        let rc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let list = rc
+            .split("local header = {")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .expect("a `local header = {...}` list in .luacheckrc");
+        let listed: BTreeSet<&str> = list
+            .split(',')
+            .map(|name| name.trim().trim_matches('"'))
+            .filter(|name| !name.is_empty())
+            .collect();
+        assert_eq!(listed, header_names());
+    }
 
     fn ints(v: &[i64]) -> Value {
         Value::Array(v.iter().map(|&n| Value::Int(n)).collect())

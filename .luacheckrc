@@ -1,0 +1,42 @@
+-- luacheck settings for the Lua that sluice runs inside Redis (scripts/ci/lua-lint.sh runs it).
+
+-- Redis embeds Lua 5.1.
+std = "lua51"
+max_line_length = 100
+-- What Redis gives every script.
+read_globals = {"redis", "KEYS", "ARGV"}
+
+-- Each script is assembled by src/limiter/redis/script.rs: the header it generates from its Rust
+-- constants, then shared.lua, then the script's own file (decide.lua, compensate.lua, or in the
+-- no-op build of scripts/script-bound.sh script-bound-noop.lua). luacheck reads one file at a
+-- time, so each file is told what the parts before it define, as read-only globals, and
+-- shared.lua that the files after it use what it defines. A unit test of script.rs keeps `header`
+-- equal to the generated header.
+local header = {
+  "ARGS_PER_ITEM", "UNDO_ARGS_PER_KEY", "MAX_EXACT", "LOG_MEMBER_FIRST", "LOG_MEMBER_LAST",
+  "BATCHED", "KIND_CONSUME", "KIND_SHADOW", "KIND_REFUND", "KIND_QUOTA",
+  "ALGORITHM_SLIDING_LOG", "ALGORITHM_QUANTIZED_LOG", "ALGORITHM_SLIDING_COUNTER",
+  "ALGORITHM_GCRA", "ALGORITHM_FIXED_WINDOW",
+}
+local shared = {
+  "LOG_MEMBERS", "TOKEN_MEMBER", "TOKEN_SCORE", "MEMBERS_PER_COMMAND", "format_number",
+  "format_integer", "floor_div", "encode_value", "decode_value",
+}
+
+local function concat(a, b)
+  local all = {}
+  for _, name in ipairs(a) do all[#all + 1] = name end
+  for _, name in ipairs(b) do all[#all + 1] = name end
+  return all
+end
+
+-- shared.lua's definitions, which only the files after it use: "unused" there by design, and
+-- only those names.
+local exported = {}
+for _, name in ipairs(shared) do exported[#exported + 1] = "211/" .. name end
+
+local lua = "src/limiter/redis/lua/"
+files[lua .. "shared.lua"] = {read_globals = header, ignore = exported}
+files[lua .. "decide.lua"] = {read_globals = concat(header, shared)}
+files[lua .. "compensate.lua"] = {read_globals = concat(header, shared)}
+files["scripts/script-bound-noop.lua"] = {read_globals = concat(header, shared)}
