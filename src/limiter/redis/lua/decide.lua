@@ -94,51 +94,45 @@ else
   end
 end
 
--- A sliding-log key's newest entry (member, score), read at most once per request; nil when
--- the key is empty.
-local function log_newest(key, state)
+-- A sliding-log key's entry at ZRANGE index `at`: '-1' the newest, '0' the oldest. Returns its
+-- member and score, nil when the key is empty. Each end is read at most once per request (one
+-- read serves both while the key holds one entry), then kept up to date by the request's own adds
+-- and pops.
+local function log_entry(key, state, at)
   if state.card == 0 then
     return nil
   end
-  if not state.newest_score then
-    local entry = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-    -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
-    state.newest_member, state.newest_score = tonumber(entry[1]), entry[2] + 0
-    if state.card == 1 then
-      state.oldest_member, state.oldest_score = state.newest_member, state.newest_score
-    end
+  local newest = at == '-1'
+  if newest and state.newest_score then
+    return state.newest_member, state.newest_score
+  elseif not newest and state.oldest_score then
+    return state.oldest_member, state.oldest_score
   end
-  return state.newest_member, state.newest_score
-end
-
--- Its oldest entry, the same way.
-local function log_oldest(key, state)
-  if state.card == 0 then
-    return nil
+  local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+  -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
+  local member, score = tonumber(entry[1]), entry[2] + 0
+  if newest or state.card == 1 then
+    state.newest_member, state.newest_score = member, score
   end
-  if not state.oldest_score then
-    local entry = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
-    state.oldest_member, state.oldest_score = tonumber(entry[1]), entry[2] + 0
-    if state.card == 1 then
-      state.newest_member, state.newest_score = state.oldest_member, state.oldest_score
-    end
+  if not newest or state.card == 1 then
+    state.oldest_member, state.oldest_score = member, score
   end
-  return state.oldest_member, state.oldest_score
+  return member, score
 end
 
 -- How many member numbers the key's live entries span, oldest to newest, cyclically (cluster
 -- compensation may leave holes, hence the span rather than the count).
 local function log_span(key, state)
-  local newest = log_newest(key, state)
+  local newest = log_entry(key, state, '-1')
   if not newest then
     return 0
   end
-  return (newest - log_oldest(key, state)) % LOG_MEMBERS + 1
+  return (newest - log_entry(key, state, '0')) % LOG_MEMBERS + 1
 end
 
 -- Adds `hits` entries to a log key; returns their undo token (see shared.lua).
 local function log_add(key, state, hits)
-  local newest_member, newest_score = log_newest(key, state)
+  local newest_member, newest_score = log_entry(key, state, '-1')
   local score, member = now_ms, LOG_MEMBER_FIRST
   if newest_member then
     if newest_score > score then
@@ -218,7 +212,7 @@ end
 -- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
 -- that wrote it.
 local function log_store(writer, state)
-  local _, newest_score = log_newest(writer.key, state)
+  local _, newest_score = log_entry(writer.key, state, '-1')
   if newest_score then
     local ttl = newest_score + writer.window - now_ms
     if ttl < 1 then
@@ -230,7 +224,7 @@ end
 
 -- A log item's reset: until its key's oldest entry leaves the window; the window when empty.
 local function log_reset_ms(item, state)
-  local _, oldest_score = log_oldest(item.key, state)
+  local _, oldest_score = log_entry(item.key, state, '0')
   if not oldest_score then
     return item.window
   end
@@ -540,7 +534,7 @@ local function read_items(first_key, first_arg, n)
       -- A key's state during the request, shared by its items: `earlier`, the hits earlier
       -- items record on it; `writer`, the item whose write decides its TTL (false: not
       -- written); for a sliding log its count (false: not read yet) and its newest and oldest
-      -- entry (log_newest, log_oldest); for the other algorithms what models().load reads.
+      -- entry (log_entry); for the other algorithms what models().load reads.
       if algorithm == ALGORITHM_SLIDING_LOG then
         state = {
           algorithm = algorithm, earlier = 0, writer = false, card = false,
