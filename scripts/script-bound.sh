@@ -14,10 +14,10 @@
 # scripts/script-bound-noop.lua in place of src/limiter/redis/lua/decide.lua, built in its own
 # target directory, target/script-bound/ (the first run compiles every dependency once more:
 # about 3 minutes on these 2 cores). It is for this measurement only: it admits everything. The
-# no-op still runs what every script assembled by script.rs runs first (the generated header and
-# shared.lua): about 5,900 instructions of redis-server per unbatched call, 700 per request of a
-# batched call of eight (scripts/script-cost.sh), so its ratio is the ceiling of any script
-# built that way.
+# no-op still runs what precedes decide.lua in every script assembled by script.rs (the generated
+# header, shared.lua and models.lua): about 9,100 instructions of redis-server per unbatched
+# call, 1,100 per request of a batched call of eight (scripts/script-cost.sh), so its ratio is
+# the ceiling of any script built that way.
 # Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."

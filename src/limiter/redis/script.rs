@@ -8,10 +8,11 @@
 //! models of [`crate::limiter::algorithms`], which are the reference.
 //!
 //! The Lua lives in `lua/` next to this file: `shared.lua` (number printing, the one-value form
-//! of the O(1) states, the undo token of log entries), `decide.lua` ([`SCRIPT`]) and
+//! of the O(1) states, the undo token of log entries), `models.lua` (every algorithm but the
+//! sliding log), `decide.lua` (the steps and the sliding log; with `models.lua`, [`SCRIPT`]) and
 //! `compensate.lua` ([`COMPENSATE`]). Each script is assembled at build time: a header generated
 //! from the constants below (so Rust and Lua cannot disagree on them), `shared.lua`, then the
-//! script's own file. `KEYS`, `ARGV` and the replies are documented once, on [`SCRIPT`] and
+//! script's own files. `KEYS`, `ARGV` and the replies are documented once, on [`SCRIPT`] and
 //! [`COMPENSATE`]; the Lua files say what the scripts do with them (steps, data layout in Redis,
 //! log members). `scripts/ci/lua-lint.sh` runs luacheck over them.
 
@@ -118,6 +119,7 @@ pub const LUA_HEADER: &str = lua_header!();
 pub const SCRIPT: &str = concat!(
     lua_header!(),
     include_str!("lua/shared.lua"),
+    include_str!("lua/models.lua"),
     include_str!("lua/decide.lua")
 );
 

@@ -3,9 +3,9 @@
 --
 -- Every script is assembled by src/limiter/redis/script.rs: the layout header it generates from
 -- its Rust constants (ARGS_PER_ITEM, UNDO_ARGS_PER_KEY, MAX_EXACT, LOG_MEMBER_FIRST,
--- LOG_MEMBER_LAST, BATCHED, the KIND_* and ALGORITHM_* codes), then this file, then the script's
--- own file (decide.lua or compensate.lua). KEYS, ARGV and the replies are documented once, on
--- `SCRIPT` and `COMPENSATE` in script.rs.
+-- LOG_MEMBER_LAST, BATCHED, the KIND_* and ALGORITHM_* codes), then this file, then the
+-- script's own files (models.lua and decide.lua, or compensate.lua). KEYS, ARGV and the replies
+-- are documented once, on `SCRIPT` and `COMPENSATE` in script.rs.
 
 -- How many member numbers a sliding log cycles through (see "Log members" in decide.lua).
 local LOG_MEMBERS = LOG_MEMBER_LAST - LOG_MEMBER_FIRST + 1
