@@ -8,8 +8,8 @@ read_globals = {"redis", "KEYS", "ARGV"}
 
 -- Each script is assembled by src/limiter/redis/script.rs: the header it generates from its Rust
 -- constants, shared.lua, then the script's own files (models.lua and decide.lua, or
--- compensate.lua; in the no-op build of scripts/script-bound.sh, script-bound-noop.lua takes
--- decide.lua's place). luacheck reads one file at a time, so each file is told what the parts
+-- compensate.lua; in the no-op build of scripts/bench/script-bound.sh, script-bound-noop.lua
+-- takes decide.lua's place). luacheck reads one file at a time, so each file is told what the parts
 -- before it define, as read-only globals, and a part that defines names for the parts after it
 -- that those names are not unused. A unit test of script.rs keeps `header` equal to the
 -- generated header.
@@ -45,4 +45,4 @@ files[lua .. "shared.lua"] = {read_globals = header, ignore = exported(shared)}
 files[lua .. "models.lua"] = {read_globals = concat(header, shared), ignore = exported(models)}
 files[lua .. "decide.lua"] = {read_globals = concat(header, shared, models)}
 files[lua .. "compensate.lua"] = {read_globals = concat(header, shared)}
-files["scripts/script-bound-noop.lua"] = {read_globals = concat(header, shared, models)}
+files["scripts/bench/script-bound-noop.lua"] = {read_globals = concat(header, shared, models)}

@@ -1,14 +1,17 @@
 # syntax=docker/dockerfile:1
 # sluice's container image. The build stage runs CI's build step (`cargo build --locked`, in
-# release mode); scripts/check_deploy.py checks the paths, ports and flags below against the
+# release mode); scripts/ci/check_deploy.py checks the paths, ports and flags below against the
 # binary and the manifests in deploy/, since CI has no Docker engine to build this file.
 
 FROM rust:1.89-bookworm AS build
 WORKDIR /src
-# Only what the build reads: a change to docs or deploy/ does not rebuild.
+# Only what the build reads: a change to docs or deploy/ does not rebuild. Cargo reads every
+# workspace member's manifest even to build one package, so tools/ (the benchmark tools, not
+# built here) comes along.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
 COPY src ./src
+COPY tools ./tools
 RUN cargo build --release --locked --bin sluice
 
 # distroless/cc: glibc and libgcc for the Rust binary, no shell, no package manager.

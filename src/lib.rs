@@ -14,11 +14,14 @@
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
-//! - [`server`]: wiring: `run(config, listeners, shutdown)`.
+//! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
+//!   Redis Cluster) with its guard and rejection cache, metrics recorder.
+//! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod admin;
+pub mod app;
 pub mod cardinality;
 pub mod compat;
 pub mod config;
@@ -35,4 +38,5 @@ pub mod server;
 pub mod service;
 pub mod sync;
 
-pub use server::{run, ServerSettings};
+pub use app::Settings;
+pub use server::{run, Listeners, ServerSettings};

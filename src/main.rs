@@ -1,28 +1,24 @@
-//! The `sluice` command: parses flags (each also read from a `SLUICE_*` variable), loads the
-//! config, builds the backend, binds the listeners and hands them to [`sluice::run`].
+//! The `sluice` command: parses flags (each also read from a `SLUICE_*` variable) into
+//! [`sluice::app::Settings`], and wires the result: logging, the metrics recorder, the stack
+//! [`sluice::app::assemble`] builds, the listeners, SIGTERM, [`sluice::run`]. What the commands
+//! do lives in the library ([`sluice::app`]), where tests run it in process.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::config::{Config, HeaderFormat, HeaderPolicy, LoadOptions};
-use sluice::decision::{FailurePolicy, InputLimits};
-use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
-use sluice::limiter::guard::{self, Guarded};
-use sluice::limiter::memory::MemoryLimiter;
-use sluice::limiter::redis::cluster::ClusterLimiter;
-use sluice::limiter::redis::connect::{cluster_nodes, redact_url};
-use sluice::limiter::redis::{RedisLimiter, RedisOptions, DEFAULT_BATCH_MAX};
-use sluice::limiter::{Limiter, SystemClock};
+use sluice::app::{self, BackendSettings, Settings};
+use sluice::config::{HeaderFormat, HeaderPolicy, LoadOptions};
+use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
+use sluice::limiter::cache;
+use sluice::limiter::guard;
+use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
 use sluice::metrics::MetricsSettings;
-use sluice::reload::ReloadSettings;
-use sluice::{run, ServerSettings};
+use sluice::{run, Listeners};
 
 /// Per-request allocations (h2 frames, prost messages, Redis commands) are many and short-lived;
 /// mimalloc serves them from thread-local pages where glibc malloc spent ~16% of the CPU.
@@ -98,7 +94,8 @@ struct ServeArgs {
     /// Address of the gRPC server (RLS, health, reflection). Loopback: a sidecar serves its pod.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     grpc_addr: SocketAddr,
-    /// Address of the admin HTTP server (/healthz, /readyz, /metrics).
+    /// Address of the admin HTTP server: /healthz, /readyz, /metrics, and envoyproxy/ratelimit's
+    /// POST /json and GET /rlconfig.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     admin_addr: SocketAddr,
     /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), or a cluster:
@@ -118,14 +115,14 @@ struct ServeArgs {
     /// Redis connections kept open (multiplexed, round-robin). Two by default: concurrent
     /// decisions share script calls per connection, and fewer connections make fuller calls
     /// (docs/performance.md, "Connections").
-    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = 2)]
+    #[arg(long, env = "SLUICE_REDIS_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
     redis_pool_size: usize,
     /// Concurrent decisions sent to Redis in one script call at most (each still decided on its
     /// own, all-or-nothing); 1 sends one call per decision. Never waits for a batch to fill.
     #[arg(long, env = "SLUICE_REDIS_BATCH_MAX", default_value_t = DEFAULT_BATCH_MAX)]
     redis_batch_max: usize,
     /// Per-decision backend deadline in milliseconds (Envoy's filter gives up at 20 ms).
-    #[arg(long, env = "SLUICE_BACKEND_TIMEOUT_MS", default_value_t = 10)]
+    #[arg(long, env = "SLUICE_BACKEND_TIMEOUT_MS", default_value_t = guard::DEFAULT_DEADLINE.as_millis() as u64)]
     backend_timeout_ms: u64,
     /// Backend calls allowed in flight (abandoned ones included); beyond it calls fail fast.
     #[arg(long, env = "SLUICE_BACKEND_MAX_IN_FLIGHT", default_value_t = guard::DEFAULT_MAX_IN_FLIGHT)]
@@ -143,7 +140,7 @@ struct ServeArgs {
     #[arg(long, env = "SLUICE_LOCAL_CACHE_SIZE", default_value_t = cache::DEFAULT_CAPACITY)]
     local_cache_size: usize,
     /// Seconds between backend readiness probes.
-    #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = 1)]
+    #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = app::DEFAULT_PROBE_INTERVAL.as_secs())]
     probe_interval_secs: u64,
     /// Merge config files that name the same domain (a top-level descriptor repeated across
     /// them is still an error) instead of rejecting the duplicate domain.
@@ -162,10 +159,10 @@ struct ServeArgs {
     key_prefix: String,
     /// An admitted decision counts as near the limit (sluice_near_limit_total) when it leaves
     /// more than floor(ratio x limit) entries in the window.
-    #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
+    #[arg(long, env = "SLUICE_NEAR_LIMIT_RATIO", default_value_t = MetricsSettings::default().near_limit_ratio, value_parser = parse_ratio)]
     near_limit_ratio: f64,
     /// How many of the hottest keys /metrics shows (sluice_hot_key_entries).
-    #[arg(long, env = "SLUICE_HOT_KEYS", default_value_t = 10)]
+    #[arg(long, env = "SLUICE_HOT_KEYS", default_value_t = MetricsSettings::default().hot_keys)]
     hot_keys: usize,
     /// Log format on stderr.
     #[arg(long, env = "SLUICE_LOG_FORMAT", value_enum, default_value = "text")]
@@ -181,7 +178,7 @@ struct ServeArgs {
     )]
     watch_config: bool,
     /// Milliseconds between checks of the config for changes.
-    #[arg(long, env = "SLUICE_WATCH_INTERVAL_MS", default_value_t = 1000)]
+    #[arg(long, env = "SLUICE_WATCH_INTERVAL_MS", default_value_t = app::DEFAULT_WATCH_INTERVAL.as_millis() as u64)]
     watch_interval_ms: u64,
     /// Longest `domain` accepted, in bytes; longer requests get INVALID_ARGUMENT.
     #[arg(long, env = "SLUICE_MAX_DOMAIN_BYTES", default_value_t = InputLimits::DEFAULT_MAX_DOMAIN_BYTES)]
@@ -207,16 +204,55 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
-    fn input_limits(&self) -> InputLimits {
-        InputLimits {
-            max_domain_bytes: self.max_domain_bytes,
-            max_descriptors: self.max_descriptors,
-            max_entries: self.max_entries,
-            max_key_bytes: self.max_key_bytes,
-            max_value_bytes: self.max_value_bytes,
-            max_hits_addend: self.max_hits_addend,
-            max_message_bytes: self.max_message_bytes,
-        }
+    /// The settings these flags describe; reads the Redis password file (or
+    /// `SLUICE_REDIS_PASSWORD`).
+    fn settings(&self) -> Result<Settings, app::StartError> {
+        let load = load_options(self.merge_domain_config, self.response_headers);
+        let redis = match &self.redis_url {
+            Some(url) => Some(RedisOptions {
+                ca_file: self.redis_ca_file.clone(),
+                password: app::redis_password(
+                    self.redis_password_file.as_deref(),
+                    std::env::var("SLUICE_REDIS_PASSWORD").ok(),
+                )?,
+                pool_size: self.redis_pool_size,
+                batch_max: self.redis_batch_max,
+                ..RedisOptions::new(url)
+            }),
+            None => None,
+        };
+        Ok(Settings {
+            config: self.config.clone(),
+            load,
+            backend: BackendSettings {
+                redis,
+                deadline: Duration::from_millis(self.backend_timeout_ms),
+                max_in_flight: self.backend_max_in_flight,
+                local_cache_size: self.local_cache_size,
+            },
+            engine: EngineOptions {
+                shadow_mode: self.shadow_mode,
+                key_prefix: self.key_prefix.clone(),
+                limits: InputLimits {
+                    max_domain_bytes: self.max_domain_bytes,
+                    max_descriptors: self.max_descriptors,
+                    max_entries: self.max_entries,
+                    max_key_bytes: self.max_key_bytes,
+                    max_value_bytes: self.max_value_bytes,
+                    max_hits_addend: self.max_hits_addend,
+                    max_message_bytes: self.max_message_bytes,
+                },
+            },
+            on_backend_error: self.on_backend_error.into(),
+            metrics: MetricsSettings {
+                near_limit_ratio: self.near_limit_ratio,
+                hot_keys: self.hot_keys,
+            },
+            probe_interval: Duration::from_secs(self.probe_interval_secs),
+            watch_interval: self
+                .watch_config
+                .then(|| Duration::from_millis(self.watch_interval_ms)),
+        })
     }
 }
 
@@ -232,12 +268,33 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             path,
             merge_domain_config,
-        } => check_config(&path, load_options(merge_domain_config, HeaderFormat::None)),
+        } => {
+            let options = load_options(merge_domain_config, HeaderFormat::None);
+            match app::check_config(&path, options) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(errors) => {
+                    eprintln!("{errors}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Explain {
             config,
             domain,
             descriptors,
-        } => explain(&config, &domain, &descriptors),
+        } => match app::explain(&config, &domain, &descriptors) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("{err}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             init_logging(args.log_format);
             for name in compat.set.keys() {
@@ -271,46 +328,12 @@ fn parse_header_format(text: &str) -> Result<HeaderFormat, String> {
     HeaderFormat::parse(text).ok_or_else(|| format!("{text:?} is not one of none, draft, legacy"))
 }
 
-fn check_config(path: &Path, options: LoadOptions) -> ExitCode {
-    match Config::load_with(path, options) {
-        Ok(config) => {
-            let domains: Vec<&str> = config.domains().collect();
-            println!(
-                "{}: ok ({} domain(s): {}; {} limit(s))",
-                path.display(),
-                domains.len(),
-                domains.join(", "),
-                config.rule_count()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(errors) => {
-            eprintln!("{errors}");
-            ExitCode::FAILURE
-        }
+/// A ratio in (0, 1].
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
+        _ => Err(format!("{text:?} is not a ratio in (0, 1]")),
     }
-}
-
-fn explain(path: &Path, domain: &str, descriptors: &[String]) -> ExitCode {
-    let config = match Config::load(path) {
-        Ok(config) => config,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let mut parsed = Vec::with_capacity(descriptors.len());
-    for (i, text) in descriptors.iter().enumerate() {
-        match sluice::explain::parse_descriptor(text) {
-            Ok(entries) => parsed.push(entries),
-            Err(err) => {
-                eprintln!("descriptor {i} `{text}`: {err}");
-                return ExitCode::FAILURE;
-            }
-        }
-    }
-    print!("{}", sluice::explain::explain(&config, domain, &parsed));
-    ExitCode::SUCCESS
 }
 
 fn init_logging(format: LogFormat) {
@@ -328,126 +351,12 @@ fn init_logging(format: LogFormat) {
 
 #[tokio::main]
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    sluice::descriptor::validate_key_prefix(&args.key_prefix)
-        .map_err(|e| anyhow::anyhow!("--key-prefix: {e}"))?;
-    let options = load_options(args.merge_domain_config, args.response_headers);
-    let config = Config::load_with(&args.config, options)
-        .map_err(|errors| anyhow::anyhow!("{errors}"))
-        .with_context(|| format!("loading config from {}", args.config.display()))?;
-
-    let limiter: Arc<dyn Limiter> = match &args.redis_url {
-        Some(url) => {
-            let options = RedisOptions {
-                ca_file: args.redis_ca_file.clone(),
-                password: redis_password(args.redis_password_file.as_deref())?,
-            };
-            let limiter: Arc<dyn Limiter> = if cluster_nodes(url).is_some() {
-                let limiter = ClusterLimiter::open(url, &options)
-                    .with_context(|| format!("configuring Redis Cluster at {}", redact_url(url)))?;
-                tracing::info!(url = %redact_url(url), "backend: redis cluster");
-                Arc::new(limiter)
-            } else {
-                let limiter = RedisLimiter::open_batched(
-                    url,
-                    &options,
-                    args.redis_pool_size,
-                    args.redis_batch_max,
-                )
-                .with_context(|| format!("configuring Redis at {}", redact_url(url)))?;
-                tracing::info!(
-                    url = %redact_url(url),
-                    pool = args.redis_pool_size,
-                    batch_max = args.redis_batch_max,
-                    "backend: redis"
-                );
-                Arc::new(limiter)
-            };
-            shared_backend(limiter, &args)
-        }
-        None => {
-            tracing::info!("backend: embedded memory (no --redis-url given)");
-            Arc::new(MemoryLimiter::new(Arc::new(SystemClock)))
-        }
-    };
-
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets(sluice::metrics::LATENCY_BUCKETS)
-        .context("configuring metric buckets")?
-        .install_recorder()
-        .context("installing the metrics recorder")?;
-    sluice::metrics::describe();
-    let unix_now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    sluice::metrics::record_config_loaded(&args.config, &config, unix_now);
-    sluice::metrics::describe_backend();
-
+    let settings = args.settings()?;
+    let server = app::assemble(settings, Some(app::install_metrics()?))?;
     let shutdown = shutdown_signal()?;
-    let grpc = tokio::net::TcpListener::bind(args.grpc_addr)
-        .await
-        .with_context(|| format!("binding gRPC address {}", args.grpc_addr))?;
-    let admin = tokio::net::TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("binding admin address {}", args.admin_addr))?;
-    tracing::info!(
-        grpc_addr = %grpc.local_addr()?,
-        admin_addr = %admin.local_addr()?,
-        "listening"
-    );
-
-    let settings = ServerSettings {
-        config,
-        limiter,
-        metrics: Some(metrics),
-        probe_interval: Duration::from_secs(args.probe_interval_secs.max(1)),
-        engine: sluice::decision::EngineOptions {
-            shadow_mode: args.shadow_mode,
-            key_prefix: args.key_prefix.clone(),
-            limits: args.input_limits(),
-        },
-        metrics_settings: MetricsSettings {
-            near_limit_ratio: args.near_limit_ratio,
-            hot_keys: args.hot_keys,
-        },
-        reload: args.watch_config.then(|| ReloadSettings {
-            path: args.config.clone(),
-            // A floor keeps a typo (0) from turning the poll into a busy loop.
-            interval: Duration::from_millis(args.watch_interval_ms.max(50)),
-            load_options: options,
-        }),
-        on_backend_error: args.on_backend_error.into(),
-    };
-    if args.shadow_mode {
-        tracing::warn!("global shadow mode: every request is answered OK overall");
-    }
-    run(settings, grpc, admin, shutdown).await?;
+    let listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
+    run(server, listeners, shutdown).await?;
     Ok(())
-}
-
-/// Wraps a shared (network) backend: the per-decision deadline and in-flight bound, then the
-/// local cache of rejections in front so cached answers cost no permit. The memory backend
-/// needs neither: it answers in microseconds and has no network to hang on.
-fn shared_backend(backend: Arc<dyn Limiter>, args: &ServeArgs) -> Arc<dyn Limiter> {
-    let guarded: Arc<dyn Limiter> = Arc::new(Guarded::new(
-        backend,
-        Duration::from_millis(args.backend_timeout_ms.max(1)),
-        args.backend_max_in_flight,
-    ));
-    tracing::info!(
-        deadline_ms = args.backend_timeout_ms.max(1),
-        max_in_flight = args.backend_max_in_flight,
-        on_backend_error = FailurePolicy::from(args.on_backend_error).as_str(),
-        local_cache_size = args.local_cache_size,
-        "backend guard"
-    );
-    if args.local_cache_size == 0 {
-        return guarded;
-    }
-    Arc::new(RejectionCache::new(
-        guarded,
-        Arc::new(MonotonicClock::default()),
-        args.local_cache_size,
-    ))
 }
 
 /// Registers the SIGTERM (Kubernetes) and SIGINT handlers now, and returns a future that
@@ -456,6 +365,7 @@ fn shared_backend(backend: Arc<dyn Limiter>, args: &ServeArgs) -> Arc<dyn Limite
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
+        use anyhow::Context;
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("registering SIGTERM")?;
         let mut int = signal(SignalKind::interrupt()).context("registering SIGINT")?;
@@ -472,31 +382,4 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             let _ = tokio::signal::ctrl_c().await;
         })
     }
-}
-
-/// A ratio in (0, 1].
-fn parse_ratio(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(r) if r > 0.0 && r <= 1.0 => Ok(r),
-        _ => Err(format!("{text:?} is not a ratio in (0, 1]")),
-    }
-}
-
-/// The Redis password from `--redis-password-file`, else `SLUICE_REDIS_PASSWORD`, else none
-/// (the URL's own, if any, then applies). Never logged.
-fn redis_password(file: Option<&Path>) -> anyhow::Result<Option<String>> {
-    if let Some(path) = file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading Redis password file {}", path.display()))?;
-        let password = text.trim_end_matches(['\n', '\r']).to_owned();
-        anyhow::ensure!(
-            !password.is_empty(),
-            "Redis password file {} is empty",
-            path.display()
-        );
-        return Ok(Some(password));
-    }
-    Ok(std::env::var("SLUICE_REDIS_PASSWORD")
-        .ok()
-        .filter(|p| !p.is_empty()))
 }

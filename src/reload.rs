@@ -241,12 +241,11 @@ fn report(path: &Path, poll: Poll) {
         }
         Poll::Rejected(ReloadError::Invalid(errors)) => {
             metrics::record_config_failed();
+            // Each error as `sluice check-config` and a failed start-up print it:
+            // `FILE:LINE: RULE: MESSAGE`, a parser error included.
             for error in errors.iter() {
                 tracing::error!(
-                    file = %error.file.display(),
-                    line = error.line.map_or(0, |l| l as u64),
-                    rule = %error.rule,
-                    message = %error.message,
+                    error = %error,
                     "config reload rejected; keeping the previous config"
                 );
             }
@@ -362,8 +361,22 @@ mod tests {
         assert!(engine.config().has_domain("e"));
     }
 
-    #[test]
-    fn plain_file_edits_are_seen() {
+    /// A `tracing` writer into a shared buffer, to read what `report` logs.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A plain file `d.yaml` with `limits(3)`, loaded into an engine a reloader watches.
+    fn watched_file() -> (tempfile::TempDir, PathBuf, Arc<Engine>, Reloader) {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("d.yaml");
         std::fs::write(&file, limits(3)).unwrap();
@@ -371,7 +384,42 @@ mod tests {
             Config::load(&file).unwrap(),
             Arc::new(MemoryLimiter::new(Arc::new(SystemClock))),
         ));
-        let mut reloader = Reloader::new(file.clone(), engine.clone());
+        let reloader = Reloader::new(file.clone(), engine.clone());
+        (dir, file, engine, reloader)
+    }
+
+    #[test]
+    fn a_yaml_parse_error_on_reload_is_logged_as_check_config_prints_it() {
+        let (_dir, file, engine, mut reloader) = watched_file();
+        // An unclosed flow mapping on line 4, inside descriptor `k`.
+        let broken = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute\n";
+        std::fs::write(&file, broken).unwrap();
+        let poll = reloader.poll();
+
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || report(&file, poll));
+        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+
+        // The same text `sluice check-config` prints for this file.
+        let check_config = Config::load(&file).unwrap_err().to_string();
+        let prefix = format!("{}:4: k: malformed YAML: ", file.display());
+        assert!(check_config.starts_with(&prefix), "{check_config}");
+        let line = log
+            .lines()
+            .find(|l| l.contains("config reload rejected"))
+            .unwrap_or_else(|| panic!("no rejection logged: {log}"));
+        assert!(line.ends_with(&format!("error={check_config}")), "{line}");
+        assert_eq!(limit_of(&engine), 3, "the old config keeps serving");
+    }
+
+    #[test]
+    fn plain_file_edits_are_seen() {
+        let (_dir, file, engine, mut reloader) = watched_file();
         std::fs::write(&file, limits(4)).unwrap();
         assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
         assert_eq!(limit_of(&engine), 4);

@@ -1,10 +1,13 @@
 //! Wiring: the gRPC server (RLS, health, reflection), the admin HTTP server, the backend
 //! readiness probe and graceful shutdown.
 //!
-//! Why `run` takes bound listeners and a shutdown future: tests bind port 0 and stop the server
-//! when they like; `main` binds the configured addresses and passes SIGTERM/ctrl-c.
+//! Why `run` takes bound listeners and a shutdown future: tests bind port 0
+//! ([`Listeners::loopback`]) and stop the server when they like, in process; `main` binds the
+//! configured addresses and passes SIGTERM/ctrl-c. [`crate::app::assemble`] builds the
+//! settings.
 
 use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +36,7 @@ pub const LIVENESS_SERVICE: &str = "sluice.liveness";
 pub struct ServerSettings {
     pub config: Config,
     pub limiter: Arc<dyn Limiter>,
-    /// Renders `/metrics`; `None` when no recorder is installed (e.g. in-process tests).
+    /// Renders `/metrics`; `None` when no recorder is installed ([`crate::app::install_metrics`]).
     pub metrics: Option<PrometheusHandle>,
     /// How often readiness re-probes the backend.
     pub probe_interval: Duration,
@@ -46,8 +49,56 @@ pub struct ServerSettings {
     pub on_backend_error: FailurePolicy,
 }
 
+/// The two bound sockets `run` serves on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// gRPC: RLS, health, reflection.
+    pub grpc: TcpListener,
+    /// Admin HTTP: probes, metrics, envoyproxy/ratelimit's HTTP face.
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds both addresses.
+    pub async fn bind(grpc: SocketAddr, admin: SocketAddr) -> Result<Self, ServerError> {
+        let bind = |what: &'static str, addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|error| ServerError::Bind { what, addr, error })
+        };
+        Ok(Listeners {
+            grpc: bind("gRPC", grpc).await?,
+            admin: bind("admin", admin).await?,
+        })
+    }
+
+    /// Both on ephemeral loopback ports (tests).
+    pub async fn loopback() -> Result<Self, ServerError> {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::bind(any, any).await
+    }
+
+    /// The bound gRPC address (the real port when bound to port 0).
+    pub fn grpc_addr(&self) -> std::io::Result<SocketAddr> {
+        self.grpc.local_addr()
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        self.admin.local_addr()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
+    #[error("binding {what} address {addr}: {error}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
+    #[error("reading the bound addresses: {0}")]
+    LocalAddr(std::io::Error),
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("admin server failed: {0}")]
@@ -57,13 +108,21 @@ pub enum ServerError {
 }
 
 /// Serves until `shutdown` completes, then reports NOT_SERVING, stops accepting, lets in-flight
-/// calls finish and returns.
+/// calls finish and returns. Logs the bound addresses first ("listening").
 pub async fn run(
     settings: ServerSettings,
-    grpc_listener: TcpListener,
-    admin_listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
+    tracing::info!(
+        grpc_addr = %listeners.grpc_addr().map_err(ServerError::LocalAddr)?,
+        admin_addr = %listeners.admin_addr().map_err(ServerError::LocalAddr)?,
+        "listening"
+    );
+    let Listeners {
+        grpc: grpc_listener,
+        admin: admin_listener,
+    } = listeners;
     let limiter = settings.limiter.clone();
     let observer = Arc::new(Observer::new(
         settings.metrics_settings,

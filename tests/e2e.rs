@@ -1,19 +1,19 @@
-//! End-to-end: the built `sluice` binary over real gRPC on loopback, against both backends
-//! (embedded memory, and a real `redis-server` the test starts).
+//! End-to-end: sluice in process (the production stack from `sluice::app`, served by
+//! `sluice::run` on port 0) over real gRPC and HTTP on loopback, against both backends
+//! (embedded memory, and a real `redis-server` the test starts). The binary itself is tested in
+//! `cli.rs`.
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::RedisServer;
+use helpers::{descriptor, fixture, http_get, http_request, request, test_settings};
+use helpers::{RedisServer, TestServer};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use sluice_process::{descriptor, http_get, http_request, request, Sluice};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -25,24 +25,30 @@ enum Backend {
 }
 
 struct Env {
-    sluice: Sluice,
+    sluice: TestServer,
     _redis: Option<RedisServer>,
 }
 
 fn limits() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/e2e/limits")
+    fixture("e2e/limits")
+}
+
+/// sluice with `sluice serve`'s defaults (and the test deadline) on `config`.
+fn serve(config: &Path, redis: Option<&RedisServer>) -> TestServer {
+    let url = redis.map(RedisServer::url);
+    TestServer::start(test_settings(config, url.as_deref()))
 }
 
 fn start(backend: Backend) -> Env {
     match backend {
         Backend::Memory => Env {
-            sluice: Sluice::start(&limits(), None),
+            sluice: serve(&limits(), None),
             _redis: None,
         },
         Backend::Redis => {
             let redis = RedisServer::start();
             Env {
-                sluice: Sluice::start(&limits(), Some(&redis.url())),
+                sluice: serve(&limits(), Some(&redis)),
                 _redis: Some(redis),
             }
         }
@@ -89,7 +95,7 @@ on_both_backends!(
     limit_override_wins_over_config,
     hits_addend_check_only_and_refund,
     whole_second_boundary_does_not_double_the_limit,
-    health_reports_serving_and_sigterm_drains,
+    health_reports_serving_and_shutdown_drains,
     json_api_mirrors_grpc,
 );
 
@@ -456,8 +462,10 @@ async fn whole_second_boundary_does_not_double_the_limit(backend: Backend) {
     assert_eq!(resp.overall_code, code(Code::Ok));
 }
 
-async fn health_reports_serving_and_sigterm_drains(backend: Backend) {
-    let mut env = start(backend);
+/// Health reports SERVING; the shutdown future drains and `run` returns Ok (SIGTERM, which
+/// `main` turns into that future, is tested on the binary in `cli.rs`).
+async fn health_reports_serving_and_shutdown_drains(backend: Backend) {
+    let env = start(backend);
     let mut health = HealthClient::new(env.sluice.channel().await);
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
         let status = health
@@ -470,9 +478,11 @@ async fn health_reports_serving_and_sigterm_drains(backend: Backend) {
             .status;
         assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
     }
-    let status = env.sluice.terminate();
-    assert!(status.success(), "exit status {status:?}");
-    assert!(env.sluice.log_text().contains("shutdown requested"));
+    drop(health);
+    env.sluice
+        .stop()
+        .await
+        .expect("run returns Ok after draining");
 }
 
 /// Three instances share one Redis and hammer one key concurrently: the admitted count equals
@@ -480,9 +490,7 @@ async fn health_reports_serving_and_sigterm_drains(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_share_one_redis_exactly() {
     let redis = RedisServer::start();
-    let instances: Vec<Sluice> = (0..3)
-        .map(|_| Sluice::start(&limits(), Some(&redis.url())))
-        .collect();
+    let instances: Vec<TestServer> = (0..3).map(|_| serve(&limits(), Some(&redis))).collect();
     let mut tasks = Vec::new();
     for instance in &instances {
         for _ in 0..4 {
@@ -510,78 +518,32 @@ async fn three_instances_share_one_redis_exactly() {
     assert_eq!(admitted, 20, "300 calls against a limit of 20 per hour");
 }
 
-#[test]
-fn check_config_accepts_good_and_rejects_bad() {
-    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("check-config")
-        .arg(limits())
-        .output()
-        .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    assert!(String::from_utf8_lossy(&ok.stdout).contains("edge"));
-
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("bad.yaml");
-    std::fs::write(
-        &bad,
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("check-config")
-        .arg(&bad)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("bad.yaml"), "{stderr}");
-    assert!(stderr.contains("fortnight"), "{stderr}");
-}
-
-#[test]
-fn serve_refuses_a_bad_config() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("x.yaml"), "domain: [unclosed\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("x.yaml"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_follow_the_backend() {
+    // A domain of its own: the metrics recorder is shared by every server of this test binary,
+    // and the exact count below must be this test's alone.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("admin.yaml"),
+        "domain: admin\ndescriptors:\n  - key: generic_key\n    value: demo\n    \
+         rate_limit: {unit: minute, requests_per_unit: 3}\n",
+    )
+    .unwrap();
+    let demo = || request("admin", vec![descriptor(&[("generic_key", "demo")])]);
     let mut redis = RedisServer::start();
     let env = Env {
-        sluice: Sluice::start(&limits(), Some(&redis.url())),
+        sluice: serve(dir.path(), Some(&redis)),
         _redis: None,
     };
     let admin = env.sluice.admin_addr;
     assert_eq!(http_get(admin, "/healthz").0, 200);
     assert_eq!(http_get(admin, "/readyz").0, 200);
-    call(
-        &env,
-        request("edge", vec![descriptor(&[("generic_key", "demo")])]),
-    )
-    .await;
+    call(&env, demo()).await;
     let (status, metrics) = http_get(admin, "/metrics");
     assert_eq!(status, 200);
     assert!(
         metrics.contains(
-            r#"sluice_decisions_total{domain="edge",rule="generic_key_demo",outcome="admitted"} 1"#
+            r#"sluice_decisions_total{domain="admin",rule="generic_key_demo",outcome="admitted"} 1"#
         ),
         "{metrics}"
     );
@@ -621,10 +583,7 @@ async fn admin_endpoints_follow_the_backend() {
         .sluice
         .client()
         .await
-        .should_rate_limit(request(
-            "edge",
-            vec![descriptor(&[("generic_key", "demo")])],
-        ))
+        .should_rate_limit(demo())
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
@@ -635,11 +594,7 @@ async fn admin_endpoints_follow_the_backend() {
     })
     .await;
     assert!(serving, "/readyz did not recover after Redis came back");
-    let resp = call(
-        &env,
-        request("edge", vec![descriptor(&[("generic_key", "demo")])]),
-    )
-    .await;
+    let resp = call(&env, demo()).await;
     assert_eq!(resp.overall_code, code(Code::Ok));
 }
 
@@ -658,59 +613,17 @@ where
     false
 }
 
-/// Smoke run of the load generator (issue: performance harness): it must keep working. No
-/// timing is asserted; only that both phases ran, answered, and the JSON report is complete.
-#[test]
-fn bench_harness_smoke_run() {
-    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/limits");
-    let sluice = Sluice::start(&config, None);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
-        .args(["--target", &sluice.grpc_addr.to_string()])
-        .args([
-            "--duration-secs",
-            "0.5",
-            "--concurrency",
-            "8",
-            "--connections",
-            "2",
-        ])
-        .args(["--descriptor-keys", "endpoint,user", "--json"])
-        .output()
-        .expect("run sluice-bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
-    let phases = report["phases"].as_array().expect("phases");
-    assert_eq!(phases.len(), 2);
-    assert_eq!(phases[0]["name"], "noop");
-    assert_eq!(phases[1]["name"], "target");
-    for phase in phases {
-        assert!(phase["requests"].as_u64().unwrap() > 0, "{phase}");
-        assert_eq!(phase["errors"], 0, "{phase}");
-        assert!(phase["p99_ms"].as_f64().unwrap() > 0.0);
-    }
-    assert_eq!(
-        phases[1]["over_limit"], 0,
-        "admit-heavy: limits never reached"
-    );
-    assert!(report["target_to_noop_ratio"].as_f64().unwrap() > 0.0);
-}
-
-/// Issue 7's exactness target, through the whole gRPC path: 64 concurrent callers on one key
+/// The benchmark's exactness check, through the whole gRPC path: 64 concurrent callers on one key
 /// with a limit of 10 (benches/limits `flood`) admit exactly 10, on Redis and in memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_concurrent_callers_on_one_key_admit_exactly_the_limit() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/limits");
     let redis = RedisServer::start();
-    // A generous deadline: a loaded test machine must not turn a slow call into an error here.
-    let slow_ok = ["--backend-timeout-ms", "2000"];
-    for sluice in [
-        Sluice::start_with(&config, Some(&redis.url()), &slow_ok),
-        Sluice::start_with(&config, None, &slow_ok),
-    ] {
+    for url in [Some(redis.url()), None] {
+        let mut settings = test_settings(&config, url.as_deref());
+        // A generous deadline: a loaded test machine must not turn a slow call into an error.
+        settings.backend.deadline = Duration::from_millis(2000);
+        let sluice = TestServer::start(settings);
         let mut clients = Vec::new();
         for _ in 0..4 {
             clients.push(sluice.client().await);

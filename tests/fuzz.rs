@@ -1,4 +1,4 @@
-//! The fuzz harnesses (`tests/support/fuzz_harness.rs`) run as property tests on stable Rust, for
+//! The fuzz harnesses (`tests/helpers/fuzz_harness.rs`) run as property tests on stable Rust, for
 //! a bounded number of cases, in CI. The same harnesses are cargo-fuzz targets under `fuzz/`
 //! (nightly only, not run in CI); see README.md "Fuzzing".
 //!
@@ -6,12 +6,11 @@
 //! (deleted, inserted and replaced bytes, duplicated lines), requests use the fixture's keys and
 //! values most of the time. `SLUICE_FUZZ_CASES` raises the number of cases for a longer run.
 
-#[path = "support/fuzz_harness.rs"]
-mod fuzz_harness;
+mod helpers;
 
 use std::path::{Path, PathBuf};
 
-use fuzz_harness::{
+use helpers::fuzz_harness::{
     config_loader, config_loader_from_bytes, decisions, decisions_from_bytes, descriptor_keys,
     descriptor_keys_from_bytes, KeyInput, Step, DECISION_CONFIG, VOCABULARY,
 };

@@ -1,16 +1,11 @@
-//! Response headers end to end: the built binary over real gRPC, on both backends, with exact
+//! Response headers end to end: sluice in process over real gRPC, on both backends, with exact
 //! header values for a known sequence of requests.
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
 
-use std::path::Path;
-
-use common::RedisServer;
+use helpers::{descriptor, request, test_settings, RedisServer, TestServer};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice_process::{descriptor, request, Sluice};
 
 const LIMITS: &str = r#"
 domain: hdr
@@ -35,7 +30,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
 
-async fn call(sluice: &Sluice, req: RateLimitRequest) -> (i32, Vec<(String, String)>) {
+async fn call(sluice: &TestServer, req: RateLimitRequest) -> (i32, Vec<(String, String)>) {
     let r = sluice
         .client()
         .await
@@ -62,7 +57,7 @@ async fn known_sequence(redis: Option<&RedisServer>) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("hdr.yaml"), LIMITS).unwrap();
     let url = redis.map(RedisServer::url);
-    let sluice = Sluice::start(Path::new(dir.path()), url.as_deref());
+    let sluice = TestServer::start(test_settings(dir.path(), url.as_deref()));
 
     // Two limits per request (the endpoint, and the user on it): the tighter per-user limit is
     // the one advertised, in the domain's draft format.

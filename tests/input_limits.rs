@@ -1,40 +1,32 @@
-//! Hostile input over real gRPC (and the HTTP `/json` face): every input limit answers
-//! INVALID_ARGUMENT naming the field and the flag, and records nothing; an oversized message is
-//! refused by the transport and the server keeps serving; huge `hits_addend` values are answered
-//! at once on both backends (no allocation or loop proportional to them).
+//! Hostile input over real gRPC (and the HTTP `/json` face), sluice in process: every input
+//! limit answers INVALID_ARGUMENT naming the field and the flag, and records nothing; an
+//! oversized message is refused by the transport and the server keeps serving; huge
+//! `hits_addend` values are answered at once on both backends (no allocation or loop
+//! proportional to them).
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::RedisServer;
+use helpers::{descriptor, fixture, http_request, request, test_settings};
+use helpers::{RedisServer, TestServer};
+use sluice::decision::InputLimits;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice_process::{descriptor, http_request, request, Sluice};
+use sluice::Settings;
 
 fn limits() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/e2e/limits")
+    fixture("e2e/limits")
 }
 
-/// Small limits so that each is easy to cross; one of them comes from the environment, to show
-/// the `SLUICE_*` form works too.
-const FLAGS: &[&str] = &[
-    "--max-domain-bytes",
-    "8",
-    "--max-descriptors",
-    "3",
-    "--max-entries",
-    "2",
-    "--max-key-bytes",
-    "12",
-    "--max-value-bytes",
-    "16",
-];
-const ENV: &[(&str, &str)] = &[("SLUICE_MAX_HITS_ADDEND", "10")];
+/// `sluice serve`'s defaults with `limits` (and the test deadline).
+fn settings(redis_url: Option<&str>, limits_of: impl FnOnce(&mut InputLimits)) -> Settings {
+    let mut settings = test_settings(&limits(), redis_url);
+    limits_of(&mut settings.engine.limits);
+    settings
+}
 
 /// A request whose first descriptor spends user `victim`'s quota (limit 5/minute) if recorded.
 fn with_victim(mut extra: Vec<RateLimitDescriptor>) -> RateLimitRequest {
@@ -45,7 +37,15 @@ fn with_victim(mut extra: Vec<RateLimitDescriptor>) -> RateLimitRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_limit_names_field_and_flag_and_records_nothing() {
-    let sluice = Sluice::start_with_env(&limits(), None, FLAGS, ENV);
+    // Small limits, so that each is easy to cross.
+    let sluice = TestServer::start(settings(None, |l| {
+        l.max_domain_bytes = 8;
+        l.max_descriptors = 3;
+        l.max_entries = 2;
+        l.max_key_bytes = 12;
+        l.max_value_bytes = 16;
+        l.max_hits_addend = 10;
+    }));
     let mut client = sluice.client().await;
 
     let long_value = "v".repeat(5000);
@@ -143,7 +143,7 @@ async fn every_limit_names_field_and_flag_and_records_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_message_is_refused_and_the_server_survives() {
-    let sluice = Sluice::start_with(&limits(), None, &["--max-message-bytes", "4096"]);
+    let sluice = TestServer::start(settings(None, |l| l.max_message_bytes = 4096));
     let mut client = sluice.client().await;
     // 8 KB of entries: over the transport limit, though every field is within its own limit.
     let big: Vec<_> = (0..16)
@@ -182,10 +182,8 @@ async fn oversized_message_is_refused_and_the_server_survives() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_hits_are_answered_at_once_on_both_backends() {
     let redis = RedisServer::start();
-    let max = u64::MAX.to_string();
-    let flags = ["--max-hits-addend", max.as_str()];
     for url in [None, Some(redis.url())] {
-        let sluice = Sluice::start_with(&limits(), url.as_deref(), &flags);
+        let sluice = TestServer::start(settings(url.as_deref(), |l| l.max_hits_addend = u64::MAX));
         let mut client = sluice.client().await;
         let spend = client
             .should_rate_limit(request("edge", vec![descriptor(&[("user", "big")])]))

@@ -3,27 +3,21 @@
 //! (`INFO commandstats`, `cmdstat_evalsha`), so nothing in sluice can fake the figure.
 //! `cargo test --test local_cache -- --nocapture` prints calls per 10,000 requests.
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
 
 use std::path::PathBuf;
 
-use common::RedisServer;
+use helpers::{descriptor, fixture, request, test_settings, RedisServer, TestServer};
+use sluice::limiter::redis::RedisOptions;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use sluice_process::{descriptor, request, Sluice};
 
 fn limits() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/e2e/limits")
+    fixture("e2e/limits")
 }
 
 /// Script calls Redis has executed so far.
 async fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let mut conn = redis::Client::open(redis.url())
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection");
+    let mut conn = redis.raw().await;
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)
@@ -38,7 +32,7 @@ async fn evalsha_calls(redis: &RedisServer) -> u64 {
 
 /// Sends `n` requests on the `hammer` key (limit 20 per hour) from 4 concurrent clients;
 /// returns how many were admitted.
-async fn flood(sluice: &Sluice, n: u64) -> u64 {
+async fn flood(sluice: &TestServer, n: u64) -> u64 {
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let mut client = sluice.client().await;
@@ -68,7 +62,7 @@ async fn flood(sluice: &Sluice, n: u64) -> u64 {
 async fn a_flood_on_a_rejected_key_costs_redis_o1_calls() {
     const N: u64 = 10_000;
     let redis = RedisServer::start();
-    let sluice = Sluice::start(&limits(), Some(&redis.url()));
+    let sluice = TestServer::start(test_settings(&limits(), Some(&redis.url())));
     let admitted = flood(&sluice, N).await;
     assert_eq!(admitted, 20, "limit 20 per hour");
     let calls = evalsha_calls(&redis).await;
@@ -81,11 +75,13 @@ async fn a_flood_on_a_rejected_key_costs_redis_o1_calls() {
     // Batching off too, so that concurrent requests cannot share a call and the count of calls
     // is the count of requests that reached Redis.
     let redis = RedisServer::start();
-    let sluice = Sluice::start_with(
-        &limits(),
-        Some(&redis.url()),
-        &["--local-cache-size", "0", "--redis-batch-max", "1"],
-    );
+    let mut settings = test_settings(&limits(), None);
+    settings.backend.local_cache_size = 0;
+    settings.backend.redis = Some(RedisOptions {
+        batch_max: 1,
+        ..RedisOptions::new(redis.url())
+    });
+    let sluice = TestServer::start(settings);
     assert_eq!(flood(&sluice, 400).await, 20);
     let calls = evalsha_calls(&redis).await;
     println!("local cache off: {calls} EVALSHA calls for 400 requests");

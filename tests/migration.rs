@@ -1,16 +1,17 @@
 //! The drop-in promise, end to end: a config directory written for envoyproxy/ratelimit and
 //! that service's environment variables start sluice with no sluice flag at all, and a table of
 //! requests gets the expected code, limit and remaining over gRPC and over `/json`.
+//!
+//! Black-box (the built binary): the variables are translated by `main` before its flags are
+//! parsed, and what it logs about them is part of the promise.
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
 
 use std::path::PathBuf;
 
-use common::RedisServer;
+use helpers::RedisServer;
+use helpers::{descriptor, http_get, http_request, request, Sluice};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use sluice_process::{descriptor, http_get, http_request, request, Sluice};
 
 /// One expected status: code, requests_per_unit (None: no current_limit), remaining.
 type Expect = (Code, Option<u32>, u32);

@@ -3,9 +3,9 @@
 //! `/readyz`, gRPC health and the error counters, then recovers; and 100,000 distinct per-user
 //! values leave the number of series under a fixed bound.
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
+use helpers as common;
+use helpers as sluice_process;
 
 use std::path::PathBuf;
 use std::time::Duration;

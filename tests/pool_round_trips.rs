@@ -1,14 +1,14 @@
-//! Measurement behind the connection design (issue 4, item 5): Redis commands per decision
+//! Measurement behind the connection design (docs/redis.md): Redis commands per decision
 //! with the limiter's shared multiplexed connections versus a deadpool-redis pool, counted by
 //! Redis itself (`INFO commandstats`). deadpool-redis is a dev-dependency only for this.
 //! `cargo test --test pool_round_trips -- --nocapture` prints the figures for docs/redis.md.
 
-mod common;
+mod helpers;
 
 use std::collections::BTreeMap;
 
-use common::{consume, RedisServer};
-use sluice::limiter::redis::RedisLimiter;
+use helpers::{consume, RedisServer};
+use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Hit, Limiter};
 
 const DECISIONS: u64 = 200;
@@ -63,9 +63,12 @@ fn batch(i: u64) -> Vec<Hit> {
 async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more() {
     // The limiter: warm up (script load, CLIENT SETINFO at connect), then count.
     let server = RedisServer::start();
-    let limiter = RedisLimiter::connect(&server.url(), 4)
-        .await
-        .expect("connect");
+    let limiter = RedisLimiter::connect(&RedisOptions {
+        pool_size: 4,
+        ..RedisOptions::new(server.url())
+    })
+    .await
+    .expect("connect");
     limiter.decide(&batch(0), None).await.expect("warm-up");
     let before = commandstats(&server).await;
     for i in 0..DECISIONS {

@@ -1,27 +1,23 @@
-//! Redis Cluster under change: a real 3-primary cluster (tests/common) with a primary restarted
+//! Redis Cluster under change: a real 3-primary cluster (tests/helpers) with a primary restarted
 //! and a slot migrated while traffic runs, plus the cross-slot compensation seen in the server.
 //!
 //! Exactness under change: a request that got an error may still have recorded its hits (the
 //! reply was lost), so the check is `admitted <= limit <= admitted + errors`: never more
 //! admitted than the limit, and every slot not admitted is explained by an error.
 
-mod common;
+mod helpers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{consume, RedisCluster};
-use sluice::limiter::redis::cluster::{key_slot, ClusterLimiter};
-use sluice::limiter::redis::RedisOptions;
+use helpers::limiter::cluster_limiter;
+use helpers::{consume, RedisCluster};
+use sluice::limiter::redis::cluster::key_slot;
 use sluice::limiter::{Hit, HitKind, Limiter};
 
 async fn limiter(cluster: &RedisCluster) -> Arc<dyn Limiter> {
-    Arc::new(
-        ClusterLimiter::connect(&cluster.url(), &RedisOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("connect to {}: {e}", cluster.url())),
-    )
+    Arc::new(cluster_limiter(cluster).await)
 }
 
 /// Two limiter keys whose slots live on different primaries.
@@ -84,7 +80,7 @@ async fn cross_slot_rejection_leaves_nothing_behind() {
 /// of a compensated slot report the reset of the key without their hits (a quantized log kept
 /// the reset of the bucket it had just opened), and items of a refunded key report the key
 /// after the refund (they reported it before). Found by the differential property test
-/// (tests/conformance.rs, `memory_and_redis_cluster_agree`).
+/// (tests/differential.rs, `memory_and_redis_cluster_agree`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_slot_reports_match_one_script() {
     use sluice::limiter::memory::MemoryLimiter;

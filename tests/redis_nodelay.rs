@@ -7,13 +7,13 @@
 //! reads the socket option itself: the test process's own sockets (the limiter runs
 //! in-process), duplicated through a pidfd and asked with `getsockopt`.
 
-mod common;
+mod helpers;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use common::{consume, RedisCluster, RedisServer};
-use sluice::limiter::redis::cluster::{key_slot, ClusterLimiter};
+use helpers::{consume, RedisCluster, RedisServer};
+use sluice::limiter::redis::cluster::key_slot;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::Limiter;
 
@@ -58,9 +58,12 @@ fn nodelay_by_peer(ports: &[u16]) -> Vec<(u16, bool)> {
 #[tokio::test]
 async fn standalone_connections_have_nodelay() {
     let server = RedisServer::start();
-    let limiter = RedisLimiter::connect(&server.url(), 3)
-        .await
-        .expect("connect");
+    let limiter = RedisLimiter::connect(&RedisOptions {
+        pool_size: 3,
+        ..RedisOptions::new(server.url())
+    })
+    .await
+    .expect("connect");
     for i in 0..6 {
         limiter
             .decide(&[consume(&format!("sluice:{{k{i}}}"), 10, 60_000)], None)
@@ -81,9 +84,7 @@ async fn standalone_connections_have_nodelay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_connections_have_nodelay() {
     let cluster = RedisCluster::start();
-    let limiter = ClusterLimiter::connect(&cluster.url(), &RedisOptions::default())
-        .await
-        .expect("connect");
+    let limiter = helpers::limiter::cluster_limiter(&cluster).await;
     // A key on every primary, so there is a connection to each.
     let mut by_node = BTreeMap::new();
     for i in 0..1000 {

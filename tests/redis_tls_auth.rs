@@ -1,25 +1,23 @@
 //! TLS and ACL authentication against real `redis-server` processes: certificates are made by
 //! the test with `openssl` (a private CA and a server certificate for 127.0.0.1), the ACL user
-//! is created with `--user`. Passwords reach sluice from a file or an environment variable and
-//! must never appear in its logs.
+//! is created with `--user`. TLS runs in process; the password test runs the binary, because
+//! what it checks is `main`'s: passwords reach sluice from a file or an environment variable
+//! and must never appear in its log.
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use common::RedisServer;
+use helpers::{descriptor, fixture, request, test_settings, RedisServer, Sluice, TestServer};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Hit, HitKind, Limiter, LimiterError};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use sluice_process::{descriptor, request, Sluice};
 use tempfile::TempDir;
 
 fn limits() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/e2e/limits")
+    fixture("e2e/limits")
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
@@ -106,7 +104,7 @@ fn certificates() -> TempDir {
 
 /// A redis-server with a TLS port (clients need no certificate of their own).
 fn tls_server(certs: &Path) -> (RedisServer, u16) {
-    let tls_port = common::free_port();
+    let tls_port = helpers::free_port();
     let path = |f: &str| certs.join(f).display().to_string();
     let server = RedisServer::start_with(&[
         "--tls-port".into(),
@@ -141,10 +139,10 @@ async fn rediss_with_the_ca_file_decides_and_without_it_fails() {
     let url = format!("rediss://127.0.0.1:{tls_port}/");
     let options = RedisOptions {
         ca_file: Some(certs.path().join("ca.crt")),
-        password: None,
+        ..RedisOptions::new(url.clone())
     };
     let limiter: Arc<dyn Limiter> = Arc::new(
-        RedisLimiter::connect_with(&url, &options, 2)
+        RedisLimiter::connect(&options)
             .await
             .unwrap_or_else(|e| panic!("TLS connect: {e}")),
     );
@@ -156,25 +154,27 @@ async fn rediss_with_the_ca_file_decides_and_without_it_fails() {
     assert_eq!(out.items[0].count, 1);
 
     // The test CA is not among the system roots: the certificate must be refused.
-    match RedisLimiter::connect(&url, 1).await {
+    match RedisLimiter::connect(&RedisOptions::new(url)).await {
         Err(LimiterError::Unavailable(_)) => {}
         other => panic!("untrusted certificate accepted: {other:?}"),
     }
     // Plain text to the TLS port is not Redis talking.
     let plain = format!("redis://127.0.0.1:{tls_port}/");
-    assert!(RedisLimiter::connect(&plain, 1).await.is_err());
+    assert!(RedisLimiter::connect(&RedisOptions::new(plain))
+        .await
+        .is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_serves_over_tls_with_a_ca_file() {
+async fn sluice_serves_over_tls_with_a_ca_file() {
     let certs = certificates();
     let (_server, tls_port) = tls_server(certs.path());
-    let ca = certs.path().join("ca.crt").display().to_string();
-    let sluice = Sluice::start_with(
-        &limits(),
-        Some(&format!("rediss://127.0.0.1:{tls_port}/")),
-        &["--redis-ca-file", &ca],
-    );
+    let mut settings = test_settings(&limits(), None);
+    settings.backend.redis = Some(RedisOptions {
+        ca_file: Some(certs.path().join("ca.crt")),
+        ..RedisOptions::new(format!("rediss://127.0.0.1:{tls_port}/"))
+    });
+    let sluice = TestServer::start(settings);
     let mut client = sluice.client().await;
     for expected in [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit] {
         let resp = client

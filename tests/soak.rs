@@ -16,21 +16,22 @@
 //!   checked (a paused Redis keeps its log);
 //! - after the last restart, traffic is admitted again (the instances reconnected);
 //! - each instance's resident memory at the end is close to what it was after warm-up.
+//!
+//! Black-box (two built binaries): process liveness and per-instance resident memory are
+//! properties of processes.
 
-mod common;
-#[path = "support/sluice_process.rs"]
-mod sluice_process;
+mod helpers;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::RedisServer;
+use helpers::RedisServer;
+use helpers::{descriptor, request, Sluice};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice_process::{descriptor, request, Sluice};
 use tokio::sync::Mutex;
 
 /// Concurrent callers (split across the two instances).

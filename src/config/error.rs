@@ -10,8 +10,9 @@ use std::path::PathBuf;
 /// when the line is unknown).
 ///
 /// `rule` is the config path of the descriptor concerned (`client.path`, `database_users`), or
-/// `domain` for file-level problems, `yaml` for parser errors and `config` for problems of the
-/// source itself (unreadable path, empty directory).
+/// `domain` for file-level problems and `config` for problems of the source itself (unreadable
+/// path, empty directory). A file the parser rejects names the descriptor its failing line is
+/// in, read from the indentation (`domain` outside every descriptor): see `locate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: PathBuf,

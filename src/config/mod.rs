@@ -10,15 +10,20 @@
 //! the error types. [`Config`] ties them together.
 //!
 //! Compatibility notes (envoyproxy/ratelimit's `config_impl.go`): the accepted fields are its
-//! `validKeys`; `value_to_metric` and `share_threshold` are recognised but rejected as not
-//! supported yet. Stricter than upstream on purpose: unknown fields are errors at every level,
-//! `unit`/`requests_per_unit` next to `unlimited: true` is an error (upstream ignores a stray
-//! `requests_per_unit`), and duplicate domains are always an error (no `MERGE_DOMAIN_CONFIG`).
+//! `validKeys`, all of them honoured: `share_threshold` makes every value matching the wildcard
+//! share one counter (an error on a value without `*`), `value_to_metric` names the rule's
+//! metrics by the request's values like `detailed_metric`. Files naming the same domain are
+//! merged with `LoadOptions::merge_domains` (`--merge-domain-config`, upstream's
+//! `MERGE_DOMAIN_CONFIG`; a top-level descriptor repeated across them is still an error) and
+//! rejected without it. Stricter than upstream on purpose: unknown fields are errors at every
+//! level, and `unit`/`requests_per_unit` next to `unlimited: true` is an error (upstream ignores a
+//! stray `requests_per_unit`).
 //! Wildcards: upstream only treats a value ending in `*` as a prefix pattern; here `*` anywhere
 //! in a value matches any run of characters, which agrees with upstream for every trailing-`*`
 //! value.
 
 mod error;
+mod locate;
 mod raw;
 mod tree;
 mod validate;

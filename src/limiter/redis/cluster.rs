@@ -20,7 +20,7 @@
 //!    refunds alone are probed.
 //!
 //! The outcomes are those one script call would report (the differential property test in
-//! tests/conformance.rs holds the cluster to the memory backend's reference models); where the
+//! tests/differential.rs holds the cluster to the memory backend's reference models); where the
 //! split cannot behave like one script is listed in docs/algorithms.md ("Redis Cluster").
 //!
 //! The guarantee (docs/redis.md): never over-admit, since each group checks its own limits
@@ -32,10 +32,7 @@
 //! a script call it retries after a lost reply may record twice, with the same consequence.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-
-use crate::sync::lock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
@@ -43,11 +40,12 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::connect::{cluster_client, RedisOptions};
+use super::connect::{cluster_client, RedisOptions, SettingError};
 use super::script::{
     decode_reply_with_added, invocation, undo_args, COMPENSATE, MAX_EXACT, SCRIPT,
 };
-use super::{map_error, CONNECT_TIMEOUT, PING_TIMEOUT, RECONNECT_BACKOFF, RESPONSE_TIMEOUT};
+use super::slot::{probe_within_timeout, Slot};
+use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
@@ -148,9 +146,8 @@ struct Part {
 
 pub struct ClusterLimiter {
     client: ClusterClient,
-    conn: Mutex<Option<ClusterConnection>>,
-    failed_at: Mutex<Option<Instant>>,
-    connecting: tokio::sync::Mutex<()>,
+    /// The one cluster connection (it keeps a connection per node itself).
+    conn: Slot<ClusterConnection>,
     script: Script,
     compensate: Script,
 }
@@ -162,58 +159,35 @@ impl std::fmt::Debug for ClusterLimiter {
 }
 
 impl ClusterLimiter {
-    /// Builds the client for a `redis+cluster://` setting; connects on first use.
-    pub fn open(url: &str, options: &RedisOptions) -> Result<Self, LimiterError> {
+    /// Builds the client for a `redis+cluster://` setting (`pool_size` and `batch_max` do not
+    /// apply); connects on first use. Fails only on an invalid setting.
+    pub fn open(options: &RedisOptions) -> Result<Self, SettingError> {
         Ok(ClusterLimiter {
-            client: cluster_client(url, options, CONNECT_TIMEOUT, RESPONSE_TIMEOUT)?,
-            conn: Mutex::new(None),
-            failed_at: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            client: cluster_client(options, CONNECT_TIMEOUT, RESPONSE_TIMEOUT)?,
+            conn: Slot::default(),
             script: Script::new(SCRIPT),
             compensate: Script::new(COMPENSATE),
         })
     }
 
     /// Like [`ClusterLimiter::open`] but fails unless the cluster is reachable now.
-    pub async fn connect(url: &str, options: &RedisOptions) -> Result<Self, LimiterError> {
-        let limiter = Self::open(url, options)?;
+    pub async fn connect(options: &RedisOptions) -> Result<Self, LimiterError> {
+        let limiter = Self::open(options)?;
         limiter.connection().await?;
         Ok(limiter)
     }
 
     async fn connection(&self) -> Result<ClusterConnection, LimiterError> {
-        if let Some(conn) = lock(&self.conn).clone() {
-            return Ok(conn);
-        }
-        let _connecting = self.connecting.lock().await;
-        if let Some(conn) = lock(&self.conn).clone() {
-            return Ok(conn);
-        }
-        if let Some(at) = *lock(&self.failed_at) {
-            if at.elapsed() < RECONNECT_BACKOFF {
-                return Err(LimiterError::Unavailable(
-                    "redis cluster unreachable (reconnect backing off)".into(),
-                ));
-            }
-        }
-        match self.client.get_async_connection().await {
-            Ok(conn) => {
-                *lock(&self.failed_at) = None;
-                *lock(&self.conn) = Some(conn.clone());
-                Ok(conn)
-            }
-            Err(e) => {
-                *lock(&self.failed_at) = Some(Instant::now());
-                Err(map_error(&e))
-            }
-        }
+        self.conn
+            .connection("redis cluster", || self.client.get_async_connection())
+            .await
     }
 
     /// Maps an error; the cluster connection repairs itself (slot map refresh, per-node
     /// reconnects), so it is only dropped when redis-rs says it cannot be used again.
     fn fail(&self, e: &RedisError) -> LimiterError {
         if e.is_unrecoverable_error() {
-            *lock(&self.conn) = None;
+            self.conn.disconnect();
         }
         map_error(e)
     }
@@ -432,17 +406,15 @@ impl Limiter for ClusterLimiter {
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
-        let attempt = async {
+        probe_within_timeout(async {
             let mut conn = self.connection().await?;
             let _: Value = redis::cmd("PING")
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.fail(&e))?;
             Ok(())
-        };
-        tokio::time::timeout(PING_TIMEOUT, attempt)
-            .await
-            .map_err(|_| LimiterError::Timeout(PING_TIMEOUT.as_millis() as u64))?
+        })
+        .await
     }
 
     fn backend(&self) -> &'static str {

@@ -11,7 +11,8 @@
 //!
 //! Secrets: a password in the URL works, but puts the secret on a command line or in a
 //! manifest; [`RedisOptions::password`] (from `--redis-password-file` or `SLUICE_REDIS_PASSWORD`,
-//! read by `main`) overrides it. The user name (not a secret) stays in the URL.
+//! read by [`crate::app::redis_password`]) overrides it. The user name (not a secret) stays in
+//! the URL.
 //! TLS: `rediss` verifies the server against the system roots, or only against the PEM
 //! certificates of [`RedisOptions::ca_file`] when given.
 
@@ -22,25 +23,74 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 
+use super::{DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
 use crate::limiter::LimiterError;
 
-/// How to reach Redis beyond the URL.
-#[derive(Clone, Default)]
+/// Everything that says how to reach Redis and how to use it: the one argument of every Redis
+/// backend constructor ([`super::RedisLimiter::open`], [`super::cluster::ClusterLimiter::open`]
+/// and their `connect` forms).
+#[derive(Clone)]
 pub struct RedisOptions {
+    /// One of the forms in this module's documentation; a `+cluster` scheme means a cluster.
+    pub url: String,
     /// PEM file of the CA(s) that sign the server certificate (`rediss` only).
     pub ca_file: Option<PathBuf>,
     /// Overrides the URL's password.
     pub password: Option<String>,
+    /// Connections kept open, multiplexed and used round-robin (at least 1). Standalone only:
+    /// the cluster connection keeps one per node itself.
+    pub pool_size: usize,
+    /// Concurrent decisions sent in one script call at most; 0 or 1 sends each in a call of its
+    /// own, from the caller's task. Standalone only.
+    pub batch_max: usize,
+}
+
+impl RedisOptions {
+    /// `url` with no CA file and no password override, [`DEFAULT_POOL_SIZE`] connections and
+    /// batches of up to [`DEFAULT_BATCH_MAX`].
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisOptions {
+            url: url.into(),
+            ca_file: None,
+            password: None,
+            pool_size: DEFAULT_POOL_SIZE,
+            batch_max: DEFAULT_BATCH_MAX,
+        }
+    }
+
+    /// Whether the URL names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        cluster_nodes(&self.url).is_some()
+    }
 }
 
 impl std::fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisOptions")
+            .field("url", &redact_url(&self.url))
             .field("ca_file", &self.ca_file)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("pool_size", &self.pool_size)
+            .field("batch_max", &self.batch_max)
             .finish()
     }
 }
+
+/// A Redis setting that cannot work whatever the server does: a malformed URL, an unreadable
+/// CA file. Found when the backend is built, before any connection is tried.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingError(String);
+
+impl From<SettingError> for LimiterError {
+    fn from(e: SettingError) -> Self {
+        LimiterError::Unavailable(e.0)
+    }
+}
+
+/// The URL forms accepted, as error messages show them.
+pub const URL_FORMS: &str = "redis://[user[:password]@]host:port[/db], rediss://... (TLS), \
+     redis+cluster://[user[:password]@]host1:port1,host2:port2 or rediss+cluster://... (TLS)";
 
 /// Attempts redis-rs makes for one cluster command (redirects and reconnects included).
 pub const CLUSTER_RETRIES: u32 = 8;
@@ -70,21 +120,38 @@ pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
 }
 
 /// Hides the password of any accepted Redis setting: logs and errors never carry secrets.
+/// A URL without a scheme (refused, but shown in the error) is redacted too.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (&url[..scheme.len() + 3], rest),
+        None => ("", url),
     };
     match rest.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            format!("{scheme}://{user}:***@{host}")
+            format!("{scheme}{user}:***@{host}")
         }
         None => url.to_owned(),
     }
 }
 
-fn invalid(url: &str, e: impl std::fmt::Display) -> LimiterError {
-    LimiterError::Unavailable(format!("invalid redis setting {}: {e}", redact_url(url)))
+fn invalid(url: &str, e: impl std::fmt::Display) -> SettingError {
+    SettingError(format!(
+        "invalid Redis URL {}: {e}; accepted forms: {URL_FORMS}",
+        redact_url(url)
+    ))
+}
+
+/// Refuses a URL without a scheme (`localhost:6379`) with a message that says so: redis-rs
+/// would only say that it did not parse.
+fn require_scheme(url: &str) -> Result<(), SettingError> {
+    if url.contains("://") {
+        return Ok(());
+    }
+    Err(invalid(
+        url,
+        "the scheme is missing (write redis://host:port, not host:port)",
+    ))
 }
 
 /// rustls needs a process-wide crypto provider before any TLS config is built; installing it
@@ -93,14 +160,13 @@ fn ensure_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn read_ca(options: &RedisOptions) -> Result<Option<Vec<u8>>, LimiterError> {
+fn read_ca(options: &RedisOptions) -> Result<Option<Vec<u8>>, SettingError> {
     options
         .ca_file
         .as_ref()
         .map(|path| {
-            std::fs::read(path).map_err(|e| {
-                LimiterError::Unavailable(format!("reading CA file {}: {e}", path.display()))
-            })
+            std::fs::read(path)
+                .map_err(|e| SettingError(format!("reading CA file {}: {e}", path.display())))
         })
         .transpose()
 }
@@ -125,8 +191,10 @@ fn tcp_settings() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
 }
 
-/// A standalone client for `url` (not a cluster setting).
-pub fn standalone_client(url: &str, options: &RedisOptions) -> Result<Client, LimiterError> {
+/// A standalone client for `options.url` (not a cluster setting).
+pub fn standalone_client(options: &RedisOptions) -> Result<Client, SettingError> {
+    let url = options.url.as_str();
+    require_scheme(url)?;
     ensure_crypto_provider();
     let info = with_password(
         url.into_connection_info().map_err(|e| invalid(url, e))?,
@@ -148,11 +216,12 @@ pub fn standalone_client(url: &str, options: &RedisOptions) -> Result<Client, Li
 
 /// A cluster client for a `redis+cluster://` / `rediss+cluster://` setting.
 pub fn cluster_client(
-    url: &str,
     options: &RedisOptions,
     connect_timeout: Duration,
     response_timeout: Duration,
-) -> Result<ClusterClient, LimiterError> {
+) -> Result<ClusterClient, SettingError> {
+    let url = options.url.as_str();
+    require_scheme(url)?;
     ensure_crypto_provider();
     let nodes = cluster_nodes(url)
         .ok_or_else(|| invalid(url, "not a redis+cluster:// or rediss+cluster:// URL"))?;
@@ -218,17 +287,39 @@ mod tests {
             "redis+cluster://app:***@h1:1,h2:2"
         );
         assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        assert_eq!(redact_url("app:s3cret@h:6379"), "app:***@h:6379");
         let options = RedisOptions {
-            ca_file: None,
             password: Some("s3cret".into()),
+            ..RedisOptions::new("redis://:s3cret@h:6379")
         };
         assert!(!format!("{options:?}").contains("s3cret"));
     }
 
     #[test]
     fn errors_never_carry_the_password() {
-        let err = standalone_client("redis://:s3cret@h:notaport", &RedisOptions::default())
+        let err = standalone_client(&RedisOptions::new("redis://:s3cret@h:notaport"))
             .expect_err("bad port");
         assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn a_url_without_scheme_says_so_and_shows_the_accepted_forms() {
+        for options in [
+            RedisOptions::new("localhost:6379"),
+            RedisOptions::new("app:s3cret@localhost:6379"),
+        ] {
+            let err = standalone_client(&options).expect_err("no scheme");
+            let text = err.to_string();
+            assert!(text.contains("the scheme is missing"), "{text}");
+            assert!(text.contains("redis://host:port"), "{text}");
+            assert!(text.contains(URL_FORMS), "{text}");
+            assert!(!text.contains("s3cret"), "{text}");
+            let err = cluster_client(&options, Duration::from_secs(1), Duration::from_secs(1))
+                .expect_err("no scheme");
+            assert!(err.to_string().contains("the scheme is missing"), "{err}");
+        }
+        assert!(standalone_client(&RedisOptions::new("redis://localhost:6379")).is_ok());
+        assert!(!RedisOptions::new("redis://h:1").is_cluster());
+        assert!(RedisOptions::new("rediss+cluster://h:1,h:2").is_cluster());
     }
 }

@@ -31,12 +31,12 @@ mod batch;
 pub mod cluster;
 pub mod connect;
 pub mod script;
+mod slot;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use crate::sync::lock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
@@ -45,7 +45,7 @@ use redis::{
 };
 
 use super::{BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
-pub use connect::RedisOptions;
+pub use connect::{RedisOptions, SettingError};
 use script::{decode_reply, item_args, now_arg, push_item_args, SCRIPT};
 
 /// Time allowed to establish one connection.
@@ -57,14 +57,8 @@ pub const PING_TIMEOUT: Duration = Duration::from_millis(500);
 /// Minimum spacing of reconnect attempts on one slot.
 pub const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// One round-robin slot: the current connection, if any, and when connecting last failed.
-#[derive(Default)]
-struct Slot {
-    conn: Mutex<Option<MultiplexedConnection>>,
-    failed_at: Mutex<Option<Instant>>,
-    /// Serializes reconnects of this slot so a burst of requests makes one attempt, not many.
-    connecting: tokio::sync::Mutex<()>,
-}
+/// One round-robin slot: the current connection, if any, re-established lazily.
+type Slot = slot::Slot<MultiplexedConnection>;
 
 pub struct RedisLimiter {
     shared: Arc<Shared>,
@@ -83,7 +77,6 @@ pub(super) struct Shared {
     script_decisions: AtomicU64,
     script_loads: AtomicU64,
     in_flight: AtomicU64,
-    waiting: AtomicU64,
     /// Every connection is open and the script loaded: done once, by the first readiness probe
     /// that reaches Redis, so the first decisions do not pay connects and a NOSCRIPT round trip
     /// inside their deadline.
@@ -120,51 +113,19 @@ impl std::fmt::Debug for RedisLimiter {
 /// (measured: docs/performance.md), small enough that one call stays short inside Redis.
 pub const DEFAULT_BATCH_MAX: usize = 16;
 
+/// Connections kept open by default: concurrent decisions share script calls per connection,
+/// and fewer connections make fuller calls (docs/performance.md, "Connections").
+pub const DEFAULT_POOL_SIZE: usize = 2;
+
 impl RedisLimiter {
-    /// Opens `pool_size` (at least 1) connections to `url` and fails if Redis is unreachable.
-    pub async fn connect(url: &str, pool_size: usize) -> Result<Self, LimiterError> {
-        Self::connect_with(url, &RedisOptions::default(), pool_size).await
-    }
-
-    /// [`RedisLimiter::connect`] with TLS and credential options.
-    pub async fn connect_with(
-        url: &str,
-        options: &RedisOptions,
-        pool_size: usize,
-    ) -> Result<Self, LimiterError> {
-        let limiter = Self::open_with(url, options, pool_size)?;
-        for slot in limiter.shared.slots.iter() {
-            limiter.shared.connection(slot).await?;
-        }
-        Ok(limiter)
-    }
-
-    /// Like [`RedisLimiter::connect`] but connects on first use, so a sidecar can start (and
-    /// report not-ready) while Redis is still down. Fails only on an invalid URL.
-    pub fn open(url: &str, pool_size: usize) -> Result<Self, LimiterError> {
-        Self::open_with(url, &RedisOptions::default(), pool_size)
-    }
-
-    /// [`RedisLimiter::open`] with TLS and credential options, batching up to
-    /// [`DEFAULT_BATCH_MAX`] requests per script call.
-    pub fn open_with(
-        url: &str,
-        options: &RedisOptions,
-        pool_size: usize,
-    ) -> Result<Self, LimiterError> {
-        Self::open_batched(url, options, pool_size, DEFAULT_BATCH_MAX)
-    }
-
-    /// [`RedisLimiter::open_with`] with at most `batch_max` requests per script call; 0 or 1
-    /// sends every request in a call of its own, from the caller's task.
-    pub fn open_batched(
-        url: &str,
-        options: &RedisOptions,
-        pool_size: usize,
-        batch_max: usize,
-    ) -> Result<Self, LimiterError> {
-        let client = connect::standalone_client(url, options)?;
-        let slots: Box<[Slot]> = (0..pool_size.max(1)).map(|_| Slot::default()).collect();
+    /// Builds the limiter; it connects on first use, so a sidecar can start (and report
+    /// not-ready) while Redis is still down. Fails only on an invalid setting.
+    pub fn open(options: &RedisOptions) -> Result<Self, SettingError> {
+        let client = connect::standalone_client(options)?;
+        let slots: Box<[Slot]> = (0..options.pool_size.max(1))
+            .map(|_| Slot::default())
+            .collect();
+        let batch_max = options.batch_max;
         let queues = if batch_max > 1 {
             (0..slots.len())
                 .map(|slot| batch::Queue::new(slot, batch_max))
@@ -182,11 +143,19 @@ impl RedisLimiter {
                 script_loads: AtomicU64::new(0),
                 warmed: std::sync::atomic::AtomicBool::new(false),
                 in_flight: AtomicU64::new(0),
-                waiting: AtomicU64::new(0),
             }),
             queues,
             next: AtomicUsize::new(0),
         })
+    }
+
+    /// Like [`RedisLimiter::open`], then opens every connection: fails if Redis is unreachable.
+    pub async fn connect(options: &RedisOptions) -> Result<Self, LimiterError> {
+        let limiter = Self::open(options)?;
+        for slot in limiter.shared.slots.iter() {
+            limiter.shared.connection(slot).await?;
+        }
+        Ok(limiter)
     }
 
     fn next_slot(&self) -> usize {
@@ -286,41 +255,17 @@ impl Shared {
     }
 
     async fn connection(&self, slot: &Slot) -> Result<MultiplexedConnection, LimiterError> {
-        if let Some(conn) = lock(&slot.conn).clone() {
-            return Ok(conn);
-        }
-        let _connecting = {
-            let _waiting = Gauge::enter(&self.waiting);
-            slot.connecting.lock().await
-        };
-        if let Some(conn) = lock(&slot.conn).clone() {
-            return Ok(conn);
-        }
-        if let Some(at) = *lock(&slot.failed_at) {
-            if at.elapsed() < RECONNECT_BACKOFF {
-                return Err(LimiterError::Unavailable(
-                    "redis unreachable (reconnect backing off)".into(),
-                ));
+        slot.connection("redis", || {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT));
+            async move {
+                self.client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
             }
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT));
-        match self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-        {
-            Ok(conn) => {
-                *lock(&slot.failed_at) = None;
-                *lock(&slot.conn) = Some(conn.clone());
-                Ok(conn)
-            }
-            Err(e) => {
-                *lock(&slot.failed_at) = Some(Instant::now());
-                Err(map_error(&e))
-            }
-        }
+        })
+        .await
     }
 
     /// Maps a request error and drops connections that cannot be used again. A dropped or
@@ -330,10 +275,10 @@ impl Shared {
     fn fail(&self, slot: &Slot, e: &RedisError) -> LimiterError {
         if e.is_connection_dropped() || e.is_io_error() {
             for other in self.slots.iter() {
-                *lock(&other.conn) = None;
+                other.disconnect();
             }
         } else if e.is_unrecoverable_error() {
-            *lock(&slot.conn) = None;
+            slot.disconnect();
         }
         map_error(e)
     }
@@ -369,7 +314,7 @@ impl Limiter for RedisLimiter {
     }
 
     async fn ping(&self) -> Result<(), LimiterError> {
-        let attempt = async {
+        slot::probe_within_timeout(async {
             let shared = &self.shared;
             let slot = &shared.slots[self.next_slot()];
             let mut conn = shared.connection(slot).await?;
@@ -395,10 +340,8 @@ impl Limiter for RedisLimiter {
                 shared.warm().await?;
             }
             Ok(())
-        };
-        tokio::time::timeout(PING_TIMEOUT, attempt)
-            .await
-            .map_err(|_| LimiterError::Timeout(PING_TIMEOUT.as_millis() as u64))?
+        })
+        .await
     }
 
     fn backend(&self) -> &'static str {
@@ -407,17 +350,13 @@ impl Limiter for RedisLimiter {
 
     fn stats(&self) -> Option<BackendStats> {
         let shared = &self.shared;
-        let connected = shared
-            .slots
-            .iter()
-            .filter(|slot| lock(&slot.conn).is_some())
-            .count();
+        let connected = shared.slots.iter().filter(|s| s.is_connected()).count();
         Some(BackendStats {
             script_loads: shared.script_loads.load(Ordering::Relaxed),
             connections: shared.slots.len() as u64,
             connected: connected as u64,
             in_flight: shared.in_flight.load(Ordering::Relaxed),
-            waiting: shared.waiting.load(Ordering::Relaxed),
+            waiting: shared.slots.iter().map(Slot::waiting).sum(),
             script_calls: shared.script_calls.load(Ordering::Relaxed),
             script_decisions: shared.script_decisions.load(Ordering::Relaxed),
         })

@@ -48,9 +48,9 @@
 -- - a score never goes back in time, so a step back of the clock cannot make a new entry expire
 --   before the one before it (the memory backend records at max(now, newest) too).
 --
--- Cost (instructions per request: docs/performance.md, scripts/script-cost.sh): a log key's
--- count is read once (ZCARD after the eviction) and its newest and oldest entry at most once
--- each, then kept up to date through the request's own adds and pops: an admitted single-hit
+-- Cost (instructions per request: docs/performance.md, scripts/bench/script-cost.sh): a log
+-- key's count is read once (ZCARD after the eviction) and its newest and oldest entry at most
+-- once each, then kept up to date through the request's own adds and pops: an admitted single-hit
 -- item costs ZREMRANGEBYSCORE, ZCARD, two ZRANGEs (none on an empty key), ZADD and PEXPIRE.
 -- Every closure costs an allocation per call, so the other algorithms' models are only made
 -- when a call has an item that needs them, and the per-request state is one table per item and

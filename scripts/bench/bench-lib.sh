@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Shared by the benchmark scripts (sourced, not run): a work directory, processes stopped on exit,
+# ephemeral loopback ports, a redis-server of their own, callgrind totals and Redis's own count
+# of EVALSHA calls.
+#
+# After sourcing: WORK is a fresh temporary directory; every PID appended to PIDS is killed and
+# awaited on exit (and WORK removed).
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  echo "bench-lib.sh is sourced by the other scripts in scripts/bench/, not run" >&2
+  exit 2
+fi
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_port() { # port
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on 127.0.0.1:$1" >&2; return 1
+}
+
+start_redis() { # -> sets REDIS_PORT REDIS_PID; no persistence, loopback only
+  REDIS_PORT="$(free_port)"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$WORK" --loglevel warning >"$WORK/redis-$REDIS_PORT.log" 2>&1 &
+  REDIS_PID=$!
+  PIDS+=("$REDIS_PID")
+  wait_port "$REDIS_PORT"
+}
+
+callgrind_per() { # pid divisor: dumps the process's callgrind counters (callgrind started with
+  # --callgrind-out-file="$WORK/callgrind.%p", counters zeroed before the measured work) and
+  # prints its instructions divided by divisor
+  rm -f "$WORK"/callgrind."$1".*
+  callgrind_control --dump "$1" >/dev/null 2>&1
+  local dump=""
+  for _ in $(seq 1 100); do
+    dump="$(ls "$WORK"/callgrind."$1".* 2>/dev/null | head -1)"
+    [ -n "$dump" ] && grep -q '^totals:\|^summary:' "$dump" && break
+    sleep 0.1
+  done
+  awk '/^(totals|summary):/ { print int($2 / '"$2"'); exit }' "$dump"
+}
+
+evalsha_calls() { # port: EVALSHA calls that Redis has served so far (total_commands_processed
+  # would also count the commands the script runs inside Redis, which are no round trips)
+  local calls
+  calls="$(redis-cli -p "$1" INFO commandstats | tr -d '\r' \
+    | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')"
+  echo "${calls:-0}"
+}

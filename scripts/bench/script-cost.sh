@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Instructions that redis-server executes per request of sluice's Lua script, counted by
+# valgrind's callgrind: unlike timings, the counts repeat to within ~0.5% however busy the
+# machine is, so two versions of the script can be compared on a noisy machine. Figures in
+# docs/performance.md ("Redis's side: instructions per request").
+#
+#   scripts/bench/script-cost.sh                  # the current script (from sluice-bench)
+#   scripts/bench/script-cost.sh old.lua new.lua  # A/B of script files
+#
+# Get a version's script with `target/release/sluice-bench --print-lua-script > x.lua`.
+# Scenarios, each a fixed sequence of 2,000 EVALSHA calls over 200 keys (TIME clock, limits never
+# reached), replayed once to fill the keys and once under measurement:
+#   log      one sliding-log item per call
+#   batch8   eight one-item requests per call (the batched layout), counted per request
+#   two      two sliding-log items per call (two descriptors)
+#   fixed    one fixed-window item per call
+#   empty    `return 1` and `TIME` only, for the floor of any call
+# Every process listens on 127.0.0.1 only and is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+for tool in valgrind callgrind_control redis-server redis-cli python3; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "script-cost.sh needs $tool" >&2; exit 1; }
+done
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
+
+if [ "$#" -eq 0 ]; then
+  cargo build --release --locked -p sluice-bench --bin sluice-bench -q
+  target/release/sluice-bench --print-lua-script >"$WORK/current.lua"
+  set -- "$WORK/current.lua"
+fi
+printf 'return 1' >"$WORK/return-1.lua"
+printf "redis.call('TIME') return 1" >"$WORK/time-only.lua"
+
+PORT="$(free_port)"
+valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.%p" redis-server --port "$PORT" \
+  --bind 127.0.0.1 --save "" --appendonly no --dir "$WORK" --loglevel warning \
+  >"$WORK/redis.log" 2>&1 &
+VG_PID=$!; PIDS+=("$VG_PID")
+for _ in $(seq 1 300); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sleep 0.1; done
+
+CALLS=2000
+# Writes the RESP-encoded call sequence of a scenario (same seed, same keys every time).
+commands() { # sha scenario
+  python3 - "$1" "$2" "$CALLS" <<'EOF'
+import random, sys
+sha, scenario, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rnd, out = random.Random(7), sys.stdout.buffer
+def send(args):
+    out.write(b"*%d\r\n" % len(args))
+    for a in args:
+        a = a.encode()
+        out.write(b"$%d\r\n%s\r\n" % (len(a), a))
+log = ["1000000", "3600000", "1", "c", "l", "0"]
+for _ in range(calls // 8 if scenario == "batch8" else calls):
+    key = lambda prefix, n=200: "%s:%d" % (prefix, rnd.randrange(n))
+    if scenario in ("log", "empty"):
+        send(["EVALSHA", sha, "1", key("k"), ""] + log)
+    elif scenario == "two":
+        send(["EVALSHA", sha, "2", key("e"), key("k"), ""] + log + log)
+    elif scenario == "fixed":
+        send(["EVALSHA", sha, "1", key("f"), "", "1000000", "3600000", "1", "c", "f", "0"])
+    elif scenario == "batch8":
+        keys = [key("k", 1600) for _ in range(8)]
+        send(["EVALSHA", sha, "8"] + keys + ["b", "", "8"] + ["1"] * 8 + log * 8)
+EOF
+}
+
+# Instructions per request of `scenario` for the script in `file`.
+measure() { # file scenario
+  local sha
+  sha="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$1")")"
+  commands "$sha" "$2" >"$WORK/calls.resp"
+  redis-cli -p "$PORT" FLUSHALL >/dev/null
+  redis-cli -p "$PORT" --pipe <"$WORK/calls.resp" >/dev/null
+  callgrind_control --zero "$VG_PID" >/dev/null 2>&1
+  redis-cli -p "$PORT" --pipe <"$WORK/calls.resp" >/dev/null
+  callgrind_per "$VG_PID" "$CALLS"
+}
+
+echo "instructions in redis-server per request ($CALLS requests per scenario)"
+printf '%-28s %10s\n' "floor: return 1" "$(measure "$WORK/return-1.lua" empty)"
+printf '%-28s %10s\n' "floor: TIME only" "$(measure "$WORK/time-only.lua" empty)"
+for file in "$@"; do
+  for scenario in log batch8 two fixed; do
+    printf '%-28s %10s\n' "$(basename "$file") $scenario" "$(measure "$file" "$scenario")"
+  done
+done

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Instructions that sluice executes per admit-heavy decision (Redis backend), counted by
+# valgrind's callgrind: unlike CPU times on a shared VM, the counts repeat to within about 1 %,
+# so two builds (or flag sets) can be compared on a noisy machine. Figures in
+# docs/performance.md ("Inside sluice").
+#
+#   scripts/bench/sluice-cost.sh                                   # the current release build
+#   scripts/bench/sluice-cost.sh 'old=/tmp/sluice-old' 'new=target/release/sluice'
+#
+# A variant is `label=command`: a sluice binary and any extra `serve` flags (word-split), as in
+# scripts/bench/ab.sh. Each variant runs under callgrind against its own flushed redis-server; 2,000
+# warm-up decisions (connections, script load), then counters zeroed, then 4,000 measured
+# decisions from sluice-bench (16 callers, 2 connections, 10,000 keys). Only user-space
+# instructions count: the kernel's share (syscalls, wake-ups) is not in these figures.
+# Every process listens on 127.0.0.1 only and is stopped on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+for tool in valgrind callgrind_control redis-server redis-cli python3; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "sluice-cost.sh needs $tool" >&2; exit 1; }
+done
+cargo build --release --locked -p sluice -p sluice-bench --bins -q
+[ "$#" -ge 1 ] || set -- "current=target/release/sluice"
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
+
+start_redis
+
+MEASURED=4000
+load() { # port requests
+  target/release/sluice-bench --target "127.0.0.1:$1" --no-ceiling --concurrency 16 \
+    --connections 2 --keys 10000 --descriptor-keys user --max-requests "$2" --duration-secs 120 \
+    >"$WORK/bench.out" 2>&1
+  grep -q "errors 0" "$WORK/bench.out" || { cat "$WORK/bench.out" >&2; exit 1; }
+}
+
+echo "instructions in sluice per admit-heavy decision ($MEASURED decisions per variant)"
+for variant in "$@"; do
+  label="${variant%%=*}"
+  read -ra command <<<"${variant#*=}"
+  redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
+  port="$(free_port)"; admin="$(free_port)"
+  # A generous backend deadline: under callgrind sluice runs some 50 times slower.
+  RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind.%p" \
+    "${command[@]:0:1}" serve --config benches/limits --grpc-addr "127.0.0.1:$port" \
+    --admin-addr "127.0.0.1:$admin" --redis-url "redis://127.0.0.1:$REDIS_PORT" \
+    --backend-timeout-ms 5000 "${command[@]:1}" >"$WORK/sluice.log" 2>&1 &
+  vg_pid=$!; PIDS+=("$vg_pid")
+  for _ in $(seq 1 600); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.1
+  done
+  load "$port" 2000
+  callgrind_control --zero "$vg_pid" >/dev/null 2>&1
+  load "$port" "$MEASURED"
+  printf '%-28s %10s\n' "$label" "$(callgrind_per "$vg_pid" "$MEASURED")"
+  kill "$vg_pid" 2>/dev/null || true; wait "$vg_pid" 2>/dev/null || true
+done

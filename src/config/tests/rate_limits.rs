@@ -1,0 +1,197 @@
+//! What one limit compiles to: response-header policies, algorithms, custom windows and
+//! stacked limits, and the errors (file, line, rule) of each.
+
+use super::*;
+
+#[test]
+fn response_headers_inherit_field_by_field() {
+    let yaml = "
+domain: d
+response_headers: {format: draft}
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: public
+    response_headers: {hide_remaining: true}
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 1}
+      - key: old
+        response_headers: {format: Legacy}
+        rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap();
+    let headers = |entries: &[(&str, &str)]| {
+        let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+        match config.lookup("d", &entries) {
+            Lookup::Rule { rule, .. } => rule.headers,
+            other => panic!("{other:?}"),
+        }
+    };
+    let draft = HeaderPolicy {
+        format: HeaderFormat::Draft,
+        hide_remaining: false,
+    };
+    assert_eq!(config.domain_headers("d"), draft);
+    assert_eq!(headers(&[("a", "x")]), draft);
+    assert_eq!(
+        headers(&[("public", "p"), ("user", "u")]),
+        HeaderPolicy {
+            format: HeaderFormat::Draft,
+            hide_remaining: true
+        }
+    );
+    assert_eq!(
+        headers(&[("public", "p"), ("old", "o")]),
+        HeaderPolicy {
+            format: HeaderFormat::Legacy,
+            hide_remaining: true
+        }
+    );
+    // Without the field: envoyproxy/ratelimit's behaviour, no headers.
+    let plain = Config::from_yaml_str(
+        Path::new("p.yaml"),
+        "domain: p\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    assert_eq!(plain.domain_headers("p"), HeaderPolicy::default());
+    assert_eq!(HeaderPolicy::default().format, HeaderFormat::None);
+}
+
+#[test]
+fn bad_response_headers_name_file_line_and_rule() {
+    let yaml = "
+domain: d
+response_headers: {format: rfc}
+descriptors:
+  - key: a
+    response_headers:
+      hide_remaining: true
+      colour: red
+    rate_limit: {unit: minute, requests_per_unit: 1}
+";
+    let errors = Config::from_yaml_str(Path::new("t.yaml"), yaml).unwrap_err();
+    let shown: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "t.yaml:3: domain: invalid response_headers format `rfc`: expected none, draft or legacy",
+            "t.yaml:8: a: unknown field `colour`, expected one of `format`, `hide_remaining`",
+        ]
+    );
+}
+
+#[test]
+fn algorithms_windows_and_stacked_limits_compile() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {window: 30s, requests_per_unit: 5, algorithm: gcra, burst: 10}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: quantized_log}
+  - key: c
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, name: per_second}
+      - {window: 1h, requests_per_unit: 1000, algorithm: sliding_counter}
+  - key: e
+    rate_limit: {window: 1500ms, requests_per_unit: 3, algorithm: FIXED_WINDOW}
+";
+    let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("loads");
+    let rule = |k: &str| match config.lookup("d", &[Entry::new(k, "x")]) {
+        Lookup::Rule { rule, .. } => rule.clone(),
+        other => panic!("{k}: {other:?}"),
+    };
+    let a = rule("a");
+    assert_eq!(
+        a.limit,
+        Some(LimitSpec::PerUnit {
+            requests_per_unit: 5,
+            unit: Unit::Minute
+        })
+    );
+    assert_eq!(a.limits[0].window_ms, 30_000);
+    assert_eq!(a.limits[0].algorithm, LimitAlgorithm::Gcra { burst: 10 });
+    assert_eq!(
+        rule("b").limits[0].algorithm,
+        LimitAlgorithm::QuantizedLog { quantum_ms: 1000 }
+    );
+    let c = rule("c");
+    assert_eq!(c.limits.len(), 2);
+    assert_eq!(c.name.as_deref(), Some("per_second"));
+    assert_eq!(c.limits[1].unit, Unit::Hour);
+    assert_eq!(c.limits[1].algorithm, LimitAlgorithm::SlidingCounter);
+    let e = rule("e");
+    assert_eq!(
+        (e.limits[0].unit, e.limits[0].window_ms),
+        (Unit::Second, 1500)
+    );
+    assert_eq!(e.limits[0].algorithm, LimitAlgorithm::FixedWindow);
+}
+
+#[test]
+fn nearest_unit_and_durations() {
+    assert_eq!(Unit::nearest(1_000), Unit::Second);
+    assert_eq!(Unit::nearest(1_500), Unit::Second);
+    assert_eq!(Unit::nearest(7_745), Unit::Second);
+    assert_eq!(Unit::nearest(7_746), Unit::Minute);
+    assert_eq!(Unit::nearest(30_000), Unit::Minute);
+    assert_eq!(Unit::nearest(300_000), Unit::Minute);
+    assert_eq!(Unit::nearest(3_600_000), Unit::Hour);
+    assert_eq!(Unit::nearest(365 * 86_400_000), Unit::Year);
+    assert_eq!(parse_duration_ms("1500ms"), Some(1500));
+    assert_eq!(parse_duration_ms("30s"), Some(30_000));
+    assert_eq!(parse_duration_ms("5m"), Some(300_000));
+    assert_eq!(parse_duration_ms("2d"), Some(172_800_000));
+    for bad in ["", "0s", "s", "5", "1.5s", "-1s", "5 m", "5w"] {
+        assert_eq!(parse_duration_ms(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn algorithm_errors_name_file_line_and_rule() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, window: 5s, requests_per_unit: 1}
+  - key: b
+    rate_limit: {requests_per_unit: 1, algorithm: leaky}
+  - key: c
+    rate_limit: {window: 2fortnights, requests_per_unit: 1}
+  - key: d
+    rate_limit: {unit: second, requests_per_unit: 1, burst: 5}
+  - key: e
+    rate_limit: {unit: day, requests_per_unit: 1, algorithm: quantized_log}
+  - key: f
+    rate_limit: {unit: second, requests_per_unit: 0, algorithm: gcra}
+  - key: g
+    rate_limit: {unit: second, requests_per_unit: 1}
+    rate_limits: [{unit: second, requests_per_unit: 1}]
+  - key: h
+    rate_limits: []
+  - key: i
+    rate_limits:
+      - {unlimited: true}
+";
+    let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
+    let expect = [
+        "t.yaml:4: a: `unit: second` and `window: 5s` are both set",
+        "t.yaml:6: b: `rate_limit` has no `unit` and is not `unlimited: true`",
+        "t.yaml:6: b: invalid algorithm `leaky`",
+        "t.yaml:8: c: invalid window `2fortnights`",
+        "t.yaml:10: d: `burst` applies only to `algorithm: gcra`",
+        "t.yaml:12: e: quantum of 1000 ms splits the window of 86400000 ms into more than 3600 buckets; set `quantum` to at least 24000 ms",
+        "t.yaml:14: f: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
+        "t.yaml:17: g: `rate_limit` and `rate_limits` are both set",
+        "t.yaml:19: h: `rate_limits` is empty",
+        "t.yaml:22: i: `unlimited: true` cannot be one of `rate_limits`",
+    ];
+    for e in expect {
+        assert!(
+            shown.iter().any(|s| s.starts_with(e)),
+            "missing {e:?} in {shown:#?}"
+        );
+    }
+    assert_eq!(shown.len(), expect.len(), "{shown:#?}");
+}

@@ -1,0 +1,181 @@
+//! Black-box tests of the `sluice` binary itself, as an operator runs it: what only `main`
+//! does (flags and their `SLUICE_*` variables, `--help`, the `check-config` command, start-up
+//! errors, SIGTERM, the log on stderr). Everything behind `main` runs in process in the other
+//! suites; the binary's other black-box suites are `migration` (envoyproxy/ratelimit's
+//! environment), `reload` (the reload log), `redis_tls_auth` (passwords from a file or the
+//! environment, never logged), `soak` (two processes, their memory) and `observability`.
+
+mod helpers;
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+
+use helpers::process::run_sluice;
+use helpers::{descriptor, fixture, http_request, request, Sluice};
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+fn limits() -> PathBuf {
+    fixture("e2e/limits")
+}
+
+#[test]
+fn check_config_accepts_good_and_rejects_bad() {
+    let ok = run_sluice([OsStr::new("check-config"), limits().as_os_str()], &[]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("edge"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n",
+    )
+    .unwrap();
+    let out = run_sluice([OsStr::new("check-config"), bad.as_os_str()], &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.yaml"), "{stderr}");
+    assert!(stderr.contains("fortnight"), "{stderr}");
+}
+
+/// `serve` with ephemeral ports and `extra` arguments, run to its (start-up error) exit.
+fn serve_fails(extra: &[&str]) -> String {
+    let mut args = vec![
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let out = run_sluice(&args, &[]);
+    assert!(!out.status.success(), "serve {extra:?} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn serve_refuses_a_bad_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("x.yaml"), "domain: [unclosed\n").unwrap();
+    let stderr = serve_fails(&["--config", dir.path().to_str().unwrap()]);
+    assert!(stderr.contains("x.yaml"), "{stderr}");
+}
+
+/// `host:port` is the first thing a newcomer types: the error says what is wrong and what
+/// works, and the process exits at once instead of serving without its backend.
+#[test]
+fn a_redis_url_without_scheme_is_refused_naming_the_accepted_forms() {
+    let config = limits();
+    let stderr = serve_fails(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--redis-url",
+        "localhost:6379",
+    ]);
+    assert!(stderr.contains("the scheme is missing"), "{stderr}");
+    for form in [
+        "redis://",
+        "rediss://",
+        "redis+cluster://",
+        "rediss+cluster://",
+    ] {
+        assert!(stderr.contains(form), "{form} not shown: {stderr}");
+    }
+    assert!(!stderr.contains("backend unavailable"), "{stderr}");
+}
+
+/// `serve --help` names every endpoint of the admin port, and each one answers there (a path
+/// the server does not serve answers 404, so a stale list cannot pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_names_every_admin_endpoint_and_each_answers() {
+    let out = run_sluice(["serve", "--help"], &[]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let admin = help
+        .split("--admin-addr")
+        .nth(1)
+        .and_then(|rest| rest.split("\n      --").next())
+        .expect("--admin-addr in serve --help");
+    let mut named: Vec<&str> = admin
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ':')
+        .filter(|w| w.starts_with('/') && w.len() > 1)
+        .collect();
+    named.sort_unstable();
+    assert_eq!(
+        named,
+        ["/healthz", "/json", "/metrics", "/readyz", "/rlconfig"],
+        "{admin}"
+    );
+
+    let sluice = Sluice::start(&limits(), None);
+    assert_eq!(
+        http_request(sluice.admin_addr, "GET", "/nothing-here", "").0,
+        404
+    );
+    for path in named {
+        let method = if path == "/json" { "POST" } else { "GET" };
+        let (status, body) = http_request(
+            sluice.admin_addr,
+            method,
+            path,
+            r#"{"domain":"edge","descriptors":[{"entries":[{"key":"user","value":"u"}]}]}"#,
+        );
+        assert_eq!(status, 200, "{method} {path}: {body}");
+    }
+}
+
+/// Every flag can come from its `SLUICE_*` variable (shown with one input limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_also_come_from_sluice_variables() {
+    let sluice = Sluice::start_with_env(&limits(), None, &[], &[("SLUICE_MAX_HITS_ADDEND", "10")]);
+    let mut req = request("edge", vec![descriptor(&[("user", "env")])]);
+    req.hits_addend = 11;
+    let err = sluice
+        .client()
+        .await
+        .should_rate_limit(req)
+        .await
+        .expect_err("over the limit from the environment");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert_eq!(
+        err.message(),
+        "hits_addend: 11 exceeds --max-hits-addend 10"
+    );
+}
+
+/// Kubernetes stops a pod with SIGTERM: readiness drops, in-flight calls finish, the process
+/// exits 0 and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_exits_zero() {
+    let mut sluice = Sluice::start(&limits(), None);
+    let mut client = sluice.client().await;
+    let resp = client
+        .should_rate_limit(request("edge", vec![descriptor(&[("user", "term")])]))
+        .await
+        .expect("served before SIGTERM")
+        .into_inner();
+    assert_eq!(resp.overall_code, Code::Ok as i32);
+    let mut health = HealthClient::new(sluice.channel().await);
+    let status = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health check")
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::Serving as i32);
+    drop((client, health));
+    let status = sluice.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let log = sluice.log_text();
+    assert!(log.contains("shutdown requested"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+}

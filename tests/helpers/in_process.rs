@@ -1,0 +1,135 @@
+//! sluice in the test process: the stack `sluice::app` builds from [`Settings`], served by
+//! `sluice::run` on ephemeral loopback ports and stopped through its shutdown future, the way
+//! mini-redis's tests run its server.
+//!
+//! Each [`TestServer`] runs on a runtime of its own (two worker threads, as on a small pod),
+//! not on the test's: a test that floods it, or blocks a thread on a child process, measures
+//! the server as a client would, and a synchronous test can start one too.
+//!
+//! Metrics: the Prometheus recorder is process-wide, so one is installed per test binary (on
+//! the first start) and every in-process server of that binary renders it on `/metrics`. A test
+//! that asserts an exact count must therefore use label values (a domain, a rule, a policy) no
+//! other test of its binary uses.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use sluice::app::{self, StartError};
+use sluice::limiter::redis::RedisOptions;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::{Listeners, Settings};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+/// Backend deadline of every sluice a test starts (in process or not) unless the test sets its
+/// own. The production default (10 ms) is for a quiet host; on a loaded 2-core test machine it
+/// would turn scheduler hiccups into flaky failures of tests that are not about deadlines.
+pub const TEST_BACKEND_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// `sluice serve`'s defaults for the config at `config`, on Redis at `redis_url` (memory
+/// without), with [`TEST_BACKEND_TIMEOUT`].
+pub fn test_settings(config: &Path, redis_url: Option<&str>) -> Settings {
+    let mut settings = Settings::new(config);
+    settings.backend.redis = redis_url.map(RedisOptions::new);
+    settings.backend.deadline = TEST_BACKEND_TIMEOUT;
+    settings
+}
+
+/// The test binary's one metrics recorder.
+pub fn metrics() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| app::install_metrics().expect("install the metrics recorder"))
+        .clone()
+}
+
+pub struct TestServer {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    /// What `run` returned, once it has.
+    done: Option<oneshot::Receiver<Result<(), String>>>,
+}
+
+impl TestServer {
+    /// [`TestServer::try_start`], panicking on a start-up error.
+    pub fn start(settings: Settings) -> TestServer {
+        Self::try_start(settings).unwrap_or_else(|e| panic!("sluice did not start: {e}"))
+    }
+
+    /// Builds the stack, binds 127.0.0.1:0 for both servers and serves on a runtime of its
+    /// own; returns once both listeners are bound.
+    pub fn try_start(settings: Settings) -> Result<TestServer, StartError> {
+        let server = app::assemble(settings, Some(metrics()))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (done_tx, done) = oneshot::channel();
+        let (bound_tx, bound) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("server runtime");
+            let result = runtime.block_on(async move {
+                let listeners = Listeners::loopback().await.map_err(|e| e.to_string())?;
+                let addrs = (
+                    listeners.grpc_addr().expect("gRPC address"),
+                    listeners.admin_addr().expect("admin address"),
+                );
+                let _ = bound_tx.send(addrs);
+                let shutdown = async {
+                    // A dropped sender (the test ended) stops the server too.
+                    let _ = stopped.await;
+                };
+                sluice::run(server, listeners, shutdown)
+                    .await
+                    .map_err(|e| e.to_string())
+            });
+            // Calls still running (e.g. abandoned by the guard) end with the runtime.
+            runtime.shutdown_background();
+            let _ = done_tx.send(result);
+        });
+        let (grpc_addr, admin_addr) = bound
+            .recv_timeout(Duration::from_secs(20))
+            .expect("sluice bound its listeners");
+        Ok(TestServer {
+            grpc_addr,
+            admin_addr,
+            stop: Some(stop),
+            done: Some(done),
+        })
+    }
+
+    pub async fn channel(&self) -> Channel {
+        super::grpc_channel(self.grpc_addr).await
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::new(self.channel().await)
+    }
+
+    /// Requests shutdown and waits (10 s at most) until `run` returned: NOT_SERVING, no new
+    /// connections, in-flight calls finished. Returns what `run` returned.
+    pub async fn stop(mut self) -> Result<(), String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let done = self.done.take().expect("stopped once");
+        match tokio::time::timeout(Duration::from_secs(10), done).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err("the server thread ended without a result".into()),
+            Err(_) => Err("sluice did not stop within 10 s".into()),
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
