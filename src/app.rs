@@ -194,7 +194,6 @@ pub fn install_metrics() -> Result<PrometheusHandle, StartError> {
         .set_buckets(crate::metrics::LATENCY_BUCKETS)?
         .install_recorder()?;
     crate::metrics::describe();
-    crate::metrics::describe_backend();
     Ok(handle)
 }
 

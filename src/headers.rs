@@ -165,6 +165,7 @@ mod tests {
             verdicts,
             hits: 1,
             known_domain: true,
+            backend_failed: None,
         }
     }
 

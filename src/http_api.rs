@@ -3,12 +3,15 @@
 //! `RateLimitResponse` with status 200 (OK), 429 (OVER_LIMIT), 400 (bad request) or 503
 //! (backend unavailable); `GET /rlconfig` lists the loaded rules as text.
 //!
-//! Why JSON -> proto -> domain: the gRPC adapter already owns the proto <-> domain mapping and
-//! its validation; going through the same proto types keeps one mapping, so a request means the
-//! same thing on both faces. Both lowerCamelCase and the proto's snake_case field names are
-//! accepted, and 64-bit numbers as JSON numbers or strings, as protobuf's JSON mapping allows.
+//! Why JSON -> proto -> [`crate::rls`]: the gRPC face goes through the same proto types and the
+//! same call ([`rls::should_rate_limit`]: proto <-> domain mapping, validation, the engine, the
+//! observer, the one error -> status map), so a request means the same thing on both faces and
+//! shows on the same metrics. This file only speaks JSON: both lowerCamelCase and the proto's
+//! snake_case field names are accepted, and 64-bit numbers as JSON numbers or strings, as
+//! protobuf's JSON mapping allows; the HTTP status follows the gRPC code.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -19,7 +22,8 @@ use axum::Router;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
-use crate::decision::{DecisionError, Engine};
+use crate::decision::Engine;
+use crate::metrics::Observer;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -28,47 +32,47 @@ use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::service;
+use crate::rls;
 
 /// Bodies above this are refused before parsing; a RateLimitRequest is tiny.
 const MAX_BODY_BYTES: usize = 1 << 20;
 
-pub fn router(engine: Arc<Engine>) -> Router {
+#[derive(Clone)]
+struct ApiState {
+    engine: Arc<Engine>,
+    observer: Arc<Observer>,
+}
+
+/// `/json` decides through `engine` and records each call on `observer`, as gRPC does.
+pub fn router(engine: Arc<Engine>, observer: Arc<Observer>) -> Router {
     Router::new()
         .route("/json", post(json_decision))
         .route("/rlconfig", get(rlconfig))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(engine)
+        .with_state(ApiState { engine, observer })
 }
 
-async fn rlconfig(State(engine): State<Arc<Engine>>) -> impl IntoResponse {
+async fn rlconfig(State(state): State<ApiState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        engine.config().describe(),
+        state.engine.config().describe(),
     )
 }
 
-async fn json_decision(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
-    let request: JsonRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(err) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("invalid JSON body: {err}"),
-            )
+async fn json_decision(State(state): State<ApiState>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let request = serde_json::from_slice::<JsonRequest>(&body)
+        .map_err(|err| format!("invalid JSON body: {err}"))
+        .and_then(JsonRequest::into_proto);
+    let request = match request {
+        Ok(request) => request,
+        Err(message) => {
+            state.observer.record_unmappable(started.elapsed());
+            return error(StatusCode::BAD_REQUEST, &message);
         }
     };
-    let proto = match request.into_proto() {
-        Ok(p) => p,
-        Err(err) => return error(StatusCode::BAD_REQUEST, &err),
-    };
-    let domain_request = match service::to_domain(proto) {
-        Ok(r) => r,
-        Err(invalid) => return error(StatusCode::BAD_REQUEST, &invalid.to_string()),
-    };
-    match engine.decide(&domain_request).await {
-        Ok(decision) => {
-            let response = service::to_proto(decision);
+    match rls::should_rate_limit(&state.engine, &state.observer, request).await {
+        Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
@@ -76,10 +80,16 @@ async fn json_decision(State(engine): State<Arc<Engine>>, body: Bytes) -> Respon
             };
             (status, axum::Json(response_json(&response))).into_response()
         }
-        Err(DecisionError::Invalid(invalid)) => {
-            error(StatusCode::BAD_REQUEST, &invalid.to_string())
-        }
-        Err(err) => error(StatusCode::SERVICE_UNAVAILABLE, &err.to_string()),
+        Err(status) => error(http_status(status.code()), status.message()),
+    }
+}
+
+/// The HTTP status of a gRPC error code, as envoyproxy/ratelimit's `/json` answers: 400 for a
+/// bad request, 503 when the backend could not decide.
+fn http_status(code: tonic::Code) -> StatusCode {
+    match code {
+        tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -142,6 +152,15 @@ struct JsonOverride {
     requests_per_unit: Option<u64>,
     #[serde(default)]
     unit: Option<Value>,
+}
+
+impl From<JsonEntry> for Entry {
+    fn from(entry: JsonEntry) -> Self {
+        Entry {
+            key: entry.key,
+            value: entry.value,
+        }
+    }
 }
 
 /// A protobuf JSON integer: a number or a decimal string.
@@ -217,14 +236,7 @@ impl JsonDescriptor {
             }
         };
         Ok(RateLimitDescriptor {
-            entries: self
-                .entries
-                .into_iter()
-                .map(|e| Entry {
-                    key: e.key,
-                    value: e.value,
-                })
-                .collect(),
+            entries: self.entries.into_iter().map(Entry::from).collect(),
             limit,
             hits_addend: self.hits_addend,
             is_negative_hits: self.is_negative_hits,
@@ -311,6 +323,48 @@ mod tests {
         assert_eq!(
             (limit.requests_per_unit, limit.unit),
             (3, RateLimitUnit::Hour as i32)
+        );
+    }
+
+    #[test]
+    fn rlconfig_calls_only_leaves_without_a_limit_whitelists() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: user
+    value: healthcheck
+  - key: tier
+    value: premium
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 5}
+";
+        let config =
+            crate::config::Config::from_yaml_str(std::path::Path::new("t.yaml"), yaml).unwrap();
+        let text = config.describe();
+        assert!(
+            text.contains("d.user_healthcheck: no limit (whitelist)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("d.tier_premium: no limit (nested descriptors only)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("d.tier_premium.user: unit=MINUTE requests_per_unit=5\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn errors_keep_the_grpc_code_as_an_http_status() {
+        assert_eq!(
+            http_status(tonic::Code::InvalidArgument),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            http_status(tonic::Code::Unavailable),
+            StatusCode::SERVICE_UNAVAILABLE
         );
     }
 

@@ -7,8 +7,9 @@
 //!   behind a trait; `memory`, `redis` (standalone and cluster) backends; `guard` (deadline, in-flight bound) and `cache` (local rejections) wrappers.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
-//! - [`service`]: the tonic adapter only: proto <-> domain types, errors -> gRPC status.
-//! - [`metrics`]: every metric family; [`cardinality`]: bounded window-fullness tracking.
+//! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
+//! - [`service`]: the tonic adapter only (the gRPC face).
+//! - [`metrics`]: every metric family, recorded from what the layers below return.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
 //! - [`http_api`]: envoyproxy/ratelimit's HTTP face on the admin port: POST /json, GET /rlconfig.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
@@ -22,7 +23,6 @@
 
 pub mod admin;
 pub mod app;
-pub mod cardinality;
 pub mod compat;
 pub mod config;
 pub mod decision;
@@ -34,6 +34,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod proto;
 pub mod reload;
+pub mod rls;
 pub mod server;
 pub mod service;
 pub mod sync;

@@ -181,8 +181,9 @@ pub async fn run(
         .add_service(rls)
         .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
 
-    let admin_app = admin::router(readiness.clone(), settings.metrics, observer)
-        .merge(http_api::router(engine));
+    // Both faces record every call on the one observer.
+    let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
+        .merge(http_api::router(engine, observer));
     let admin = axum::serve(admin_listener, admin_app)
         .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
         .into_future();

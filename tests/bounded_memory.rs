@@ -4,7 +4,7 @@
 //! Why its own test binary with a single test: resident memory (`VmHWM`, the peak RSS, from
 //! /proc/self/status) is per process, so no other test may run beside it. The figures it prints
 //! are kept in docs/reliability.md; metric label sets and the local cache have their own bound
-//! tests (src/cardinality.rs, src/metrics.rs, src/limiter/cache.rs).
+//! tests (src/metrics/tracker.rs, src/metrics/observer.rs, src/limiter/cache.rs).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

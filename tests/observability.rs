@@ -1,7 +1,7 @@
-//! Observability end to end: the built binary serves real traffic over gRPC, and the tests scrape
-//! `/metrics` over HTTP and check exact values, on both backends; a killed Redis shows in
-//! `/readyz`, gRPC health and the error counters, then recovers; and 100,000 distinct per-user
-//! values leave the number of series under a fixed bound.
+//! Observability end to end: the built binary serves real traffic over gRPC and `POST /json`, and
+//! the tests scrape `/metrics` over HTTP and check exact values, on both backends; both faces are
+//! recorded alike; a killed Redis shows in `/readyz`, gRPC health and the error counters, then
+//! recovers; and 100,000 distinct per-user values leave the number of series under a fixed bound.
 
 mod helpers;
 use helpers as common;
@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::RedisServer;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice_process::{descriptor, http_get, request, Sluice};
+use sluice_process::{descriptor, http_get, http_request, request, Sluice};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -233,6 +233,88 @@ async fn exact_values_after_known_traffic(backend: Backend) {
             assert!(!page.contains("sluice_backend_pool_size"));
         }
     }
+}
+
+/// `POST /json` decides through the same engine as gRPC and is recorded on the same families
+/// with the same labels; bad input on either face counts as `invalid_argument`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_decisions_are_recorded_like_grpc() {
+    let sluice = Sluice::start(&limits(), None);
+    let admin = sluice.admin_addr;
+    // client=j1, limit 7 per minute: 9 calls over /json -> 7 answered 200, 2 answered 429.
+    let body = r#"{"domain":"obs","descriptors":[{"entries":[{"key":"client","value":"j1"}]}]}"#;
+    let statuses: Vec<u16> = (0..9)
+        .map(|_| http_request(admin, "POST", "/json", body).0)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 200).count(),
+        7,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        2,
+        "{statuses:?}"
+    );
+    // The same key over gRPC: the same window, already full.
+    let j1 = || request("obs", vec![descriptor(&[("client", "j1")])]);
+    assert_eq!(decide(&sluice, j1()).await, Code::OverLimit as i32);
+
+    // Bad input: a body that is not JSON and an empty domain over /json, an unknown override
+    // unit over gRPC.
+    assert_eq!(http_request(admin, "POST", "/json", "{not json").0, 400);
+    let empty = r#"{"domain":"","descriptors":[]}"#;
+    assert_eq!(http_request(admin, "POST", "/json", empty).0, 400);
+    let mut bad_unit = j1();
+    bad_unit.descriptors[0].limit = Some(
+        sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 0,
+        },
+    );
+    let err = sluice
+        .client()
+        .await
+        .should_rate_limit(bad_unit)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+
+    let page = scrape(&sluice);
+    let v = |s: &str| value(&page, s);
+    assert_eq!(v(r#"sluice_requests_total{domain="obs",code="ok"}"#), 7.0);
+    assert_eq!(
+        v(r#"sluice_requests_total{domain="obs",code="over_limit"}"#),
+        3.0
+    );
+    assert_eq!(
+        v(r#"sluice_decisions_total{domain="obs",rule="client",outcome="admitted"}"#),
+        7.0
+    );
+    assert_eq!(
+        v(r#"sluice_decisions_total{domain="obs",rule="client",outcome="rejected"}"#),
+        3.0
+    );
+    // Default near-limit ratio 0.8: more than floor(5.6) = 5 entries after admission.
+    assert_eq!(
+        v(r#"sluice_near_limit_total{domain="obs",rule="client"}"#),
+        2.0
+    );
+    assert_eq!(v(r#"sluice_hits_total{domain="obs"}"#), 10.0);
+    assert_eq!(
+        v(r#"sluice_window_entries{domain="obs",rule="client"}"#),
+        7.0
+    );
+    assert_eq!(v(r#"sluice_window_keys{domain="obs",rule="client"}"#), 1.0);
+    assert_eq!(
+        v(r#"sluice_request_errors_total{kind="invalid_argument"}"#),
+        3.0
+    );
+    assert_eq!(v("sluice_request_duration_seconds_count"), 13.0);
+    assert_eq!(
+        v(r#"sluice_backend_call_duration_seconds_count{backend="memory"}"#),
+        10.0
+    );
 }
 
 async fn serving_status(sluice: &Sluice) -> i32 {

@@ -396,8 +396,10 @@ impl Config {
         for domain in &self.domains {
             let mut rules = Vec::new();
             domain.root.collect_rules(&mut rules);
-            for rule in rules {
+            for (rule, nested) in rules {
                 let limit = match rule.limit {
+                    // README's whitelist: a value with no limit and no nested descriptors.
+                    None if nested => "no limit (nested descriptors only)".to_owned(),
                     None => "no limit (whitelist)".to_owned(),
                     Some(LimitSpec::Unlimited) => "unlimited".to_owned(),
                     Some(LimitSpec::PerUnit {

@@ -227,10 +227,11 @@ impl Level {
         conflicts
     }
 
-    /// Every rule at this level and below, depth first in config order.
-    pub fn collect_rules<'a>(&'a self, out: &mut Vec<&'a Rule>) {
+    /// Every rule at this level and below, depth first in config order, each with whether its
+    /// descriptor has nested descriptors.
+    pub fn collect_rules<'a>(&'a self, out: &mut Vec<(&'a Rule, bool)>) {
         for node in &self.nodes {
-            out.push(&node.rule);
+            out.push((&node.rule, !node.children.nodes.is_empty()));
             node.children.collect_rules(out);
         }
     }

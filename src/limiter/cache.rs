@@ -33,6 +33,9 @@
 //!
 //! Memory is bounded by `capacity` entries: when full, expired entries are dropped, then the
 //! entry expiring soonest.
+//!
+//! A local answer says so ([`AnsweredBy::LocalCache`] in its outcome); the cache never touches
+//! metrics: the observer above it counts those answers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +45,7 @@ use crate::sync::lock;
 
 use async_trait::async_trait;
 
-use super::{BatchOutcome, Clock, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use super::{AnsweredBy, BatchOutcome, Clock, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// Default number of cached keys.
 pub const DEFAULT_CAPACITY: usize = 10_000;
@@ -129,6 +132,7 @@ impl RejectionCache {
         rejected.then_some(BatchOutcome {
             admitted: false,
             items,
+            answered_by: AnsweredBy::LocalCache,
         })
     }
 
@@ -168,7 +172,6 @@ impl RejectionCache {
         if self.capacity > 0 {
             if let Some(outcome) = self.certain_rejection(batch, sent_at) {
                 self.answered.fetch_add(1, Ordering::Relaxed);
-                crate::metrics::record_local_cache_decision();
                 return Ok(outcome);
             }
             let mut entries = lock(&self.entries);
@@ -300,6 +303,7 @@ mod tests {
             let out = cache.decide(&b, Some(T + 100 + i % 900)).await.unwrap();
             assert!(!out.admitted);
             assert_eq!(out.items[0].count, 2);
+            assert_eq!(out.answered_by, AnsweredBy::LocalCache);
         }
         assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
         assert_eq!(cache.answered_locally(), 1000);
@@ -307,7 +311,9 @@ mod tests {
         let out = cache.decide(&b, Some(T + 999)).await.unwrap();
         assert_eq!(out.items[0].reset_ms, 1);
         assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
-        assert!(cache.decide(&b, Some(T + 1000)).await.unwrap().admitted);
+        let out = cache.decide(&b, Some(T + 1000)).await.unwrap();
+        assert!(out.admitted);
+        assert_eq!(out.answered_by, AnsweredBy::Backend);
         assert_eq!(inner.calls.load(Ordering::Relaxed), 3);
     }
 

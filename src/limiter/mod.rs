@@ -86,6 +86,31 @@ pub struct BatchOutcome {
     /// Every `Consume` item passed and the batch was recorded.
     pub admitted: bool,
     pub items: Vec<KeyOutcome>,
+    /// Who answered: the backend, or a wrapper in front of it without calling it. Wrappers
+    /// report what they did here instead of calling a metrics library; the observer counts it.
+    pub answered_by: AnsweredBy,
+}
+
+impl BatchOutcome {
+    /// An outcome the backend itself decided.
+    pub fn from_backend(admitted: bool, items: Vec<KeyOutcome>) -> Self {
+        BatchOutcome {
+            admitted,
+            items,
+            answered_by: AnsweredBy::Backend,
+        }
+    }
+}
+
+/// Who answered a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AnsweredBy {
+    /// The backend decided (and recorded, when admitted).
+    #[default]
+    Backend,
+    /// The local rejection cache ([`cache`]) knew the batch is rejected and answered without
+    /// calling the backend.
+    LocalCache,
 }
 
 /// A backend's own counters and gauges, read when `/metrics` is scraped. Backends return them

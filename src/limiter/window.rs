@@ -212,7 +212,7 @@ pub fn decide_batch(
             states[slot] = state;
         }
     }
-    BatchOutcome { admitted, items }
+    BatchOutcome::from_backend(admitted, items)
 }
 
 /// Maps each batch item to a slot, one slot per distinct key, in order of first appearance.

@@ -287,10 +287,7 @@ impl ClusterLimiter {
 
     async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         if batch.is_empty() {
-            return Ok(BatchOutcome {
-                admitted: true,
-                items: Vec::new(),
-            });
+            return Ok(BatchOutcome::from_backend(true, Vec::new()));
         }
         let conn = self.connection().await?;
         let groups = slot_groups(batch);
@@ -391,7 +388,7 @@ impl ClusterLimiter {
             .into_iter()
             .collect::<Option<Vec<KeyOutcome>>>()
             .ok_or_else(|| LimiterError::Protocol("cluster batch item without outcome".into()))?;
-        Ok(BatchOutcome { admitted, items })
+        Ok(BatchOutcome::from_backend(admitted, items))
     }
 }
 

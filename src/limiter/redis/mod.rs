@@ -30,6 +30,7 @@
 mod batch;
 pub mod cluster;
 pub mod connect;
+pub mod footprint;
 pub mod script;
 mod slot;
 
@@ -164,10 +165,7 @@ impl RedisLimiter {
 
     async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         if batch.is_empty() {
-            return Ok(BatchOutcome {
-                admitted: true,
-                items: Vec::new(),
-            });
+            return Ok(BatchOutcome::from_backend(true, Vec::new()));
         }
         let slot = self.next_slot();
         match self.queues.get(slot) {

@@ -297,7 +297,7 @@ pub fn decode_reply_with_added(
     let added = (0..items.len())
         .map(|k| int(1 + 3 * items.len() + k))
         .collect::<Result<Vec<_>, LimiterError>>()?;
-    Ok((BatchOutcome { admitted, items }, added))
+    Ok((BatchOutcome::from_backend(admitted, items), added))
 }
 
 #[cfg(test)]
@@ -436,6 +436,7 @@ mod tests {
                         reset_ms: 1000
                     },
                 ],
+                answered_by: crate::limiter::AnsweredBy::Backend,
             }
         );
     }

@@ -1,0 +1,447 @@
+//! The engine: validates a request, resolves it against one config snapshot, asks the limiter
+//! once for the whole request, and turns the limiter's outcome into a verdict per descriptor.
+//!
+//! Why one limiter call per request: every limited descriptor goes in ONE batch, so the request
+//! is admitted all-or-nothing, and the config is read once, so a request never sees two config
+//! generations. When the backend fails, the failure policy answers and the decision says so
+//! ([`Decision::backend_failed`]); the engine records nothing itself.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::config::{Config, HeaderPolicy, Rule};
+use crate::limiter::{Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+
+use super::limits::{validate_with, InvalidRequest};
+use super::resolve::{resolve, Resolution};
+use super::types::{
+    wants_detailed_metric, Code, CurrentLimit, Decision, EngineOptions, FailurePolicy, Outcome,
+    Request, Verdict,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DecisionError {
+    #[error("invalid request: {0}")]
+    Invalid(#[from] InvalidRequest),
+    #[error(transparent)]
+    Backend(#[from] LimiterError),
+}
+
+/// Shared by every call of both faces; holds the current config generation and the limiter.
+pub struct Engine {
+    config: ArcSwap<Config>,
+    limiter: Arc<dyn Limiter>,
+    options: EngineOptions,
+    on_backend_error: FailurePolicy,
+}
+
+impl Engine {
+    pub fn new(config: Config, limiter: Arc<dyn Limiter>) -> Self {
+        Self::with_options(config, limiter, EngineOptions::default())
+    }
+
+    pub fn with_options(config: Config, limiter: Arc<dyn Limiter>, options: EngineOptions) -> Self {
+        Engine {
+            config: ArcSwap::from_pointee(config),
+            limiter,
+            options,
+            on_backend_error: FailurePolicy::Error,
+        }
+    }
+
+    /// Sets what a request gets when the backend fails.
+    pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.on_backend_error = policy;
+        self
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Swaps in a new config generation atomically; in-flight requests finish on the old one.
+    pub fn replace_config(&self, config: Config) {
+        self.replace_config_arc(Arc::new(config));
+    }
+
+    /// [`Engine::replace_config`] for a config already shared.
+    pub fn replace_config_arc(&self, config: Arc<Config>) {
+        self.config.store(config);
+    }
+
+    pub fn limiter(&self) -> &Arc<dyn Limiter> {
+        &self.limiter
+    }
+
+    pub async fn decide(&self, request: &Request) -> Result<Decision, DecisionError> {
+        validate_with(request, &self.options.limits)?;
+        let config = self.config.load_full();
+        let known_domain = config.has_domain(&request.domain);
+        let mut plans = resolve(&config, request, &self.options);
+
+        // The keys move into the batch (no copy); each verdict takes its key back from it, in
+        // the same order (a descriptor's limit, then its stacked limits).
+        let mut batch: Vec<Hit> = Vec::with_capacity(plans.len());
+        for plan in &mut plans {
+            if let Resolution::Limited { hit, stacked, .. } = plan {
+                for hit in std::iter::once(hit).chain(stacked.iter_mut().map(|(_, h)| h)) {
+                    batch.push(Hit {
+                        key: std::mem::take(&mut hit.key),
+                        ..*hit
+                    });
+                }
+            }
+        }
+        let hits = batch
+            .iter()
+            .filter(|h| h.kind != HitKind::Refund)
+            .fold(0u64, |acc, h| acc.saturating_add(h.hits));
+        let outcome = if batch.is_empty() {
+            None
+        } else {
+            match self.limiter.decide(&batch, None).await {
+                Ok(outcome) => Some(outcome),
+                Err(err) if self.on_backend_error == FailurePolicy::Error => return Err(err.into()),
+                Err(err) => {
+                    let policy = self.on_backend_error;
+                    tracing::debug!(error = %err, policy = policy.as_str(), "backend failed");
+                    return Ok(fallback(plans, policy, hits, known_domain));
+                }
+            }
+        };
+
+        let mut items = outcome.iter().flat_map(|o| o.items.iter());
+        let mut keys = batch.into_iter().map(|h| h.key);
+        let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
+        let mut verdicts = Vec::with_capacity(plans.len());
+        for p in plans {
+            let verdict = match p {
+                Resolution::Done(v) => v,
+                Resolution::Limited {
+                    rule,
+                    limit,
+                    hit,
+                    headers,
+                    stacked,
+                } => {
+                    let mut best: Option<Verdict> = None;
+                    for (limit, mut hit) in std::iter::once((limit, hit)).chain(stacked) {
+                        let item = items.next().ok_or_else(|| {
+                            LimiterError::Protocol("fewer outcomes than batch items".into())
+                        })?;
+                        hit.key = keys.next().unwrap_or_default();
+                        let verdict = self.verdict(rule, limit, hit, headers, item, admitted);
+                        if best.as_ref().is_none_or(|b| tighter(&verdict, b)) {
+                            best = Some(verdict);
+                        }
+                    }
+                    best.ok_or_else(|| LimiterError::Protocol("empty limit stack".into()))?
+                }
+            };
+            verdicts.push(verdict);
+        }
+        let overall = if self.options.shadow_mode {
+            Code::Ok
+        } else {
+            overall_code(&verdicts)
+        };
+        Ok(Decision {
+            overall,
+            verdicts,
+            hits,
+            known_domain,
+            backend_failed: None,
+        })
+    }
+
+    /// One limit's verdict from its item's outcome.
+    fn verdict(
+        &self,
+        rule: Option<&Rule>,
+        limit: CurrentLimit,
+        hit: Hit,
+        headers: HeaderPolicy,
+        item: &KeyOutcome,
+        admitted: bool,
+    ) -> Verdict {
+        let (code, outcome) = match (hit.kind, item.passed, admitted) {
+            (HitKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
+            (HitKind::Refund, _, false) => (Code::Ok, Outcome::NotRecorded),
+            (HitKind::Shadow, false, _) if self.options.shadow_mode => {
+                (Code::OverLimit, Outcome::ShadowRejected)
+            }
+            (HitKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
+            // quota_mode: over its own limit, but another quota descriptor let the request in.
+            (HitKind::Quota, false, true) => (Code::Ok, Outcome::QuotaExhausted),
+            (_, false, _) => (Code::OverLimit, Outcome::Rejected),
+            (_, true, true) => (Code::Ok, Outcome::Admitted),
+            (_, true, false) => (Code::Ok, Outcome::NotRecorded),
+        };
+        let remaining = hit.capacity().saturating_sub(item.count);
+        Verdict {
+            code,
+            outcome,
+            remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+            reset_ms: item.reset_ms,
+            rule: rule.map(|r| r.path.clone()),
+            window_count: item.count,
+            detailed_metric: wants_detailed_metric(rule),
+            key: Some(hit.key),
+            limit: Some(limit),
+            headers,
+        }
+    }
+}
+
+/// OVER_LIMIT when any verdict is.
+fn overall_code(verdicts: &[Verdict]) -> Code {
+    if verdicts.iter().any(|v| v.code == Code::OverLimit) {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
+}
+
+/// Whether `a` is the tighter of two stacked limits' verdicts: over the limit first, then
+/// failed in shadow mode, then fewer remaining, then the later reset.
+fn tighter(a: &Verdict, b: &Verdict) -> bool {
+    let rank = |v: &Verdict| {
+        (
+            v.code == Code::OverLimit,
+            v.outcome == Outcome::ShadowRejected,
+            std::cmp::Reverse(v.remaining),
+            v.reset_ms,
+        )
+    };
+    rank(a) > rank(b)
+}
+
+/// The decision the failure policy gives when the backend could not decide: limited descriptors
+/// get the policy's code (shadow and refund ones stay OK: they never reject); nothing is known
+/// about counts, so `remaining` is 0 and `reset_ms` 0.
+fn fallback(
+    plans: Vec<Resolution<'_>>,
+    policy: FailurePolicy,
+    hits: u64,
+    known_domain: bool,
+) -> Decision {
+    let verdicts: Vec<Verdict> = plans
+        .into_iter()
+        .map(|p| match p {
+            Resolution::Done(v) => v,
+            Resolution::Limited {
+                rule, limit, hit, ..
+            } => {
+                let (code, outcome) = match (policy, hit.kind) {
+                    (FailurePolicy::Deny, HitKind::Consume) => {
+                        (Code::OverLimit, Outcome::BackendDenied)
+                    }
+                    (FailurePolicy::Deny, _) => (Code::Ok, Outcome::BackendDenied),
+                    _ => (Code::Ok, Outcome::BackendAllowed),
+                };
+                // Nothing is known of the key's window (no count, no key for the window
+                // gauges), and no headers are advertised.
+                Verdict {
+                    code,
+                    limit: Some(limit),
+                    ..Verdict::unlimited_or_none(outcome, rule)
+                }
+            }
+        })
+        .collect();
+    Decision {
+        overall: overall_code(&verdicts),
+        verdicts,
+        hits,
+        known_domain,
+        backend_failed: Some(policy),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::test_support::{config, engine, engine_with, req, Recording, YAML};
+    use crate::limiter::{Algorithm, BatchOutcome};
+    use async_trait::async_trait;
+
+    #[tokio::test]
+    async fn global_shadow_mode_keeps_statuses_and_answers_ok() {
+        let (engine, _) = engine_with(EngineOptions {
+            shadow_mode: true,
+            ..EngineOptions::default()
+        });
+        let one = req(&[&[("user", "a")], &[("user", "b")]]);
+        for _ in 0..2 {
+            assert_eq!(engine.decide(&one).await.unwrap().overall, Code::Ok);
+        }
+        let third = engine.decide(&one).await.unwrap();
+        assert_eq!(third.overall, Code::Ok, "global shadow mode never rejects");
+        assert_eq!(third.verdicts[0].code, Code::OverLimit, "statuses are kept");
+        assert_eq!(third.verdicts[0].outcome, Outcome::ShadowRejected);
+        assert_eq!(third.verdicts[0].remaining, 0);
+    }
+
+    #[tokio::test]
+    async fn one_batch_per_request_with_every_limited_descriptor() {
+        let (engine, backend) = engine();
+        engine
+            .decide(&req(&[
+                &[("user", "a")],
+                &[("bot", "b")],
+                &[("shadow", "s")],
+            ]))
+            .await
+            .unwrap();
+        let batches = backend.batches.lock().unwrap();
+        assert_eq!(batches.len(), 1);
+        let kinds: Vec<_> = batches[0]
+            .iter()
+            .map(|h| (h.kind, h.limit, h.window_ms))
+            .collect();
+        assert_eq!(
+            kinds,
+            [(HitKind::Consume, 2, 60_000), (HitKind::Shadow, 1, 60_000)]
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_requests_never_reach_the_backend() {
+        let (engine, backend) = engine();
+        let mut bad = req(&[&[("user", "a")], &[("", "x")]]);
+        let err = engine.decide(&bad).await.unwrap_err();
+        assert!(
+            matches!(err, DecisionError::Invalid(ref e) if e.field == "descriptors[1].entries[0].key")
+        );
+        bad.domain.clear();
+        assert!(engine.decide(&bad).await.is_err());
+        assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn verdicts_report_remaining_and_rejection() {
+        let (engine, _) = engine();
+        let one = req(&[&[("user", "a")]]);
+        let first = engine.decide(&one).await.unwrap();
+        assert_eq!(
+            (first.verdicts[0].remaining, first.verdicts[0].reset_ms),
+            (1, 60_000)
+        );
+        assert_eq!(first.backend_failed, None);
+        engine.decide(&one).await.unwrap();
+        let third = engine.decide(&one).await.unwrap();
+        assert_eq!(third.overall, Code::OverLimit);
+        assert_eq!(third.verdicts[0].outcome, Outcome::Rejected);
+        assert_eq!(third.hits, 1);
+    }
+
+    #[tokio::test]
+    async fn stacked_limits_admit_only_if_all_admit_and_report_the_tightest() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, name: burst}
+      - {window: 90s, requests_per_unit: 4, algorithm: gcra, burst: 4, name: sustained}
+";
+        let limiter = Arc::new(Recording::new());
+        let engine = Engine::new(config(yaml), limiter.clone());
+        let one = req(&[&[("user", "a")]]);
+        let first = engine.decide(&one).await.unwrap();
+        let v = &first.verdicts[0];
+        // Both admit; the per-second limit has 2 left, the 90 s GCRA 3: the first is tighter.
+        assert_eq!(v.outcome, Outcome::Admitted);
+        assert_eq!(v.limit.as_ref().unwrap().name.as_deref(), Some("burst"));
+        assert_eq!(v.remaining, 2);
+        {
+            let batches = limiter.batches.lock().unwrap();
+            let keys: Vec<&str> = batches[0].iter().map(|h| h.key.as_str()).collect();
+            assert_eq!(
+                keys,
+                ["sluice:{d|user=a|1000}", "sluice:{d|user=a|90000|gcras1}"]
+            );
+            assert_eq!(batches[0][1].algorithm, Algorithm::Gcra { burst: 4 });
+        }
+        engine.decide(&one).await.unwrap();
+        engine.decide(&one).await.unwrap();
+        // The GCRA (4 per 90 s, burst 4) has one token left, the per-second limit none.
+        let fourth = engine.decide(&one).await.unwrap();
+        assert_eq!(fourth.overall, Code::OverLimit);
+        let v = &fourth.verdicts[0];
+        assert_eq!(v.outcome, Outcome::Rejected);
+        let limit = v.limit.as_ref().unwrap();
+        assert_eq!(limit.name.as_deref(), Some("burst"));
+        // Nothing was recorded on the other limit of the rejected request.
+        let probe = Hit {
+            hits: 0,
+            ..limiter.batches.lock().unwrap()[0][1].clone()
+        };
+        let out = limiter.inner.decide(&[probe], None).await.unwrap();
+        assert_eq!(out.items[0].count, 3);
+    }
+
+    /// A backend that always fails.
+    struct Down;
+
+    #[async_trait]
+    impl Limiter for Down {
+        async fn decide(&self, _: &[Hit], _: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+            Err(LimiterError::Timeout(5))
+        }
+        async fn ping(&self) -> Result<(), LimiterError> {
+            Ok(())
+        }
+        fn backend(&self) -> &'static str {
+            "down"
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_backend_is_answered_by_the_policy_and_the_decision_says_which() {
+        let request = req(&[&[("user", "a")], &[("shadow", "s")], &[("bot", "b")]]);
+        let failing =
+            |policy| Engine::new(config(YAML), Arc::new(Down)).with_failure_policy(policy);
+        let err = failing(FailurePolicy::Error).decide(&request).await;
+        assert!(matches!(
+            err,
+            Err(DecisionError::Backend(LimiterError::Timeout(5)))
+        ));
+
+        let allowed = failing(FailurePolicy::Allow)
+            .decide(&request)
+            .await
+            .unwrap();
+        assert_eq!(allowed.backend_failed, Some(FailurePolicy::Allow));
+        assert_eq!(allowed.overall, Code::Ok);
+        let outcomes: Vec<_> = allowed.verdicts.iter().map(|v| v.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [
+                Outcome::BackendAllowed,
+                Outcome::BackendAllowed,
+                Outcome::Unlimited
+            ]
+        );
+
+        let denied = failing(FailurePolicy::Deny).decide(&request).await.unwrap();
+        assert_eq!(denied.backend_failed, Some(FailurePolicy::Deny));
+        assert_eq!(denied.overall, Code::OverLimit);
+        let codes: Vec<_> = denied
+            .verdicts
+            .iter()
+            .map(|v| (v.code, v.outcome))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                (Code::OverLimit, Outcome::BackendDenied),
+                (Code::Ok, Outcome::BackendDenied),
+                (Code::Ok, Outcome::Unlimited)
+            ],
+            "a shadow limit never rejects, even under deny"
+        );
+        assert!(denied.verdicts.iter().all(|v| v.key.is_none()));
+    }
+}

@@ -1,0 +1,404 @@
+//! Rule resolution: each descriptor of a request, against one config snapshot, becomes either a
+//! verdict settled without the backend (unknown domain, no rule, whitelist, `unlimited`, a limit
+//! dropped by `replaces`) or the limits it counts against and the limiter [`Hit`]s they need.
+//!
+//! Why apart from the engine: this is the part of envoyproxy/ratelimit's semantics that needs
+//! no backend (overrides, stacked limits, shadow and quota modes, `share_threshold` keys,
+//! `replaces`), so `sluice explain` reuses it as is and cannot drift from what is served. Pure:
+//! config and request in, plans out.
+
+use std::collections::HashSet;
+
+use crate::config::{Config, HeaderPolicy, LimitAlgorithm, LimitSpec, Lookup, Rule};
+use crate::descriptor::limiter_key_tagged;
+use crate::limiter::{Algorithm, Hit, HitKind};
+
+use super::types::{CurrentLimit, Descriptor, EngineOptions, Outcome, Request, Verdict};
+
+/// The rule-driven part of one descriptor, before the backend is asked: either settled without
+/// the backend, or the limit and the limiter item it needs.
+pub enum Resolution<'c> {
+    Done(Verdict),
+    Limited {
+        rule: Option<&'c Rule>,
+        limit: CurrentLimit,
+        hit: Hit,
+        headers: HeaderPolicy,
+        /// Stacked limits after the first (`rate_limits`): each its own key; the descriptor is
+        /// admitted only if all admit, and its verdict reports the tightest.
+        stacked: Vec<(CurrentLimit, Hit)>,
+    },
+}
+
+/// Resolves every descriptor against one config snapshot: overrides, `unlimited`, whitelists and
+/// `replaces` are settled here, so only real limits reach the backend.
+pub fn resolve<'c>(
+    config: &'c Config,
+    request: &Request,
+    options: &EngineOptions,
+) -> Vec<Resolution<'c>> {
+    let known_domain = config.has_domain(&request.domain);
+    let mut plans: Vec<Resolution<'c>> = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            if known_domain {
+                resolve_descriptor(config, request, descriptor, options)
+            } else {
+                Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, None))
+            }
+        })
+        .collect();
+    drop_replaced(&mut plans);
+    plans
+}
+
+/// One descriptor of a configured domain.
+fn resolve_descriptor<'c>(
+    config: &'c Config,
+    request: &Request,
+    descriptor: &Descriptor,
+    options: &EngineOptions,
+) -> Resolution<'c> {
+    let rule = match config.lookup(&request.domain, &descriptor.entries) {
+        Lookup::Rule { rule, .. } => Some(rule),
+        Lookup::NoRule | Lookup::UnknownDomain => None,
+    };
+    let limits = match limits_of(descriptor, rule) {
+        Ok(limits) => limits,
+        Err(outcome) => return Resolution::Done(Verdict::unlimited_or_none(outcome, rule)),
+    };
+    let kind = hit_kind(descriptor, rule, options);
+    let headers = match kind {
+        HitKind::Consume | HitKind::Quota => {
+            rule.map_or_else(|| config.domain_headers(&request.domain), |r| r.headers)
+        }
+        HitKind::Shadow | HitKind::Refund => HeaderPolicy::default(),
+    };
+    let hits = descriptor.hits_addend.unwrap_or(request_hits(request));
+    let mut parts = limits
+        .into_iter()
+        .enumerate()
+        .map(|(i, (limit, algorithm))| {
+            let key = key_for(
+                options,
+                &request.domain,
+                descriptor,
+                rule,
+                limit.window_ms,
+                &key_tag(algorithm, i),
+            );
+            let hit = Hit {
+                key,
+                limit: u64::from(limit.requests_per_unit),
+                window_ms: limit.window_ms,
+                hits,
+                kind,
+                algorithm,
+            };
+            (limit, hit)
+        });
+    let Some((limit, hit)) = parts.next() else {
+        return Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, rule));
+    };
+    Resolution::Limited {
+        rule,
+        headers,
+        limit,
+        hit,
+        stacked: parts.collect(),
+    }
+}
+
+/// The request's own hits, for descriptors without theirs: `hits_addend`, 0 meaning 1.
+fn request_hits(request: &Request) -> u64 {
+    if request.hits_addend == 0 {
+        1
+    } else {
+        u64::from(request.hits_addend)
+    }
+}
+
+/// The limits a descriptor counts against, first the one it reports, or the outcome of a
+/// descriptor that counts against none (`unlimited`, a whitelist, no rule).
+fn limits_of(
+    descriptor: &Descriptor,
+    rule: Option<&Rule>,
+) -> Result<Vec<(CurrentLimit, Algorithm)>, Outcome> {
+    // An override names a count and a unit only: it counts with the sliding log.
+    if let Some(o) = descriptor.limit_override {
+        let limit = CurrentLimit {
+            requests_per_unit: o.requests_per_unit,
+            unit: o.unit,
+            name: None,
+            window_ms: o.unit.window_ms(),
+        };
+        return Ok(vec![(limit, Algorithm::SlidingLog)]);
+    }
+    let Some(rule) = rule else {
+        return Err(Outcome::NoRule);
+    };
+    match rule.limit {
+        Some(LimitSpec::PerUnit {
+            requests_per_unit,
+            unit,
+        }) if rule.limits.is_empty() => {
+            let limit = CurrentLimit {
+                requests_per_unit,
+                unit,
+                name: rule.name.clone(),
+                window_ms: unit.window_ms(),
+            };
+            Ok(vec![(limit, Algorithm::SlidingLog)])
+        }
+        Some(LimitSpec::PerUnit { .. }) => Ok(rule
+            .limits
+            .iter()
+            .map(|l| {
+                let limit = CurrentLimit {
+                    requests_per_unit: l.requests_per_unit,
+                    unit: l.unit,
+                    name: l.name.clone(),
+                    window_ms: l.window_ms,
+                };
+                (limit, algorithm_of(l.algorithm))
+            })
+            .collect()),
+        Some(LimitSpec::Unlimited) => Err(Outcome::Unlimited),
+        None => Err(Outcome::NoRule),
+    }
+}
+
+/// How the descriptor's hits treat their keys: a refund, shadow mode (global or the rule's),
+/// `quota_mode`, or plain consumption.
+fn hit_kind(descriptor: &Descriptor, rule: Option<&Rule>, options: &EngineOptions) -> HitKind {
+    if descriptor.negative {
+        HitKind::Refund
+    } else if options.shadow_mode || rule.is_some_and(|r| r.shadow_mode) {
+        HitKind::Shadow
+    } else if rule.is_some_and(|r| r.quota_mode) {
+        HitKind::Quota
+    } else {
+        HitKind::Consume
+    }
+}
+
+/// The limiter's algorithm for a configured one.
+fn algorithm_of(spec: LimitAlgorithm) -> Algorithm {
+    match spec {
+        LimitAlgorithm::SlidingLog => Algorithm::SlidingLog,
+        LimitAlgorithm::QuantizedLog { quantum_ms } => Algorithm::QuantizedLog { quantum_ms },
+        LimitAlgorithm::SlidingCounter => Algorithm::SlidingCounter,
+        LimitAlgorithm::Gcra { burst } => Algorithm::Gcra {
+            burst: u64::from(burst),
+        },
+        LimitAlgorithm::FixedWindow => Algorithm::FixedWindow,
+    }
+}
+
+/// The key tag of a descriptor's `index`-th limit: the algorithm's, then `s<index>` for stacked
+/// limits after the first, so algorithms and stacked limits never share a key.
+fn key_tag(algorithm: Algorithm, index: usize) -> String {
+    let mut tag = algorithm.key_tag();
+    if index > 0 {
+        tag.push_str(&format!("s{index}"));
+    }
+    tag
+}
+
+/// The limiter key of a limited descriptor: its own entries, except that values matched by a
+/// `share_threshold` wildcard are replaced by the wildcard, so all of them share one counter.
+/// `tag` keeps algorithms and stacked limits apart (empty for a lone sliding-log limit, whose
+/// key is what it always was).
+fn key_for(
+    options: &EngineOptions,
+    domain: &str,
+    descriptor: &Descriptor,
+    rule: Option<&Rule>,
+    window_ms: u64,
+    tag: &str,
+) -> String {
+    let shared = rule.map_or(&[][..], |r| r.shared_values.as_slice());
+    if shared.is_empty() {
+        return limiter_key_tagged(
+            &options.key_prefix,
+            domain,
+            &descriptor.entries,
+            window_ms,
+            tag,
+        );
+    }
+    let mut entries = descriptor.entries.clone();
+    for (depth, pattern) in shared {
+        if let Some(entry) = entries.get_mut(*depth) {
+            entry.value.clone_from(pattern);
+        }
+    }
+    limiter_key_tagged(&options.key_prefix, domain, &entries, window_ms, tag)
+}
+
+/// `replaces`: a limit named by another matched rule of this request is dropped (the
+/// descriptor is then settled as `no_rule`).
+fn drop_replaced(plans: &mut [Resolution<'_>]) {
+    let replaced: HashSet<&str> = plans
+        .iter()
+        .filter_map(|p| match p {
+            Resolution::Limited {
+                rule: Some(rule), ..
+            } => Some(rule.replaces.iter().map(String::as_str)),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for p in plans.iter_mut() {
+        if let Resolution::Limited {
+            rule: Some(rule),
+            limit,
+            ..
+        } = p
+        {
+            if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
+                let rule = *rule;
+                *p = Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, Some(rule)));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use crate::config::Unit;
+    use crate::decision::test_support::{config, engine, engine_with, req, FixedClock, YAML};
+    use crate::decision::{Code, Engine, LimitOverride};
+    use crate::limiter::memory::MemoryLimiter;
+
+    #[tokio::test]
+    async fn share_threshold_values_share_one_counter() {
+        let (engine, backend) = engine();
+        for (path, expected) in [
+            ("/api/a", Code::Ok),
+            ("/api/b", Code::Ok),
+            ("/api/c", Code::OverLimit),
+        ] {
+            let d = engine.decide(&req(&[&[("path", path)]])).await.unwrap();
+            assert_eq!(d.overall, expected, "{path}");
+        }
+        // Without share_threshold each value has its own counter.
+        for path in ["/web/a", "/web/b", "/web/c"] {
+            let d = engine.decide(&req(&[&[("path", path)]])).await.unwrap();
+            assert_eq!(d.overall, Code::Ok, "{path}");
+        }
+        let batches = backend.batches.lock().unwrap();
+        assert_eq!(batches[0][0].key, "sluice:{d|path=/api/*|60000}");
+        assert_eq!(batches[1][0].key, batches[0][0].key);
+        assert_ne!(batches[3][0].key, batches[4][0].key);
+    }
+
+    #[tokio::test]
+    async fn key_prefix_is_applied() {
+        let (engine, backend) = engine_with(EngineOptions {
+            key_prefix: "rl_".into(),
+            ..EngineOptions::default()
+        });
+        engine.decide(&req(&[&[("user", "a")]])).await.unwrap();
+        assert_eq!(
+            backend.batches.lock().unwrap()[0][0].key,
+            "rl_{d|user=a|60000}"
+        );
+    }
+
+    #[tokio::test]
+    async fn unlimited_whitelisted_and_unknown_never_reach_the_backend() {
+        let (engine, backend) = engine();
+        let d = engine
+            .decide(&req(&[
+                &[("bot", "x")],
+                &[("user", "trusted")],
+                &[("nope", "x")],
+            ]))
+            .await
+            .unwrap();
+        assert_eq!(d.overall, Code::Ok);
+        let outcomes: Vec<_> = d.verdicts.iter().map(|v| v.outcome).collect();
+        assert_eq!(
+            outcomes,
+            [Outcome::Unlimited, Outcome::NoRule, Outcome::NoRule]
+        );
+        let mut other = req(&[&[("user", "a")]]);
+        other.domain = "unknown".into();
+        assert!(!engine.decide(&other).await.unwrap().known_domain);
+        assert!(backend.batches.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn replaced_limit_is_not_sent() {
+        let (engine, backend) = engine();
+        let d = engine
+            .decide(&req(&[&[("user", "a")], &[("vip", "v")]]))
+            .await
+            .unwrap();
+        assert_eq!(d.verdicts[0].outcome, Outcome::NoRule);
+        assert!(d.verdicts[0].limit.is_none());
+        assert_eq!(d.verdicts[1].limit.as_ref().unwrap().requests_per_unit, 10);
+        assert_eq!(backend.batches.lock().unwrap()[0].len(), 1);
+    }
+
+    #[test]
+    fn resolve_settles_what_needs_no_backend() {
+        // `sluice explain` calls `resolve` directly, without an engine or a backend.
+        let config = config(YAML);
+        let request = req(&[&[("user", "a")], &[("vip", "v")], &[("bot", "b")]]);
+        let plans = resolve(&config, &request, &EngineOptions::default());
+        let shapes: Vec<_> = plans
+            .iter()
+            .map(|p| match p {
+                Resolution::Done(v) => (v.outcome.as_str(), None),
+                Resolution::Limited { hit, .. } => ("limited", Some(hit.key.as_str())),
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                ("no_rule", None),
+                ("limited", Some("sluice:{d|vip=v|3600000}")),
+                ("unlimited", None)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn zero_requests_per_unit_is_always_over() {
+        let (engine, _) = engine();
+        let mut r = req(&[&[("user", "z")]]);
+        r.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: Unit::Second,
+        });
+        let d = engine.decide(&r).await.unwrap();
+        assert_eq!(d.overall, Code::OverLimit);
+    }
+
+    #[tokio::test]
+    async fn custom_windows_report_the_nearest_unit_and_the_real_window() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {window: 30s, requests_per_unit: 1}
+";
+        let engine = Engine::new(
+            config(yaml),
+            Arc::new(MemoryLimiter::new(Arc::new(FixedClock(0)))),
+        );
+        let d = engine.decide(&req(&[&[("k", "v")]])).await.unwrap();
+        let limit = d.verdicts[0].limit.as_ref().unwrap();
+        assert_eq!((limit.unit, limit.window_ms), (Unit::Minute, 30_000));
+        assert_eq!(d.verdicts[0].reset_ms, 30_000);
+    }
+}

@@ -1,0 +1,272 @@
+//! The engine's vocabulary: a request in (domain, descriptors, hits), a decision out (a verdict
+//! per descriptor and why), and the options that shape both.
+//!
+//! Why a file of its own: every other part of the engine (input limits, rule resolution, the
+//! engine itself), both faces (gRPC, `/json`), the response headers and the metrics observer
+//! speak these types; keeping them apart from the logic lets each of those depend on the types
+//! without depending on one another. Plain data: no I/O, no metrics, no tonic.
+
+use crate::config::{HeaderPolicy, Rule, Unit};
+use crate::descriptor::{Entry, KEY_PREFIX};
+
+/// A limit Envoy sends inside a descriptor; it wins over the configured one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    pub entries: Vec<Entry>,
+    pub limit_override: Option<LimitOverride>,
+    /// Descriptor-level hits; `Some(0)` is a check-only probe that records nothing.
+    pub hits_addend: Option<u64>,
+    /// Give hits back instead of spending them.
+    pub negative: bool,
+}
+
+impl Descriptor {
+    pub fn new(entries: Vec<Entry>) -> Self {
+        Descriptor {
+            entries,
+            limit_override: None,
+            hits_addend: None,
+            negative: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub domain: String,
+    pub descriptors: Vec<Descriptor>,
+    /// Request-level hits; 0 means 1.
+    pub hits_addend: u32,
+}
+
+/// Bounds on what one request may carry, so that a hostile or broken client costs a bounded
+/// amount of work and memory and gets INVALID_ARGUMENT naming the limit, never a slow answer.
+///
+/// Why in the engine: both faces (gRPC and HTTP `/json`) decide through
+/// [`Engine::decide`](super::Engine::decide), so both enforce the same limits, and a request
+/// over a limit is refused before anything is recorded (the checks: [`super::validate_with`]).
+/// Each limit is a `serve` flag (and `SLUICE_*` variable); the message names the flag, as
+/// [`InputLimits::FLAGS`] spells it, so an operator knows which knob to turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLimits {
+    /// Bytes in `domain`.
+    pub max_domain_bytes: usize,
+    /// Descriptors in one request.
+    pub max_descriptors: usize,
+    /// Entries in one descriptor.
+    pub max_entries: usize,
+    /// Bytes in an entry's `key`.
+    pub max_key_bytes: usize,
+    /// Bytes in an entry's `value`.
+    pub max_value_bytes: usize,
+    /// `hits_addend` of the request or of a descriptor. The Redis backend records one member
+    /// per admitted hit, so this also bounds the work one admitted item can cost Redis.
+    pub max_hits_addend: u64,
+    /// Bytes of one encoded gRPC message (tonic's decoding limit: larger messages are refused
+    /// before they are decoded, with the transport's own status).
+    pub max_message_bytes: usize,
+}
+
+impl InputLimits {
+    /// Flag names, as `sluice serve` spells them, in field order.
+    pub const FLAGS: [&'static str; 7] = [
+        "--max-domain-bytes",
+        "--max-descriptors",
+        "--max-entries",
+        "--max-key-bytes",
+        "--max-value-bytes",
+        "--max-hits-addend",
+        "--max-message-bytes",
+    ];
+    pub const DEFAULT_MAX_DOMAIN_BYTES: usize = 256;
+    pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
+    pub const DEFAULT_MAX_ENTRIES: usize = 32;
+    pub const DEFAULT_MAX_KEY_BYTES: usize = 256;
+    pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024;
+    pub const DEFAULT_MAX_HITS_ADDEND: u64 = 100_000;
+    pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
+}
+
+impl Default for InputLimits {
+    fn default() -> Self {
+        InputLimits {
+            max_domain_bytes: Self::DEFAULT_MAX_DOMAIN_BYTES,
+            max_descriptors: Self::DEFAULT_MAX_DESCRIPTORS,
+            max_entries: Self::DEFAULT_MAX_ENTRIES,
+            max_key_bytes: Self::DEFAULT_MAX_KEY_BYTES,
+            max_value_bytes: Self::DEFAULT_MAX_VALUE_BYTES,
+            max_hits_addend: Self::DEFAULT_MAX_HITS_ADDEND,
+            max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// Process-wide switches of the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): every limit is evaluated and its
+    /// status reported as usual, but the overall code is always OK, and each limit records the
+    /// hits it would have admitted on its own.
+    pub shadow_mode: bool,
+    /// Prefix of every limiter key (`CACHE_KEY_PREFIX`).
+    pub key_prefix: String,
+    /// What one request may carry; larger requests are refused, recording nothing.
+    pub limits: InputLimits,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            shadow_mode: false,
+            key_prefix: KEY_PREFIX.to_owned(),
+            limits: InputLimits::default(),
+        }
+    }
+}
+
+/// What a request gets when the backend fails (error, deadline, overload).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Return the error (gRPC UNAVAILABLE), so Envoy's `failure_mode_deny` decides.
+    #[default]
+    Error,
+    /// Answer OK: availability over enforcement.
+    Allow,
+    /// Answer OVER_LIMIT for every enforced limited descriptor: enforcement over availability.
+    Deny,
+}
+
+impl FailurePolicy {
+    /// The policy's name, as the `--on-backend-error` flag and the metrics' `policy` label spell it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Error => "error",
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// Why a descriptor got its verdict; the metrics' `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Unknown domain, no rule, a whitelisting rule, or a limit removed by `replaces`.
+    NoRule,
+    Unlimited,
+    Admitted,
+    Rejected,
+    /// Within its own limit, but the request was rejected by another descriptor, so nothing
+    /// was recorded.
+    NotRecorded,
+    /// Over its limit in shadow mode: reported OK.
+    ShadowRejected,
+    /// A refund (is_negative_hits) applied.
+    Refunded,
+    /// A `quota_mode` limit over its own limit while another quota limit of the request admitted
+    /// it: reported OK, nothing recorded for this limit.
+    QuotaExhausted,
+    /// The backend failed and the failure policy `allow` answered OK.
+    BackendAllowed,
+    /// The backend failed and the failure policy `deny` answered OVER_LIMIT.
+    BackendDenied,
+}
+
+impl Outcome {
+    /// The outcome's name, as the metrics' `outcome` label spells it (docs/metrics.md).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::NoRule => "no_rule",
+            Outcome::Unlimited => "unlimited",
+            Outcome::Admitted => "admitted",
+            Outcome::Rejected => "rejected",
+            Outcome::NotRecorded => "not_recorded",
+            Outcome::ShadowRejected => "shadow_rejected",
+            Outcome::Refunded => "refunded",
+            Outcome::QuotaExhausted => "quota_exhausted",
+            Outcome::BackendAllowed => "backend_error_allowed",
+            Outcome::BackendDenied => "backend_error_denied",
+        }
+    }
+}
+
+/// The limit reported back to Envoy as `current_limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentLimit {
+    pub requests_per_unit: u32,
+    /// The unit reported to Envoy (for a custom window, the nearest one: [`Unit::nearest`]).
+    pub unit: Unit,
+    pub name: Option<String>,
+    /// The real window length.
+    pub window_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub code: Code,
+    pub outcome: Outcome,
+    pub limit: Option<CurrentLimit>,
+    pub remaining: u32,
+    /// Milliseconds until a slot frees (the oldest entry leaves the window).
+    pub reset_ms: u64,
+    /// Config path of the rule that matched, when one did.
+    pub rule: Option<String>,
+    /// Entries in the key's window after the decision (0 when no backend was asked).
+    pub window_count: u64,
+    /// The rule sets `detailed_metric` (or `value_to_metric`): metrics may label this verdict
+    /// with the descriptor's values (bounded by the metrics layer).
+    pub detailed_metric: bool,
+    /// The limiter key the backend was asked about, when one was.
+    pub key: Option<String>,
+    /// Response headers this verdict asks for (the default, none, for shadow-mode limits,
+    /// refunds and descriptors without a limit: they never reject, so they advertise nothing).
+    pub headers: HeaderPolicy,
+}
+
+impl Verdict {
+    /// The verdict of a descriptor settled without the backend: OK, no limit, `outcome`.
+    pub(super) fn unlimited_or_none(outcome: Outcome, rule: Option<&Rule>) -> Self {
+        Verdict {
+            code: Code::Ok,
+            outcome,
+            limit: None,
+            remaining: 0,
+            reset_ms: 0,
+            rule: rule.map(|r| r.path.clone()),
+            window_count: 0,
+            detailed_metric: wants_detailed_metric(rule),
+            key: None,
+            headers: HeaderPolicy::default(),
+        }
+    }
+}
+
+/// Whether metrics may label a verdict of `rule` with the request's values.
+pub(super) fn wants_detailed_metric(rule: Option<&Rule>) -> bool {
+    rule.is_some_and(|r| r.detailed_metric || r.value_to_metric)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub overall: Code,
+    pub verdicts: Vec<Verdict>,
+    /// Sum of the hits the request asked for across limited descriptors.
+    pub hits: u64,
+    /// The domain is in the config (metrics label it by name only then, so random domains
+    /// from clients cannot grow the series count).
+    pub known_domain: bool,
+    /// `Some(policy)` when the backend could not decide and the failure policy answered
+    /// (`allow` or `deny`; under `error` the engine returns the error instead).
+    pub backend_failed: Option<FailurePolicy>,
+}

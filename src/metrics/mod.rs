@@ -1,0 +1,57 @@
+//! Every metric family sluice exports, with bounded labels, recorded from what the lower layers
+//! return: the engine's decisions, the limiters' outcomes and stats, config loads.
+//!
+//! Why bounded: per-request values (client IPs, user ids) must never become label values, or
+//! the metrics themselves become the memory problem (envoyproxy/ratelimit users have seen it).
+//! Labels here are the domain (only when the config knows it), the rule's config path (bounded
+//! by the config), fixed enums (outcome, code, kind, policy, result), and two deliberately
+//! capped exceptions: `detailed_metric` rules ([`DETAILED_SERIES_MAX`] distinct values, the rest
+//! folded into one overflow value per rule) and the hottest keys (at most N series at any time,
+//! rendered rather than registered, so a key that cools down leaves no series behind).
+//!
+//! Why facts flow one way: the engine and the limiters never call this module; they return what
+//! happened (a decision's outcomes and failure policy, a batch's [`AnsweredBy`], a backend's
+//! stats) and the observers here record it. One file per concern:
+//! - `names`: every family's name, help text and buckets ([`describe`]);
+//! - `labels`: typed label values and the per-outcome/per-code tables of series handles;
+//! - `observer`: the [`Observer`] of requests, for the gRPC and `/json` faces alike;
+//! - `backend`: the [`ObservedLimiter`] decorator, backend up, failures and stats;
+//! - `windows` and `tracker`: window cardinality and hot keys;
+//! - `config`: config loads.
+//!
+//! docs/metrics.md lists every family; keep it in step with `names`.
+//!
+//! [`AnsweredBy`]: crate::limiter::AnsweredBy
+
+mod backend;
+mod config;
+mod labels;
+mod names;
+mod observer;
+mod tracker;
+mod windows;
+
+pub use backend::{record_backend_up, ObservedLimiter};
+pub use config::{record_config_failed, record_config_loaded};
+pub use names::*;
+pub use observer::{Observer, DETAILED_SERIES_MAX};
+pub use windows::{RECENT_INTERVAL, TRACKED_KEYS_MAX};
+
+/// Tunables of the metrics layer (flags `--near-limit-ratio`, `--hot-keys`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricsSettings {
+    /// An admitted decision is "near the limit" when it leaves the window holding more than
+    /// `floor(ratio × limit)` entries.
+    pub near_limit_ratio: f64,
+    /// How many of the hottest keys `/metrics` shows.
+    pub hot_keys: usize,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            near_limit_ratio: 0.8,
+            hot_keys: 10,
+        }
+    }
+}

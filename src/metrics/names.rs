@@ -1,0 +1,135 @@
+//! The name of every metric family sluice exports, its help text and its buckets: the one list
+//! dashboards (deploy/grafana/sluice.json) and docs/metrics.md depend on.
+//!
+//! Why one file: a family's name is a contract with whoever scrapes it; seeing them all in one
+//! place makes a rename or a duplicate obvious. Each family's labels are typed where the family
+//! is recorded (`labels.rs`).
+
+pub const REQUESTS_TOTAL: &str = "sluice_requests_total";
+pub const DECISIONS_TOTAL: &str = "sluice_decisions_total";
+pub const NEAR_LIMIT_TOTAL: &str = "sluice_near_limit_total";
+pub const HITS_TOTAL: &str = "sluice_hits_total";
+pub const REQUEST_ERRORS_TOTAL: &str = "sluice_request_errors_total";
+pub const REQUEST_DURATION_SECONDS: &str = "sluice_request_duration_seconds";
+pub const WINDOW_ENTRIES_MAX: &str = "sluice_window_entries_max";
+pub const WINDOW_ENTRIES: &str = "sluice_window_entries";
+pub const WINDOW_KEYS: &str = "sluice_window_keys";
+pub const WINDOW_UNTRACKED_TOTAL: &str = "sluice_window_untracked_observations_total";
+pub const HOT_KEY_ENTRIES: &str = "sluice_hot_key_entries";
+pub const REDIS_MEMORY_ESTIMATE_BYTES: &str = "sluice_redis_memory_estimate_bytes";
+pub const BACKEND_UP: &str = "sluice_backend_up";
+pub const BACKEND_CALL_DURATION_SECONDS: &str = "sluice_backend_call_duration_seconds";
+pub const BACKEND_ERRORS_TOTAL: &str = "sluice_backend_errors_total";
+pub const BACKEND_FAILURES_TOTAL: &str = "sluice_backend_failures_total";
+pub const LOCAL_CACHE_DECISIONS_TOTAL: &str = "sluice_local_cache_decisions_total";
+pub const BACKEND_SCRIPT_LOADS_TOTAL: &str = "sluice_backend_script_loads_total";
+pub const BACKEND_POOL_SIZE: &str = "sluice_backend_pool_size";
+pub const BACKEND_POOL_CONNECTED: &str = "sluice_backend_pool_connected";
+pub const BACKEND_IN_FLIGHT: &str = "sluice_backend_in_flight";
+pub const BACKEND_WAITING: &str = "sluice_backend_waiting";
+pub const BACKEND_SCRIPT_CALLS_TOTAL: &str = "sluice_backend_script_calls_total";
+pub const BACKEND_SCRIPT_DECISIONS_TOTAL: &str = "sluice_backend_script_decisions_total";
+pub const CONFIG_LOADS_TOTAL: &str = "sluice_config_loads_total";
+pub const CONFIG_RULES: &str = "sluice_config_rules";
+pub const CONFIG_DOMAINS: &str = "sluice_config_domains";
+pub const CONFIG_LAST_SUCCESS_TIMESTAMP_SECONDS: &str =
+    "sluice_config_last_success_timestamp_seconds";
+
+/// Latency buckets from 100 µs to 100 ms: Envoy's filter gives up at 20 ms by default.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1,
+];
+
+/// Help text (and unit) of every registered family. `sluice_hot_key_entries` is rendered by
+/// hand at each scrape (see `windows.rs`) and carries its own help line.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "ShouldRateLimit calls (gRPC and POST /json) by domain and overall code"
+    );
+    describe_counter!(
+        DECISIONS_TOTAL,
+        "Descriptor verdicts by domain, rule (config path) and outcome"
+    );
+    describe_counter!(
+        NEAR_LIMIT_TOTAL,
+        "Admitted descriptor verdicts that left the window above the near-limit ratio"
+    );
+    describe_counter!(HITS_TOTAL, "Hits asked for (sum of hits_addend) by domain");
+    describe_counter!(
+        REQUEST_ERRORS_TOTAL,
+        "ShouldRateLimit calls answered with an error, by kind"
+    );
+    describe_histogram!(
+        REQUEST_DURATION_SECONDS,
+        Unit::Seconds,
+        "ShouldRateLimit handling time"
+    );
+    describe_gauge!(
+        WINDOW_ENTRIES_MAX,
+        "Largest window (entries) returned by a decision in the last 10 to 20 s, by rule"
+    );
+    describe_gauge!(
+        WINDOW_ENTRIES,
+        "Entries in the live windows of the keys this instance tracks, by rule (upper bound)"
+    );
+    describe_gauge!(WINDOW_KEYS, "Live keys this instance tracks, by rule");
+    describe_counter!(
+        WINDOW_UNTRACKED_TOTAL,
+        "Window observations not tracked because the key tracker was full"
+    );
+    describe_gauge!(
+        REDIS_MEMORY_ESTIMATE_BYTES,
+        Unit::Bytes,
+        "Estimated Redis memory of the live windows this instance tracks"
+    );
+    describe_gauge!(BACKEND_UP, "1 when the last backend probe succeeded");
+    describe_histogram!(
+        BACKEND_CALL_DURATION_SECONDS,
+        Unit::Seconds,
+        "Backend decision call time"
+    );
+    describe_counter!(
+        BACKEND_ERRORS_TOTAL,
+        "Backend decision calls that failed, by kind"
+    );
+    describe_counter!(
+        BACKEND_FAILURES_TOTAL,
+        "Requests the backend could not decide (error, deadline, overload), by the failure policy that answered"
+    );
+    describe_counter!(
+        LOCAL_CACHE_DECISIONS_TOTAL,
+        "Requests rejected by the local cache of keys known to be over their limit, without a backend call"
+    );
+    describe_counter!(
+        BACKEND_SCRIPT_LOADS_TOTAL,
+        "Lua script loads after NOSCRIPT (Redis restart, failover, SCRIPT FLUSH)"
+    );
+    describe_gauge!(BACKEND_POOL_SIZE, "Backend connections kept (round-robin)");
+    describe_gauge!(BACKEND_POOL_CONNECTED, "Backend connections established");
+    describe_gauge!(
+        BACKEND_IN_FLIGHT,
+        "Backend calls sent, awaiting their reply"
+    );
+    describe_gauge!(
+        BACKEND_WAITING,
+        "Backend calls waiting for a connection to be established"
+    );
+    describe_counter!(
+        BACKEND_SCRIPT_CALLS_TOTAL,
+        "Redis script calls sent (one carries several decisions when batched)"
+    );
+    describe_counter!(
+        BACKEND_SCRIPT_DECISIONS_TOTAL,
+        "Decisions carried by Redis script calls; divided by the calls: the mean batch"
+    );
+    describe_counter!(CONFIG_LOADS_TOTAL, "Config loads by result");
+    describe_gauge!(CONFIG_RULES, "Limits in the config being served");
+    describe_gauge!(CONFIG_DOMAINS, "Domains in the config being served");
+    describe_gauge!(
+        CONFIG_LAST_SUCCESS_TIMESTAMP_SECONDS,
+        Unit::Seconds,
+        "Unix time of the last successful config load"
+    );
+}

@@ -1,0 +1,253 @@
+//! The rate-limit call as both faces serve it: Envoy's `RateLimitRequest` in, a
+//! `RateLimitResponse` or a status out, with the proto <-> domain mapping (descriptors, units,
+//! codes, durations, response headers), the ONE map from errors to statuses, and the observer's
+//! record of every call.
+//!
+//! Why one module: the gRPC service ([`crate::service`]) and envoyproxy/ratelimit's HTTP face
+//! ([`crate::http_api`], which parses JSON into the same proto types) must mean the same thing
+//! by a request, answer it the same way and show on the same metrics. Both call
+//! [`should_rate_limit`]; neither maps, decides or records on its own.
+
+use std::time::Instant;
+
+use tonic::Status;
+
+use crate::config::Unit;
+use crate::decision::{self, Code, Decision, DecisionError, Engine, InvalidRequest, LimitOverride};
+use crate::descriptor::Entry;
+use crate::headers;
+use crate::limiter::LimiterError;
+use crate::metrics::Observer;
+use crate::proto::envoy::config::core::v3::HeaderValue;
+use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use crate::proto::envoy::r#type::v3::RateLimitUnit;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit as ProtoUnit, Code as ProtoCode, DescriptorStatus, RateLimit,
+};
+use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+
+/// One ShouldRateLimit call, whichever face received it: maps the request, decides it, records
+/// it on `observer` and maps the answer back.
+pub async fn should_rate_limit(
+    engine: &Engine,
+    observer: &Observer,
+    request: RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
+    let started = Instant::now();
+    let request = match to_domain(request) {
+        Ok(request) => request,
+        Err(invalid) => {
+            observer.record_unmappable(started.elapsed());
+            return Err(invalid_argument(invalid));
+        }
+    };
+    let result = engine.decide(&request).await;
+    observer.record_request(&request, result.as_ref(), started.elapsed());
+    match result {
+        Ok(decision) => Ok(to_proto(decision)),
+        Err(err) => Err(to_status(err)),
+    }
+}
+
+/// Every error the service can return, mapped to the code Envoy acts on: UNAVAILABLE lets
+/// Envoy's `failure_mode_deny` decide, INVALID_ARGUMENT names the field. The HTTP face derives
+/// its status from this code.
+pub fn to_status(err: DecisionError) -> Status {
+    match err {
+        DecisionError::Invalid(invalid) => invalid_argument(invalid),
+        DecisionError::Backend(LimiterError::Timeout(ms)) => {
+            Status::unavailable(format!("rate-limit backend timed out after {ms} ms"))
+        }
+        DecisionError::Backend(err) => Status::unavailable(err.to_string()),
+    }
+}
+
+fn invalid_argument(invalid: InvalidRequest) -> Status {
+    Status::invalid_argument(invalid.to_string())
+}
+
+/// Proto request -> domain request, naming the first field that cannot be mapped.
+pub fn to_domain(request: RateLimitRequest) -> Result<decision::Request, InvalidRequest> {
+    let descriptors = request
+        .descriptors
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| descriptor_to_domain(i, d))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(decision::Request {
+        domain: request.domain,
+        descriptors,
+        hits_addend: request.hits_addend,
+    })
+}
+
+fn descriptor_to_domain(
+    index: usize,
+    descriptor: RateLimitDescriptor,
+) -> Result<decision::Descriptor, InvalidRequest> {
+    let limit_override = match descriptor.limit {
+        None => None,
+        Some(o) => Some(LimitOverride {
+            requests_per_unit: o.requests_per_unit,
+            unit: unit_from_proto(o.unit).ok_or_else(|| InvalidRequest {
+                field: format!("descriptors[{index}].limit.unit"),
+                reason: "must be a known unit (SECOND..YEAR, WEEK)".into(),
+            })?,
+        }),
+    };
+    Ok(decision::Descriptor {
+        entries: descriptor
+            .entries
+            .into_iter()
+            .map(|e| Entry::new(e.key, e.value))
+            .collect(),
+        limit_override,
+        hits_addend: descriptor.hits_addend,
+        negative: descriptor.is_negative_hits,
+    })
+}
+
+fn unit_from_proto(unit: i32) -> Option<Unit> {
+    Some(match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Second => Unit::Second,
+        RateLimitUnit::Minute => Unit::Minute,
+        RateLimitUnit::Hour => Unit::Hour,
+        RateLimitUnit::Day => Unit::Day,
+        RateLimitUnit::Week => Unit::Week,
+        RateLimitUnit::Month => Unit::Month,
+        RateLimitUnit::Year => Unit::Year,
+        RateLimitUnit::Unknown => return None,
+    })
+}
+
+fn unit_to_proto(unit: Unit) -> ProtoUnit {
+    match unit {
+        Unit::Second => ProtoUnit::Second,
+        Unit::Minute => ProtoUnit::Minute,
+        Unit::Hour => ProtoUnit::Hour,
+        Unit::Day => ProtoUnit::Day,
+        Unit::Week => ProtoUnit::Week,
+        Unit::Month => ProtoUnit::Month,
+        Unit::Year => ProtoUnit::Year,
+    }
+}
+
+fn code_to_proto(code: Code) -> ProtoCode {
+    match code {
+        Code::Ok => ProtoCode::Ok,
+        Code::OverLimit => ProtoCode::OverLimit,
+    }
+}
+
+/// Whole seconds, rounded up: Envoy's headers show seconds, and a client told "0" while still
+/// limited would retry at once.
+fn reset_duration(reset_ms: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(reset_ms.div_ceil(1000)).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+}
+
+/// Domain decision -> proto response.
+pub fn to_proto(decision: Decision) -> RateLimitResponse {
+    let response_headers_to_add = headers::response_headers(&decision)
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key,
+            value,
+            raw_value: Vec::new(),
+        })
+        .collect();
+    let statuses = decision
+        .verdicts
+        .into_iter()
+        .map(|v| DescriptorStatus {
+            code: code_to_proto(v.code) as i32,
+            duration_until_reset: v.limit.as_ref().map(|_| reset_duration(v.reset_ms)),
+            current_limit: v.limit.map(|l| RateLimit {
+                name: l.name.unwrap_or_default(),
+                requests_per_unit: l.requests_per_unit,
+                unit: unit_to_proto(l.unit) as i32,
+            }),
+            limit_remaining: v.remaining,
+            quota: None,
+        })
+        .collect();
+    RateLimitResponse {
+        overall_code: code_to_proto(decision.overall) as i32,
+        statuses,
+        response_headers_to_add,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_map_to_the_codes_envoy_acts_on() {
+        let timeout = to_status(DecisionError::Backend(LimiterError::Timeout(20)));
+        assert_eq!(timeout.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            timeout.message(),
+            "rate-limit backend timed out after 20 ms"
+        );
+        let overloaded = to_status(DecisionError::Backend(LimiterError::Overloaded));
+        assert_eq!(overloaded.code(), tonic::Code::Unavailable);
+        let invalid = to_status(DecisionError::Invalid(InvalidRequest {
+            field: "domain".into(),
+            reason: "must not be empty".into(),
+        }));
+        assert_eq!(invalid.code(), tonic::Code::InvalidArgument);
+        assert_eq!(invalid.message(), "domain: must not be empty");
+    }
+
+    #[test]
+    fn reset_rounds_up_to_whole_seconds() {
+        assert_eq!(reset_duration(1).seconds, 1);
+        assert_eq!(reset_duration(1000).seconds, 1);
+        assert_eq!(reset_duration(1001).seconds, 2);
+        assert_eq!(reset_duration(0).seconds, 0);
+    }
+
+    #[test]
+    fn every_proto_unit_maps_back_and_forth() {
+        for (raw, unit) in [
+            (1, Unit::Second),
+            (2, Unit::Minute),
+            (3, Unit::Hour),
+            (4, Unit::Day),
+            (5, Unit::Month),
+            (6, Unit::Year),
+            (7, Unit::Week),
+        ] {
+            assert_eq!(unit_from_proto(raw), Some(unit));
+            assert_eq!(unit_to_proto(unit) as i32, raw);
+        }
+        assert_eq!(unit_from_proto(0), None);
+        assert_eq!(unit_from_proto(99), None);
+    }
+
+    #[test]
+    fn unknown_override_unit_names_the_field() {
+        let request = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![
+                RateLimitDescriptor::default(),
+                RateLimitDescriptor {
+                    limit: Some(
+                        crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+                            requests_per_unit: 1,
+                            unit: 0,
+                        },
+                    ),
+                    ..Default::default()
+                },
+            ],
+            hits_addend: 0,
+        };
+        let err = to_domain(request).unwrap_err();
+        assert_eq!(err.field, "descriptors[1].limit.unit");
+    }
+}
