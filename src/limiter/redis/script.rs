@@ -103,8 +103,8 @@ pub const LUA_HEADER: &str = lua_header!();
 /// ([`crate::limiter::algorithms`]) and `undo` 0 when the item added nothing, else a token
 /// below 2^53 from which [`COMPENSATE`] takes the item's hits back (its form per algorithm:
 /// `lua/decide.lua`, "Undo tokens"). Malformed arguments give an error reply starting with
-/// `sluice:` before anything is read or written, and so does a log key whose members would wrap
-/// onto live ones (about 7.4 million live entries; checked before anything is written).
+/// `sluice:` before any key is touched, and a log key whose members would wrap onto live ones
+/// gives one before anything is written (it takes about 7.4 million live entries).
 ///
 /// Batched call (several requests in one call, see the `batch` module): `ARGV[1]` is
 /// [`BATCHED`], `ARGV[2]` the clock as above, `ARGV[3]` the number of requests `G`,
@@ -114,8 +114,9 @@ pub const LUA_HEADER: &str = lua_header!();
 /// be (all sharing one `now`), and the reply is an array of `G` replies as above (an error
 /// element for a request whose arguments are malformed, the others unaffected).
 ///
-/// What the script does with them (the steps, the data layout in Redis, how log members are
-/// numbered, what each step costs) is written at the top of `lua/decide.lua`.
+/// What the script does with them is written in its files: the steps, the sliding log's data and
+/// members and what each step costs at the top of `lua/decide.lua`, the other algorithms' data
+/// in `lua/models.lua`.
 pub const SCRIPT: &str = concat!(
     lua_header!(),
     include_str!("lua/shared.lua"),
@@ -127,8 +128,8 @@ pub const SCRIPT: &str = concat!(
 /// compensation). `KEYS`: the keys; `ARGV`: [`UNDO_ARGS_PER_KEY`] per key, in order: the
 /// `algorithm` code, the item's `undo` token from that call's reply (non-zero), its `hits` and
 /// its `window_ms` (each at most [`MAX_EXACT`]). Reply: the hits taken back (for the log, the
-/// members removed); malformed arguments give an error reply starting with `sluice:` before
-/// anything is written. How each algorithm's hits are found again: `lua/compensate.lua`.
+/// members removed); malformed arguments give an error reply starting with `sluice:` before any
+/// key is touched. How each algorithm's hits are found again: `lua/compensate.lua`.
 pub const COMPENSATE: &str = concat!(
     lua_header!(),
     include_str!("lua/shared.lua"),

@@ -25,6 +25,8 @@
 -- The models at `now_ms`: load, settle, count, reset_ms, record, refund and store, each taking
 -- an item and its key's state (see decide.lua).
 local function make_models(now_ms)
+  -- ceil(a / b) for integers below 2^53, exact whatever the rounding of the division; 0 unless
+  -- both are positive.
   local function ceil_div(a, b)
     if a <= 0 or b <= 0 then
       return 0
