@@ -55,7 +55,8 @@
 -- Every closure costs an allocation per call, so the other algorithms' models are only made
 -- when a call has an item that needs them, and the per-request state is one table per item and
 -- one per key. Every request shape takes the same path: a second copy for requests of
--- sliding-log items only would save about 2.5% of the instructions, not worth a second decision.
+-- sliding-log items only would save about 3% of the instructions, not worth a second decision
+-- (docs/performance.md).
 
 -- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
 -- less than a global per access.
