@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
 echo "== every script under scripts/ is executable"
-not_executable=$(find scripts -type f ! -name '*.md' ! -perm -u+x)
+not_executable=$(find scripts -type f ! -name '*.md' ! -name '*.lua' ! -perm -u+x)
 [ -z "$not_executable" ] || { echo "not executable: $not_executable" >&2; exit 1; }
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

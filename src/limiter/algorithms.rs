@@ -69,7 +69,8 @@ impl Algorithm {
         }
     }
 
-    /// The one-letter code the Redis script dispatches on.
+    /// The one-letter code the Redis script dispatches on (its `ALGORITHM_*` constants in
+    /// `redis/script.rs`, which a test holds equal to these).
     pub const fn code(self) -> &'static str {
         match self {
             Algorithm::SlidingLog => "l",

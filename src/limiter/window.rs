@@ -1,10 +1,10 @@
 //! Pure sliding-window-log math: one key's log and the all-or-nothing planning of a batch.
 //!
 //! Why a separate, pure module: the memory backend is a thin locking shell around these
-//! functions, and the Redis Lua script (`redis/script.rs`) is a transcription of the same steps.
-//! Keeping time out of here (it is always passed in as `now`) makes every edge of the window
-//! testable with explicit numbers, and makes this file the reference both backends are checked
-//! against.
+//! functions, and the Redis Lua script (`redis/lua/decide.lua`) is a transcription of the same
+//! steps. Keeping time out of here (it is always passed in as `now`) makes every edge of the
+//! window testable with explicit numbers, and makes this file the reference both backends are
+//! checked against.
 //!
 //! Conventions shared with the Lua script:
 //! - an entry recorded at `t` counts while `now - t < window`, i.e. it is evicted once
