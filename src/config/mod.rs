@@ -288,7 +288,7 @@ impl Config {
                 errors.push(ConfigError::new(
                     file,
                     line,
-                    validate::DOMAIN_RULE,
+                    error::DOMAIN_RULE,
                     format!(
                         "duplicate domain `{name}`: already defined in {}",
                         first.display()
