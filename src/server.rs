@@ -140,6 +140,12 @@ pub async fn run(
     };
     let engine = Arc::new(engine.with_failure_policy(settings.on_backend_error));
     let readiness = Arc::new(Readiness::new());
+    if let Some(source) = &settings.xds {
+        readiness.set_config_pending(format!(
+            "waiting for the first config from the xDS server {}",
+            source.settings.url
+        ));
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 
     // Liveness answers "is the process able to serve at all": a Redis outage must make the pod
@@ -158,13 +164,10 @@ pub async fn run(
         None => true,
     };
     let xds_client = settings.xds.map(|source| {
-        readiness.set_config_pending(format!(
-            "waiting for the first config from the xDS server {}",
-            source.settings.url
-        ));
         if source.settings.force_start {
             tracing::warn!(
-                "serving before the first xDS config: requests are answered UNAVAILABLE until                  it arrives"
+                "serving before the first xDS config: requests are answered UNAVAILABLE until \
+                 it arrives"
             );
         } else {
             tracing::info!("the gRPC server starts serving once the first xDS config is applied");

@@ -20,6 +20,9 @@ use sluice::proto::ratelimit::config::ratelimit::v3::{
 };
 use sluice::xds::{XdsSettings, RATE_LIMIT_CONFIG_TYPE};
 use sluice::Settings;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 const LISTENER: &str = "envoy-gateway/gateway-1/http";
 const ROUTE: &str = "httproute/default/backend/rule/0/match/0/*";
@@ -439,6 +442,8 @@ async fn force_start_answers_unavailable_until_the_first_config() {
         "{body}"
     );
 
+    assert_eq!(grpc_health(&sluice).await, ServingStatus::NotServing);
+
     xds.push("1", &[gateway_limits(1)]).await;
     xds.next_request().await;
     assert_eq!(readyz_until(sluice.admin_addr, 200).await, "ready\n");
@@ -446,6 +451,24 @@ async fn force_start_answers_unavailable_until_the_first_config() {
         decide_n(&sluice, "10.4.0.1", 2).await,
         [Code::Ok, Code::OverLimit]
     );
+    // gRPC health follows at the next readiness probe (every second by default).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while grpc_health(&sluice).await != ServingStatus::Serving {
+        assert!(Instant::now() < deadline, "gRPC health still not SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// gRPC health of the service `""` (readiness).
+async fn grpc_health(sluice: &TestServer) -> ServingStatus {
+    let mut health = HealthClient::new(sluice.channel().await);
+    let response = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health answers");
+    ServingStatus::try_from(response.into_inner().status).expect("a known status")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
