@@ -235,13 +235,11 @@ impl Checker<'_> {
                 (None, None) => (None, Vec::new(), None, Vec::new()),
             };
             let mut shared_here = shared.to_vec();
-            if let Some(share) = &d.share_threshold {
+            // `share_threshold: false` is the default, wherever it is written (renderings of
+            // envoyproxy/ratelimit's structs write it on every descriptor).
+            if let Some(share) = d.share_threshold.as_ref().filter(|s| s.value) {
                 match value {
-                    Some(v) if v.contains('*') => {
-                        if share.value {
-                            shared_here.push((depth, v.to_string()));
-                        }
-                    }
+                    Some(v) if v.contains('*') => shared_here.push((depth, v.to_string())),
                     _ => self.error(
                         line_of(&share.referenced),
                         &path,
