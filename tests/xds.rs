@@ -497,6 +497,12 @@ async fn without_force_start_grpc_waits_for_the_first_config() {
         [Code::Ok, Code::OverLimit]
     );
     assert_eq!(readyz_until(sluice.admin_addr, 200).await, "ready\n");
+
+    // Shutdown while still waiting for a first config is clean too.
+    let silent = XdsServer::start().await;
+    let waiting = serve(xds_settings(silent.url(false)));
+    silent.next_request().await;
+    waiting.stop().await.expect("clean stop before any config");
 }
 
 /// The binary with the environment Envoy Gateway gives envoyproxy/ratelimit (its xDS and TLS
