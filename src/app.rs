@@ -1,9 +1,8 @@
 //! The production stack, assembled in the library: settings in, a ready-to-run server out.
 //!
 //! Why here and not in `main`: what `sluice serve` runs (the config it loads or the xDS server
-//! it subscribes to, the backend it
-//! picks, the guard and the rejection cache around it, the metrics recorder) must be what tests
-//! run too. `main` only turns flags and environment variables into [`Settings`]; tests build
+//! it subscribes to, the backend it picks, the guard and the rejection cache around it, the
+//! metrics recorder) must be what tests run too. `main` only turns flags and environment variables into [`Settings`]; tests build
 //! [`Settings`] directly, call [`assemble`] and hand the result to [`crate::run`] with listeners
 //! bound to port 0, all in process.
 //!
@@ -377,5 +376,25 @@ mod tests {
         settings.engine.key_prefix = EngineOptions::default().key_prefix;
         let err = assemble(settings, None).err().expect("no config");
         assert!(err.to_string().starts_with("loading config from "), "{err}");
+    }
+
+    #[test]
+    fn an_xds_source_is_checked_and_starts_without_limits() {
+        let xds = |url: &str| Settings::with_source(ConfigSource::Xds(XdsSettings::new(url, "n")));
+        let err = assemble(xds("ftp://xds:18001"), None)
+            .err()
+            .expect("bad scheme");
+        assert!(
+            err.to_string()
+                .starts_with("--config-xds `ftp://xds:18001`: "),
+            "{err}"
+        );
+        let server = assemble(xds("http://127.0.0.1:18001"), None).expect("assembled");
+        assert!(server.reload.is_none(), "xDS pushes its changes");
+        assert_eq!(server.config.domains().count(), 0);
+        assert_eq!(
+            server.xds.map(|x| x.settings.url),
+            Some("http://127.0.0.1:18001".to_owned())
+        );
     }
 }
