@@ -10,7 +10,8 @@
 //! kills the process.
 //!
 //! [`Upstream`] is the application behind Envoy: an HTTP/1.1 server on a loopback port that
-//! answers `200 ok` to everything, keeps connections alive (Envoy pools them), and echoes each
+//! answers `200 ok` to everything, keeps connections alive (Envoy pools them) unless the
+//! request says `Connection: close` (a client through a `tcp_proxy`), and echoes each
 //! request header `x-reply-NAME: VALUE` as a response header `NAME: VALUE`, so a test can make
 //! the response carry what Envoy should read from it (e.g. a cost).
 //!
@@ -291,6 +292,7 @@ fn serve_connection(stream: TcpStream) {
             return;
         }
         let mut length = 0usize;
+        let mut close = false;
         let mut reply = String::new();
         loop {
             let mut header = String::new();
@@ -307,6 +309,8 @@ fn serve_connection(stream: TcpStream) {
             let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
             if name == "content-length" {
                 length = value.parse().unwrap_or(0);
+            } else if name == "connection" {
+                close = value.eq_ignore_ascii_case("close");
             } else if let Some(echo) = name.strip_prefix("x-reply-") {
                 reply.push_str(&format!("{echo}: {value}\r\n"));
             }
@@ -316,7 +320,7 @@ fn serve_connection(stream: TcpStream) {
             return;
         }
         let response = format!("HTTP/1.1 200 OK\r\n{reply}content-length: 3\r\n\r\nok\n");
-        if writer.write_all(response.as_bytes()).is_err() {
+        if writer.write_all(response.as_bytes()).is_err() || close {
             return;
         }
     }

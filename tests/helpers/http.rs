@@ -91,8 +91,8 @@ impl Req {
     }
 
     /// Sends the request and reads the response; any failure (refused, reset, timed out,
-    /// unparsable) is an error.
-    pub async fn try_send(&self, addr: SocketAddr) -> std::io::Result<HttpResponse> {
+    /// unparsable) is an error. Takes the request by value, so the future owns it.
+    pub async fn try_send(self, addr: SocketAddr) -> std::io::Result<HttpResponse> {
         let exchange = async {
             let socket = match addr {
                 SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
@@ -113,10 +113,11 @@ impl Req {
     }
 
     /// [`Req::try_send`], panicking on failure.
-    pub async fn send(&self, addr: SocketAddr) -> HttpResponse {
+    pub async fn send(self, addr: SocketAddr) -> HttpResponse {
+        let what = format!("{} {}", self.method, self.path);
         self.try_send(addr)
             .await
-            .unwrap_or_else(|e| panic!("{} {} to {addr}: {e}", self.method, self.path))
+            .unwrap_or_else(|e| panic!("{what} to {addr}: {e}"))
     }
 
     /// The same exchange without an async runtime (admin ports, readiness polls).
