@@ -106,6 +106,12 @@ impl Envoy {
     /// Starts Envoy on `config` (YAML or JSON text) and waits for admin `/ready`. The config's
     /// admin must listen on `127.0.0.1:0` and its listeners on loopback (port 0 or free).
     pub fn start(config: &str) -> Envoy {
+        Self::try_start(config).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Envoy::start`], with Envoy exiting during start-up (e.g. a port taken meanwhile) as an
+    /// error carrying its log.
+    pub fn try_start(config: &str) -> Result<Envoy, String> {
         let dir = tempfile::tempdir().expect("temp dir for Envoy");
         let path = config_file(dir.path(), config);
         let admin_file = dir.path().join("admin-address");
@@ -131,9 +137,9 @@ impl Envoy {
             admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             listeners: HashMap::new(),
         };
-        envoy.admin = envoy.wait_ready(&admin_file);
+        envoy.admin = envoy.wait_ready(&admin_file)?;
         envoy.listeners = envoy.read_listeners();
-        envoy
+        Ok(envoy)
     }
 
     /// [`Envoy::start`] on a JSON value.
@@ -141,14 +147,14 @@ impl Envoy {
         Self::start(&serde_json::to_string_pretty(config).expect("JSON config"))
     }
 
-    fn wait_ready(&mut self, admin_file: &Path) -> SocketAddr {
+    fn wait_ready(&mut self, admin_file: &Path) -> Result<SocketAddr, String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
+                return Err(format!(
                     "envoy exited during start-up ({status}); its log:\n{}",
                     self.log_tail()
-                );
+                ));
             }
             let admin = std::fs::read_to_string(admin_file)
                 .ok()
@@ -156,7 +162,7 @@ impl Envoy {
             if let Some(admin) = admin {
                 let ready = Req::get("/ready").send_blocking(admin);
                 if ready.is_ok_and(|r| r.status == 200) {
-                    return admin;
+                    return Ok(admin);
                 }
             }
             assert!(
