@@ -57,30 +57,29 @@ fn limits() -> std::path::PathBuf {
     repo_path(LIMITS)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shipped_envoy_config_on_memory() {
-    let sluice = TestServer::start(test_settings(&limits(), None));
+/// The shipped config in front of sluice on `redis_url` (memory without).
+async fn shipped_on(redis_url: Option<String>) {
+    let sluice = TestServer::start(test_settings(&limits(), redis_url.as_deref()));
     let upstream = Upstream::start();
     let (_envoy, ingress) = shipped_envoy(sluice.grpc_addr, &upstream);
     shipped_config_keeps_the_limits_promises(ingress).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipped_envoy_config_on_memory() {
+    shipped_on(None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_envoy_config_on_redis() {
     let redis = RedisServer::start();
-    let sluice = TestServer::start(test_settings(&limits(), Some(&redis.url())));
-    let upstream = Upstream::start();
-    let (_envoy, ingress) = shipped_envoy(sluice.grpc_addr, &upstream);
-    shipped_config_keeps_the_limits_promises(ingress).await;
+    shipped_on(Some(redis.url())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_envoy_config_on_redis_cluster() {
     let redis = RedisCluster::start();
-    let sluice = TestServer::start(test_settings(&limits(), Some(&redis.url())));
-    let upstream = Upstream::start();
-    let (_envoy, ingress) = shipped_envoy(sluice.grpc_addr, &upstream);
-    shipped_config_keeps_the_limits_promises(ingress).await;
+    shipped_on(Some(redis.url())).await;
 }
 
 /// An RLS between Envoy and sluice that records every request and forwards it.

@@ -123,6 +123,17 @@ impl Table {
         }
     }
 
+    /// Waits until `probe` answers 200 again after `case` (see [`wait_for_200`]); records the
+    /// row.
+    async fn recovery(&mut self, case: &str, probe: &Probe) {
+        let took = wait_for_200(probe).await;
+        self.0.push(format!(
+            "| {case} | {} | 200 again | after {:.0} ms | {RECOVERY:?} |",
+            probe.mode,
+            took.as_secs_f64() * 1000.0
+        ));
+    }
+
     fn print(&self) {
         println!("\n| case | mode | status seen | worst latency ({TRIES} requests) | bound |");
         println!("| --- | --- | --- | --- | --- |");
@@ -222,23 +233,15 @@ async fn faults_as_a_client_sees_them_through_envoy() {
     ];
     table.case("Redis frozen (SIGSTOP)", &failing).await;
     redis.resume();
-    let took = wait_for_200(&fail_closed).await;
-    table.0.push(format!(
-        "| Redis thawed (SIGCONT) | {} | 200 again | after {:.0} ms | {RECOVERY:?} |",
-        fail_closed.mode,
-        took.as_secs_f64() * 1000.0
-    ));
+    table.recovery("Redis thawed (SIGCONT)", &fail_closed).await;
     tight_limit_trips_on_the_fourth(check.addr, "after Redis thawed").await;
 
     redis.stop();
     table.case("Redis killed", &failing).await;
     redis.start_again();
-    let took = wait_for_200(&fail_closed).await;
-    table.0.push(format!(
-        "| Redis restarted (empty) | {} | 200 again | after {:.0} ms | {RECOVERY:?} |",
-        fail_closed.mode,
-        took.as_secs_f64() * 1000.0
-    ));
+    table
+        .recovery("Redis restarted (empty)", &fail_closed)
+        .await;
     wait_for_200(&on_deny).await;
     tight_limit_trips_on_the_fourth(check.addr, "after Redis restarted").await;
     table.case("Redis back", &healthy).await;
