@@ -123,6 +123,8 @@ impl Envoy {
             .arg(&path)
             // One worker thread: the machine has two cores and several Envoys run at once.
             .args(["--concurrency", "1", "--log-level", "info"])
+            // Without the start-up list of extensions; with each request's filter decisions and
+            // the RLS calls, what a failure needs explained.
             .args([
                 "--component-log-level",
                 "main:warning,filter:debug,grpc:debug",
