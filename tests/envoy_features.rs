@@ -28,9 +28,9 @@ const TIMEOUT_MS: u64 = 1000;
 const PER_ROUTE: &str =
     "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute";
 
-/// sluice, an upstream and an Envoy whose listeners `listeners` builds from the clusters it
-/// may use: `app` (the upstream), `sluice` (the RLS) and `grpc_app` (sluice's own gRPC port as
-/// an application: its health service is the gRPC upstream).
+/// sluice, an upstream and an Envoy with `listeners`, which may use the clusters `app` (the
+/// upstream), `sluice` (the RLS) and `grpc_app` (sluice's own gRPC port as an application: its
+/// health service is the gRPC upstream).
 struct Stack {
     sluice: TestServer,
     _upstream: Upstream,
