@@ -97,6 +97,7 @@ async fn cross_slot_reports_match_one_script() {
         window_ms: 1000,
         hits,
         kind,
+        over_limit: sluice::limiter::OverLimit::default(),
         algorithm,
     };
     let log = Algorithm::SlidingLog;

@@ -94,6 +94,7 @@ fn resolve_descriptor<'c>(
                 window_ms: limit.window_ms,
                 hits,
                 kind,
+                over_limit: crate::limiter::OverLimit::default(),
                 algorithm,
             };
             (limit, hit)

@@ -256,6 +256,7 @@ mod tests {
             window_ms: 1000,
             hits,
             kind: HitKind::Consume,
+            over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
         }
     }
