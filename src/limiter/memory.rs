@@ -10,9 +10,10 @@
 //! - Memory is bounded: a sliding-log key holds one entry per recording item in its window,
 //!   whatever its weight (at most `limit` entries while items record within the limit; with
 //!   `over_limit: record`, one per recorded request), a quantized log one per quantum, other
-//!   algorithms O(1) (see [`super::log::Log`]); expired entries are evicted whenever a key is
-//!   touched and a key whose log becomes empty is removed; every [`SWEEP_EVERY`] decisions one shard is swept (at the `now` of that
-//!   decision) so keys nobody touches again are reclaimed too.
+//!   algorithms O(1) (see [`Log`](super::log::Log)); expired entries are evicted whenever a key
+//!   is touched and a key whose log becomes empty is removed; every [`SWEEP_EVERY`] decisions
+//!   one shard is swept (at the `now` of that decision) so keys nobody touches again are
+//!   reclaimed too.
 //! - At most `max_keys` keys: the cap is split evenly across shards and enforced per shard, so
 //!   it is checked under the one lock we already hold. When a new key meets a full shard, the
 //!   shard is swept; if that left the shard more than 7/8 full, the keys whose newest entry is
