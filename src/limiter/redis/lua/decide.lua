@@ -9,18 +9,20 @@
 -- models of src/limiter/algorithms.rs, which are the reference (a property test holds the two to
 -- the same outcomes on random traces); what each item records is defined once, in the doc of
 -- src/limiter/mod.rs:
--- - phase 1, per item in order: bring the key to now (sliding log: drop the entries at or before
---   now - window and take their weight off the total; the other algorithms: settle a copy in
---   Lua), then check `count + earlier + hits <= capacity` (`< capacity` for a probe of 0 hits),
---   `earlier` being what earlier items of the request record on the same key if it is admitted,
---   the capacity the limit or GCRA's burst. Refunds pass. If the request has quota items, at
---   least one must pass. Each item's take under either verdict is fixed here (`over_limit`);
--- - phase 2, in request order: each item records its take for the verdict (admitted: consume
---   items and passed shadow and quota items their hits; otherwise what `over_limit` says), and
---   on an admitted request refunds take back up to theirs, newest first; then every written key
---   gets its TTL, so idle keys vanish on their own. A verdict whose takes are all 0 (a rejected
---   request of `refuse` items, or of `fill` items that fit or found their key full) writes
---   nothing but phase 1's evictions;
+-- - phase 1, per item in order: bring the key to now (sliding log: read the entries at or
+--   before now - window and take their weight off the total; the other algorithms: settle a
+--   copy in Lua), then check `count + earlier + hits <= capacity` (`< capacity` for a probe of
+--   0 hits), `earlier` being what earlier items of the request record on the same key if it is
+--   admitted, the capacity the limit or GCRA's burst. Refunds pass. If the request has quota
+--   items, at least one must pass. Each item's take under either verdict is fixed here
+--   (`over_limit`). Phase 1 writes nothing to a sliding log (a quantized log drops its expired
+--   buckets), so a command failing in it (a key of another type) leaves the log as it was;
+-- - phase 2, in request order: the sliding logs' expired entries go, then each item records its
+--   take for the verdict (admitted: consume items and passed shadow and quota items their hits;
+--   otherwise what `over_limit` says), and on an admitted request refunds take back up to
+--   theirs, newest first; then every written key gets its TTL, so idle keys vanish on their
+--   own. A verdict whose takes are all 0 (a rejected request of `refuse` items, or of `fill`
+--   items that fit or found their key full) writes nothing but the evictions;
 -- - every item reports its key's count and reset after the decision.
 --
 -- Data layout of the sliding log (the other algorithms': models.lua): one sorted set per key,
@@ -197,37 +199,48 @@ local function log_refund(key, state, hits)
   return true
 end
 
--- Phase 1 for a sliding-log item: drops the entries that left the window (their weight off the
--- total) and returns the key's count. The first item of a key reads its total in the same
--- ZRANGE (its member sorts first).
+-- Phase 1 for a sliding-log item: reads the entries that left the window (their weight comes
+-- off the total; their removal waits for phase 2, log_evict, so that phase 1 writes nothing) and
+-- returns the key's count. The first item of a key reads its total in the same ZRANGE (its
+-- member sorts first); a later item of the key with a shorter window reads only what it adds.
 local function log_settle(item, state)
   local cutoff = now_ms - item.window
-  -- Entries score 0 or more: with a cutoff below 0 the range holds the total alone.
-  local top = math.max(cutoff, -1)
-  local read = redis.call('ZRANGE', item.key, '-inf', format_integer(top), 'BYSCORE',
-    'WITHSCORES')
-  local first = 1
-  if read[1] == LOG_TOTAL_MEMBER then
-    first = 3
-    if not state.total then
-      state.total = -read[2]
+  local bottom = '-inf'
+  if state.total then
+    if cutoff <= state.cutoff then
+      return state.total
     end
+    bottom = '(' .. format_integer(state.cutoff)
   end
-  if not state.total then
-    state.total = 0
-  end
-  if #read >= first then
-    local expired = 0
-    for j = first, #read, 2 do
+  -- Entries score 0 or more: with a cutoff below 0 the range holds the total alone.
+  local read = redis.call('ZRANGE', item.key, bottom, format_integer(math.max(cutoff, -1)),
+    'BYSCORE', 'WITHSCORES')
+  local total, expired = state.total or 0, 0
+  for j = 1, #read, 2 do
+    if read[j] == LOG_TOTAL_MEMBER then
+      if not state.total then
+        total = -read[j + 1]
+      end
+    else
       local _, weight = parse_log_member(read[j])
       expired = expired + weight
     end
-    redis.call('ZREMRANGEBYSCORE', item.key, '0', format_integer(cutoff))
-    state.total = math.max(state.total - expired, 0)
-    state.stale = true
-    state.newest_score, state.oldest_score = false, false
+  end
+  state.total, state.cutoff = math.max(total - expired, 0), cutoff
+  if expired > 0 then
+    state.evict = true
   end
   return state.total
+end
+
+-- Phase 2, first step for a log key: removes the entries phase 1 found expired; the total is
+-- stored with the key's next write, or on its own (store_stale_totals).
+local function log_evict(key, state)
+  if state.evict then
+    redis.call('ZREMRANGEBYSCORE', key, '0', format_integer(state.cutoff))
+    state.evict, state.stale = false, true
+    state.newest_score, state.oldest_score = false, false
+  end
 end
 
 -- Phase 2 for a sliding-log item: records its take or takes back its refund; whether it wrote.
@@ -319,14 +332,15 @@ local function read_items(first_key, first_arg, n)
       -- A key's state during the request, shared by its items: `earlier` and `rejected`, what
       -- earlier items record on it if the request is admitted or rejected; `adds`, the entries
       -- the request adds to a log; `writer`, the item whose write decides its TTL (false: not
-      -- written); for a sliding log its total (false: not read yet), whether evictions left the
-      -- stored total `stale`, and its newest and oldest entry (log_entry); for the other
+      -- written); for a sliding log its total (false: not read yet), the `cutoff` it was read
+      -- up to, whether entries wait to be removed (`evict`, log_evict) and whether that left
+      -- the stored total `stale`, and its newest and oldest entry (log_entry); for the other
       -- algorithms what models().load reads.
       if algorithm == ALGORITHM_SLIDING_LOG then
         state = {
           algorithm = algorithm, earlier = 0, rejected = 0, adds = 0, writer = false,
-          total = false, stale = false, newest_member = false, newest_score = false,
-          oldest_member = false, oldest_score = false,
+          total = false, cutoff = false, evict = false, stale = false, newest_member = false,
+          newest_score = false, oldest_member = false, oldest_score = false,
         }
       else
         state = {algorithm = algorithm, earlier = 0, rejected = 0, writer = false, loaded = false}
@@ -445,8 +459,11 @@ local function write(items, n, admitted)
     else
       item.take = item.if_rejected
     end
-    if item.algorithm == ALGORITHM_SLIDING_LOG and item.kind ~= KIND_REFUND and item.take > 0 then
-      item.state.adds = item.state.adds + 1
+    if item.algorithm == ALGORITHM_SLIDING_LOG then
+      log_evict(item.key, item.state)
+      if item.kind ~= KIND_REFUND and item.take > 0 then
+        item.state.adds = item.state.adds + 1
+      end
     end
   end
   for i = 1, n do
