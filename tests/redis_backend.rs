@@ -173,9 +173,9 @@ async fn keys_expire_within_the_window() {
 /// A log key's entries and the total stored beside them (`LOG_TOTAL_MEMBER`'s score, negated).
 async fn log_of(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> (u64, u64) {
     let members: u64 = conn.zcard(key).await.expect("zcard");
-    let total: Option<f64> = conn.zscore(key, LOG_TOTAL_MEMBER).await.expect("zscore");
+    let total: Option<i64> = conn.zscore(key, LOG_TOTAL_MEMBER).await.expect("zscore");
     match total {
-        Some(total) => (members - 1, -total as u64),
+        Some(total) => (members - 1, total.unsigned_abs()),
         None => (members, 0),
     }
 }
@@ -346,7 +346,7 @@ async fn entries(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec
     let all: Vec<(String, i64)> = conn.zrange_withscores(key, 0, -1).await.expect("zrange");
     all.into_iter()
         .filter(|(member, _)| member != LOG_TOTAL_MEMBER)
-        .map(|(member, score)| (member, score as u64))
+        .map(|(member, score)| (member, score.unsigned_abs()))
         .collect()
 }
 
@@ -354,14 +354,14 @@ async fn entries(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec
 async fn write_log(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
-    log: &[(u64, &str, i64)],
+    log: &[(u64, &str, u64)],
 ) {
-    let total: i64 = log.iter().map(|&(_, _, weight)| weight).sum();
+    let total: u64 = log.iter().map(|&(_, _, weight)| weight).sum();
     let mut items: Vec<(i64, String)> = log
         .iter()
         .map(|&(score, member, _)| (score as i64, member.to_string()))
         .collect();
-    items.push((-total, LOG_TOTAL_MEMBER.to_string()));
+    items.push((-(total as i64), LOG_TOTAL_MEMBER.to_string()));
     let _: () = conn.zadd_multiple(key, &items).await.expect("zadd");
 }
 

@@ -9,9 +9,9 @@
 -- models of src/limiter/algorithms.rs, which are the reference (a property test holds the two to
 -- the same outcomes on random traces); what each item records is defined once, in the doc of
 -- src/limiter/mod.rs:
--- - phase 1, per item in order: bring the key to now (sliding log: read the entries at or
---   before now - window and take their weight off the total; the other algorithms: settle a
---   copy in Lua), then check `count + earlier + hits <= capacity` (`< capacity` for a probe of
+-- - phase 1, per item in order: bring the key to now (sliding log: read the total, and the
+--   entries at or before now - window, whose weight comes off it; the other algorithms: settle
+--   a copy in Lua), then check `count + earlier + hits <= capacity` (`< capacity` for a probe of
 --   0 hits), `earlier` being what earlier items of the request record on the same key if it is
 --   admitted, the capacity the limit or GCRA's burst. Refunds pass. If the request has quota
 --   items, at least one must pass. Each item's take under either verdict is fixed here
@@ -28,10 +28,12 @@
 -- Data layout of the sliding log (the other algorithms': models.lua): one sorted set per key,
 -- one member per entry (an item that recorded, whatever its weight), scored with the ms it was
 -- recorded, and the member LOG_TOTAL_MEMBER scored with minus the key's total (the sum of the
--- entries' weights), below every entry. The total is read with the evicted entries, in one
--- ZRANGE from -inf, and stored again with the request's first write to the key (or on its own
--- when only evictions changed it), so that a request never reads more than the entries it
--- evicts. TTL: until the newest entry leaves the window, so that idle keys vanish on their own.
+-- entries' weights), below every entry (store_log_total in shared.lua). Phase 1 reads the total
+-- with the oldest entry (ZRANGE 0 1), and what left the window only when that entry has; the
+-- newest is read when an entry is added. The total is stored again with the request's first
+-- write to the key (one ZADD with the new entry), or on its own when only evictions changed it.
+-- So a request never reads more than the entries it evicts. TTL: until the newest entry leaves
+-- the window, so that idle keys vanish on their own.
 --
 -- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 unless the item
 -- recorded its hits only because the request was admitted (it passed, and its over_limit is not
@@ -61,13 +63,14 @@
 --   before the one before it (the memory backend records at max(now, newest) too).
 --
 -- Cost (instructions per request: docs/performance.md, scripts/bench/script-cost.sh): a log
--- key's total is read once with its evictions, its newest and oldest entry at most once each,
--- then kept up to date through the request's own adds and refunds: an admitted item costs one
--- ZRANGE (plus ZREMRANGEBYSCORE when something expired), two ZRANGEs (none on an empty key),
--- one ZADD (the entry and the total) and PEXPIRE, whatever its weight. Every closure costs an
--- allocation per call, so the other algorithms' models are only made when a call has an item
--- that needs them, and the per-request state is one table per item and one per key. Every
--- request shape takes the same path (docs/performance.md).
+-- key's total and ends are read once per request, then kept up to date through the request's
+-- own adds and refunds: an admitted item costs two ZRANGEs (one on a new key, or on a key of one
+-- entry), one ZADD (the entry and the total) and PEXPIRE, whatever its weight, plus a ZRANGE of
+-- what left the window and a ZREMRANGEBYSCORE when something did. Redis 7.0 prints every score
+-- it returns with '%.17g', which costs about as much as a command, so scores are only asked for
+-- where needed. Every closure costs an allocation per call, so the other algorithms' models are
+-- only made when a call has an item that needs them, and the per-request state is one table per
+-- item and one per key. Every request shape takes the same path (docs/performance.md).
 
 -- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
 -- less than a global per access.
@@ -87,47 +90,55 @@ end
 -- Entries a refund reads per ZRANGE, newest first.
 local REFUND_READ = 64
 
--- A sliding-log key's entry at ZRANGE index `at`: '-1' the newest, '1' the oldest (index 0 is
--- the total). Returns its number and score, nil when the key is empty. Each end is read at most
--- once per request (one read serves both when the entry holds the whole total), then kept up to
--- date by the request's own adds and refunds.
+-- ZRANGE indices of a log key's newest entry and oldest entry (the total's member is first).
+local NEWEST, OLDEST = '-1', '1'
+
+-- Remembers a log key's entry, read as `member` and `score` (a ZRANGE reply's strings), as its
+-- newest or oldest; an entry that holds the whole total is both.
+local function note_entry(state, member, score, newest)
+  local number, weight = parse_log_member(member)
+  -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
+  score = score + 0
+  local alone = weight == state.total
+  if newest or alone then
+    state.newest_member, state.newest_score = number, score
+  end
+  if not newest or alone then
+    state.oldest_member, state.oldest_score = number, score
+  end
+end
+
+-- A sliding-log key's entry at `at`, NEWEST or OLDEST: its number and score, nil when the key
+-- is empty. Each end is read at most once per request (phase 1 reads the oldest), then kept up
+-- to date by the request's own adds and refunds.
 local function log_entry(key, state, at)
   if state.total == 0 then
     return nil
   end
-  local newest = at == '-1'
-  if newest and state.newest_score then
+  local newest = at == NEWEST
+  if newest and not state.newest_score or not newest and not state.oldest_score then
+    local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+    note_entry(state, entry[1], entry[2], newest)
+  end
+  if newest then
     return state.newest_member, state.newest_score
-  elseif not newest and state.oldest_score then
-    return state.oldest_member, state.oldest_score
   end
-  local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
-  local member, weight = parse_log_member(entry[1])
-  -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
-  local score = entry[2] + 0
-  local alone = weight == state.total
-  if newest or alone then
-    state.newest_member, state.newest_score = member, score
-  end
-  if not newest or alone then
-    state.oldest_member, state.oldest_score = member, score
-  end
-  return member, score
+  return state.oldest_member, state.oldest_score
 end
 
 -- How many member numbers the key's live entries span, oldest to newest, cyclically (cluster
 -- compensation may leave holes, hence the span rather than the count).
 local function log_span(key, state)
-  local newest = log_entry(key, state, '-1')
+  local newest = log_entry(key, state, NEWEST)
   if not newest then
     return 0
   end
-  return (newest - log_entry(key, state, '1')) % LOG_MEMBERS + 1
+  return (newest - log_entry(key, state, OLDEST)) % LOG_MEMBERS + 1
 end
 
 -- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token.
 local function log_add(key, state, weight)
-  local newest_member, newest_score = log_entry(key, state, '-1')
+  local newest_member, newest_score = log_entry(key, state, NEWEST)
   local score, member = now_ms, LOG_MEMBER_FIRST
   if newest_member then
     if newest_score > score then
@@ -147,8 +158,8 @@ local function log_add(key, state, weight)
   state.total = state.total + weight
   state.newest_member, state.newest_score = member, score
   state.stale = false
-  redis.call('ZADD', key, format_integer(score), log_member(member, weight),
-    format_integer(-state.total), LOG_TOTAL_MEMBER)
+  redis.call('ZADD', key, format_integer(-state.total), LOG_TOTAL_MEMBER, format_integer(score),
+    log_member(member, weight))
   return (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
 end
 
@@ -165,7 +176,7 @@ local function log_refund(key, state, hits)
     state.total, state.newest_score, state.oldest_score = 0, false, false
     return true
   end
-  -- The entries hold more than `take`, so the loop ends before it reaches the total's member.
+  -- The entries hold more than `take`, so the loop ends before the oldest entry is gone.
   local left = take
   state.newest_score = false
   while left > 0 do
@@ -173,23 +184,24 @@ local function log_refund(key, state, hits)
       'WITHSCORES')
     local gone = {}
     for j = #read - 1, 1, -2 do
-      if read[j] ~= LOG_TOTAL_MEMBER then
-        local member, weight = parse_log_member(read[j])
-        gone[#gone + 1] = read[j]
-        if weight > left then
-          redis.call('ZADD', key, read[j + 1], log_member(member, weight - left))
-          state.newest_member, state.newest_score = member, read[j + 1] + 0
-          left = 0
-        else
-          left = left - weight
-        end
+      if read[j] == LOG_TOTAL_MEMBER then
+        break
       end
+      local member, weight = parse_log_member(read[j])
+      gone[#gone + 1] = read[j]
+      if weight > left then
+        redis.call('ZADD', key, read[j + 1], log_member(member, weight - left))
+        state.newest_member, state.newest_score = member, read[j + 1] + 0
+        left = 0
+        break
+      end
+      left = left - weight
       if left == 0 then
         break
       end
     end
     if #gone == 0 then
-      -- Only the total's member left: a total out of step with the entries (never written so).
+      -- No entry left: a total out of step with the entries (never written so).
       break
     end
     redis.call('ZREM', key, unpack(gone))
@@ -199,36 +211,50 @@ local function log_refund(key, state, hits)
   return true
 end
 
--- Phase 1 for a sliding-log item: reads the entries that left the window (their weight comes
--- off the total; their removal waits for phase 2, log_evict, so that phase 1 writes nothing) and
--- returns the key's count. The first item of a key reads its total in the same ZRANGE (its
--- member sorts first); a later item of the key with a shorter window reads only what it adds.
+-- Phase 1 for a sliding-log item: the key's count at now. The first item of a key reads its
+-- total and oldest entry in one ZRANGE (the total's member is first); only when that entry has
+-- left the window is what left read (members only, by score). A later item of the key with a
+-- shorter window reads only what it adds. The entries that left are removed in phase 2
+-- (log_evict), so that phase 1 writes nothing.
 local function log_settle(item, state)
-  local cutoff = now_ms - item.window
-  local bottom = '-inf'
+  local key, cutoff = item.key, now_ms - item.window
+  local from
   if state.total then
-    if cutoff <= state.cutoff then
+    if cutoff <= state.cutoff or state.total == 0 then
       return state.total
     end
-    bottom = '(' .. format_integer(state.cutoff)
-  end
-  -- Entries score 0 or more: with a cutoff below 0 the range holds the total alone.
-  local read = redis.call('ZRANGE', item.key, bottom, format_integer(math.max(cutoff, -1)),
-    'BYSCORE', 'WITHSCORES')
-  local total, expired = state.total or 0, 0
-  for j = 1, #read, 2 do
-    if read[j] == LOG_TOTAL_MEMBER then
-      if not state.total then
-        total = -read[j + 1]
+    -- Entries score 0 or more, the total's member less.
+    from = '(' .. format_integer(math.max(state.cutoff, -1))
+  else
+    state.total = 0
+    local bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+    if bottom[1] == LOG_TOTAL_MEMBER then
+      state.total = -bottom[2]
+      if bottom[3] then
+        note_entry(state, bottom[3], bottom[4], false)
+      else
+        -- The total's member alone (never written so): the key is empty.
+        state.total, state.stale = 0, true
       end
-    else
-      local _, weight = parse_log_member(read[j])
-      expired = expired + weight
     end
+    if state.total == 0 or state.oldest_score > cutoff then
+      state.cutoff = cutoff
+      return state.total
+    end
+    from = '0'
   end
-  state.total, state.cutoff = math.max(total - expired, 0), cutoff
+  state.cutoff = cutoff
+  local read = redis.call('ZRANGE', key, from, format_integer(cutoff), 'BYSCORE')
+  local expired = 0
+  for j = 1, #read do
+    local _, weight = parse_log_member(read[j])
+    expired = expired + weight
+  end
   if expired > 0 then
-    state.evict = true
+    state.total, state.evict, state.oldest_score = math.max(state.total - expired, 0), true, false
+    if state.total == 0 then
+      state.newest_score = false
+    end
   end
   return state.total
 end
@@ -239,7 +265,6 @@ local function log_evict(key, state)
   if state.evict then
     redis.call('ZREMRANGEBYSCORE', key, '0', format_integer(state.cutoff))
     state.evict, state.stale = false, true
-    state.newest_score, state.oldest_score = false, false
   end
 end
 
@@ -258,7 +283,7 @@ end
 -- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
 -- that wrote it.
 local function log_store(writer, state)
-  local _, newest_score = log_entry(writer.key, state, '-1')
+  local _, newest_score = log_entry(writer.key, state, NEWEST)
   if newest_score then
     local ttl = newest_score + writer.window - now_ms
     if ttl < 1 then
@@ -270,7 +295,7 @@ end
 
 -- A log item's reset: until its key's oldest entry leaves the window; the window when empty.
 local function log_reset_ms(item, state)
-  local _, oldest_score = log_entry(item.key, state, '1')
+  local _, oldest_score = log_entry(item.key, state, OLDEST)
   if not oldest_score then
     return item.window
   end
@@ -409,15 +434,18 @@ local function check(items, n)
         item.passed = seen + item.hits <= capacity
       end
       -- An admitted request records every consume item, and shadow and quota items that
-      -- passed; the others record what over_limit says.
-      if kind == KIND_CONSUME or item.passed then
-        item.if_admitted = item.hits
-      else
-        item.if_admitted = over_limit_take(item, seen, capacity)
+      -- passed; the others record what over_limit says (nothing for refuse, nothing for a fill
+      -- item that passed, the usual case).
+      local if_admitted, if_rejected = item.hits, 0
+      if item.over_limit == OVER_LIMIT_RECORD or not item.passed then
+        if kind ~= KIND_CONSUME and not item.passed then
+          if_admitted = over_limit_take(item, seen, capacity)
+        end
+        if_rejected = over_limit_take(item, count + state.rejected, capacity)
       end
-      item.if_rejected = over_limit_take(item, count + state.rejected, capacity)
-      state.earlier = state.earlier + item.if_admitted
-      state.rejected = state.rejected + item.if_rejected
+      item.if_admitted, item.if_rejected = if_admitted, if_rejected
+      state.earlier = state.earlier + if_admitted
+      state.rejected = state.rejected + if_rejected
       if kind == KIND_CONSUME then
         admitted = admitted and item.passed
       elseif kind == KIND_QUOTA then
@@ -446,27 +474,25 @@ end
 -- and a log whose evictions alone changed its total gets the total. Returns an error reply
 -- instead, having written nothing, if a log key would reach one of its live members.
 local function write(items, n, admitted)
+  local adds = false
   for i = 1, n do
     local item = items[i]
-    if item.kind == KIND_REFUND then
-      if admitted then
-        item.take = item.hits
-      end
-    elseif admitted then
-      item.take = item.if_admitted
-      -- Recorded only because the request was admitted: what compensation takes back.
-      item.undoable = item.passed and item.over_limit ~= OVER_LIMIT_RECORD and item.take > 0
-    else
-      item.take = item.if_rejected
+    local take = item.if_rejected
+    if admitted then
+      take = item.if_admitted
     end
+    item.take = take
     if item.algorithm == ALGORITHM_SLIDING_LOG then
-      log_evict(item.key, item.state)
-      if item.kind ~= KIND_REFUND and item.take > 0 then
-        item.state.adds = item.state.adds + 1
+      local state = item.state
+      if state.evict then
+        log_evict(item.key, state)
+      end
+      if take > 0 and item.kind ~= KIND_REFUND then
+        state.adds, adds = state.adds + 1, true
       end
     end
   end
-  for i = 1, n do
+  for i = 1, adds and n or 0 do
     local item = items[i]
     local state = item.state
     -- ZADD would update a live member instead of adding one; it takes about 7.4 million live
@@ -479,8 +505,10 @@ local function write(items, n, admitted)
   end
   for i = 1, n do
     local item = items[i]
-    local state = item.state
     if item.take > 0 then
+      local state = item.state
+      -- Recorded only because the request was admitted: what compensation takes back.
+      item.undoable = admitted and item.passed and item.over_limit ~= OVER_LIMIT_RECORD
       if item.algorithm == ALGORITHM_SLIDING_LOG then
         -- A log's TTL follows the window of the first item that wrote to it.
         if log_write(item, state) and not state.writer then
@@ -501,8 +529,7 @@ local function write(items, n, admitted)
     end
   end
   for i = 1, n do
-    local item = items[i]
-    local state = item.state
+    local state = items[i].state
     local writer = state.writer
     if writer then
       if writer.algorithm == ALGORITHM_SLIDING_LOG then

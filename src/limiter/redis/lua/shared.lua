@@ -74,8 +74,10 @@ local function parse_log_member(member)
     tonumber(string.sub(member, LOG_NUMBER_DIGITS + 1))
 end
 
--- Stores a log key's total beside its entries (the score of LOG_TOTAL_MEMBER, negated, so that
--- it sorts below every entry); a key whose total is 0 holds no entry and is deleted.
+-- Stores a log key's total (the sum of its entries' weights) beside its entries: the score of
+-- LOG_TOTAL_MEMBER, negated, so that the member sorts first, below every entry (a change of its
+-- score then costs Redis no scan of the set). A key whose total is 0 holds no entry and is
+-- deleted.
 local function store_log_total(key, total)
   if total > 0 then
     redis.call('ZADD', key, format_integer(-total), LOG_TOTAL_MEMBER)
