@@ -7,11 +7,12 @@
 #   scripts/bench/script-cost.sh                  # the current script (from sluice-bench)
 #   scripts/bench/script-cost.sh old.lua new.lua  # A/B of script files
 #   SCENARIOS="log fixed" scripts/bench/script-cost.sh ...   # some scenarios only
+#   WEIGHT=100000 SCENARIOS=log scripts/bench/script-cost.sh    # sliding-log items of 100000 hits
 #
 # Get a version's script with `scripts/bench/assemble-script.py [REV] > x.lua` (no build needed).
 # Scenarios, each a fixed sequence of 2,000 EVALSHA calls over 200 keys (TIME clock, limits never
 # reached), replayed once to fill the keys and once under measurement:
-#   log      one sliding-log item per call
+#   log      one sliding-log item per call (of WEIGHT hits, default 1)
 #   batch8   eight one-item requests per call (the batched layout), counted per request
 #   two      two sliding-log items per call (two descriptors)
 #   fixed    one fixed-window item per call
@@ -44,9 +45,10 @@ for _ in $(seq 1 300); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sl
 CALLS=2000
 # Writes the RESP-encoded call sequence of a scenario (same seed, same keys every time).
 commands() { # sha scenario args-per-item
-  python3 - "$1" "$2" "$CALLS" "$3" <<'EOF'
+  python3 - "$1" "$2" "$CALLS" "$3" "${WEIGHT:-1}" <<'EOF'
 import random, sys
 sha, scenario, calls, per_item = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4] or 7)
+weight = sys.argv[5]
 rnd, out = random.Random(7), sys.stdout.buffer
 def send(args):
     out.write(b"*%d\r\n" % len(args))
@@ -55,7 +57,7 @@ def send(args):
         out.write(b"$%d\r\n%s\r\n" % (len(a), a))
 # An item's arguments, cut to the script's layout (ARGS_PER_ITEM: scripts before the
 # over_limit argument take 6).
-log = ["1000000", "3600000", "1", "c", "l", "0", "f"][:per_item]
+log = ["1000000000000", "3600000", weight, "c", "l", "0", "f"][:per_item]
 fixed = ["1000000", "3600000", "1", "c", "f", "0", "f"][:per_item]
 for _ in range(calls // 8 if scenario == "batch8" else calls):
     key = lambda prefix, n=200: "%s:%d" % (prefix, rnd.randrange(n))
