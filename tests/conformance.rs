@@ -337,17 +337,11 @@ async fn weights_count_exactly(l: Arc<dyn Limiter>) {
     for i in 0..5 {
         assert!(at(&l, &[c("many", 100, i + 1)], T + i).await.admitted);
     }
-    let probe = c("many", 100, 0);
-    assert_eq!(
-        at(&l, &[probe.clone()], T + 1002).await.items[0],
-        ko(true, 9, 1)
-    );
-    assert_eq!(
-        at(&l, &[probe.clone()], T + 1003).await.items[0],
-        ko(true, 5, 1)
-    );
+    let probe = [c("many", 100, 0)];
+    assert_eq!(at(&l, &probe, T + 1002).await.items[0], ko(true, 9, 1));
+    assert_eq!(at(&l, &probe, T + 1003).await.items[0], ko(true, 5, 1));
     assert!(at(&l, &[c("many", 100, 1)], T + 1003).await.admitted);
-    assert_eq!(at(&l, &[probe], T + 1004).await.items[0], ko(true, 1, 999));
+    assert_eq!(at(&l, &probe, T + 1004).await.items[0], ko(true, 1, 999));
 }
 
 /// The token budget of an AI or Envoy Gateway (a cost charged after the response): each request is checked with 0 hits on the request path, and its cost (4) is
