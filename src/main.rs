@@ -223,7 +223,8 @@ struct ServeArgs {
     /// Longest descriptor entry value accepted, in bytes.
     #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_VALUE_BYTES)]
     max_value_bytes: usize,
-    /// Largest hits_addend accepted (request or descriptor level).
+    /// Largest hits_addend accepted (request or descriptor level). A request's hits are one
+    /// log entry whatever their number: this bounds what one request may claim of a limit.
     #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = InputLimits::DEFAULT_MAX_HITS_ADDEND)]
     max_hits_addend: u64,
     /// Largest encoded gRPC request accepted, in bytes (refused before decoding).

@@ -128,6 +128,7 @@ fn one_hit() -> Vec<Hit> {
         window_ms: 1000,
         hits: 1,
         kind: HitKind::Consume,
+        over_limit: sluice::limiter::OverLimit::default(),
         algorithm: sluice::limiter::Algorithm::SlidingLog,
     }]
 }

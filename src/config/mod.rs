@@ -33,7 +33,8 @@ mod xds;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use tree::{
-    HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind, Rule,
+    HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind,
+    OverLimitSetting, Rule,
 };
 
 use crate::descriptor::Entry;
@@ -441,6 +442,9 @@ impl Config {
                 }
                 if rule.shadow_mode {
                     out.push_str(", shadow_mode=true");
+                }
+                if rule.over_limit != OverLimitSetting::default() {
+                    out.push_str(&format!(", over_limit={}", rule.over_limit.as_str()));
                 }
                 if rule.detailed_metric {
                     out.push_str(", detailed_metric=true");

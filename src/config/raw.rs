@@ -57,6 +57,8 @@ pub(crate) struct RawDescriptor {
     pub detailed_metric: Option<bool>,
     pub value_to_metric: Option<bool>,
     pub share_threshold: Option<Spanned<bool>>,
+    /// sluice extension: what a request that does not fit records (`refuse`, `fill`, `record`).
+    pub over_limit: Option<Spanned<String>>,
     /// sluice extension: response headers for this descriptor and its children.
     pub response_headers: Option<Spanned<RawHeaders>>,
     pub response_headers_line: Option<usize>,
@@ -200,6 +202,7 @@ impl Fields for RawDescriptor {
             "detailed_metric" => self.detailed_metric = map.next_value()?,
             "value_to_metric" => self.value_to_metric = map.next_value()?,
             "share_threshold" => self.share_threshold = map.next_value()?,
+            "over_limit" => self.over_limit = map.next_value()?,
             // Accepted for compatibility with configs that annotate descriptors; sluice keys
             // and limits do not depend on it.
             "metadata" => {
@@ -306,6 +309,7 @@ pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "share_threshold",
     "metadata",
     "response_headers",
+    "over_limit",
 ];
 pub(crate) const HEADERS_FIELDS: &[&str] = &["format", "hide_remaining"];
 pub(crate) const RATE_LIMIT_FIELDS: &[&str] = &[

@@ -22,10 +22,11 @@
 //! connection, so Redis pays the script call and the socket round trip once for several
 //! decisions.
 //!
-//! Cost: the sliding log stores one member per hit, so an admitted item costs O(hits) inside the
-//! script (Redis is blocked meanwhile); the other algorithms cost O(1) per item (the quantized
-//! log O(window / quantum)). Limits, which bound the hits an item can record, must
-//! therefore stay reasonable (config validation's job); the memory backend has no such cost.
+//! Cost: an item costs O(1) inside the script whatever its hits (the sliding log stores one
+//! member per recording item, carrying its hits as its weight, and keeps the key's total beside
+//! the members), plus the entries that left the window since the key was last touched; the
+//! quantized log costs O(window / quantum). Redis memory grows with the requests in a window,
+//! never with their hits (docs/algorithms.md, "Weights").
 
 mod batch;
 pub mod cluster;
