@@ -19,7 +19,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("sluice_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
+    // Messages that do not decode are answered INVALID_ARGUMENT, not INTERNAL (src/codec.rs).
     tonic_prost_build::configure()
+        .codec_path("crate::codec::StrictCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

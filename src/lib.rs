@@ -8,7 +8,8 @@
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
-//! - [`service`]: the tonic adapter only (the gRPC face).
+//! - [`service`]: the tonic adapter only (the gRPC face); [`codec`]: its message decoding
+//!   (a request that does not decode is `INVALID_ARGUMENT`).
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
 //! - [`admin`]: HTTP /healthz, /readyz, /metrics.
 //! - [`http_api`]: envoyproxy/ratelimit's HTTP face on the admin port: POST /json, GET /rlconfig.
@@ -23,6 +24,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod codec;
 pub mod compat;
 pub mod config;
 pub mod decision;
