@@ -206,6 +206,10 @@ pub fn assemble(
 ) -> Result<ServerSettings, StartError> {
     crate::descriptor::validate_key_prefix(&settings.engine.key_prefix)
         .map_err(StartError::KeyPrefix)?;
+    // Before the load: a change made while sluice starts is then seen by the first poll.
+    let loaded = settings
+        .watch_interval
+        .and_then(|_| crate::reload::Reloader::fingerprint(&settings.config, &settings.load));
     let config = load_config(&settings.config, settings.load)?;
     let limiter = backend(&settings.backend)?;
     if settings.backend.redis.is_some() {
@@ -225,6 +229,7 @@ pub fn assemble(
         path: settings.config.clone(),
         interval: interval.max(MIN_WATCH_INTERVAL),
         load_options: settings.load,
+        loaded,
     });
     Ok(ServerSettings {
         config,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::app::{self, BackendSettings, Settings};
-use sluice::config::{HeaderFormat, HeaderPolicy, LoadOptions};
+use sluice::config::{ConfigLimits, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
@@ -47,6 +47,8 @@ enum Command {
         /// Merge files that name the same domain instead of rejecting them.
         #[arg(long, env = "SLUICE_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
+        #[command(flatten)]
+        limits: ConfigLimitArgs,
     },
     /// Show which rule governs each descriptor of a request and why, and the limiter key it
     /// would use, without touching any backend.
@@ -61,6 +63,35 @@ enum Command {
         #[arg(required = true)]
         descriptors: Vec<String>,
     },
+}
+
+/// What a config may cost to read (docs/security.md, "Config limits"): `serve` (start-up and
+/// every reload) and `check-config` take the same flags.
+#[derive(clap::Args)]
+struct ConfigLimitArgs {
+    /// Bytes the config may hold, all of its files together.
+    #[arg(long, env = "SLUICE_MAX_CONFIG_BYTES", default_value_t = ConfigLimits::DEFAULT_MAX_BYTES)]
+    max_config_bytes: u64,
+    /// YAML nodes (scalars, sequences, mappings, aliases expanded) one config file may hold.
+    #[arg(long, env = "SLUICE_MAX_YAML_NODES", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_NODES)]
+    max_yaml_nodes: usize,
+    /// YAML nesting levels one config file may use (1 to 1024).
+    #[arg(long, env = "SLUICE_MAX_YAML_DEPTH", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_DEPTH, value_parser = parse_depth)]
+    max_yaml_depth: usize,
+    /// Aliases per anchor one config file may use, once it has 100 aliases.
+    #[arg(long, env = "SLUICE_MAX_YAML_ALIASES_PER_ANCHOR", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_ALIASES_PER_ANCHOR)]
+    max_yaml_aliases_per_anchor: usize,
+}
+
+impl ConfigLimitArgs {
+    fn limits(&self) -> ConfigLimits {
+        ConfigLimits {
+            max_bytes: self.max_config_bytes,
+            max_yaml_nodes: self.max_yaml_nodes,
+            max_yaml_depth: self.max_yaml_depth,
+            max_yaml_aliases_per_anchor: self.max_yaml_aliases_per_anchor,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -201,13 +232,19 @@ struct ServeArgs {
     /// Largest encoded gRPC request accepted, in bytes (refused before decoding).
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    #[command(flatten)]
+    config_limits: ConfigLimitArgs,
 }
 
 impl ServeArgs {
     /// The settings these flags describe; reads the Redis password file (or
     /// `SLUICE_REDIS_PASSWORD`).
     fn settings(&self) -> Result<Settings, app::StartError> {
-        let load = load_options(self.merge_domain_config, self.response_headers);
+        let load = load_options(
+            self.merge_domain_config,
+            self.response_headers,
+            self.config_limits.limits(),
+        );
         let redis = match &self.redis_url {
             Some(url) => Some(RedisOptions {
                 ca_file: self.redis_ca_file.clone(),
@@ -268,8 +305,9 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             path,
             merge_domain_config,
+            limits,
         } => {
-            let options = load_options(merge_domain_config, HeaderFormat::None);
+            let options = load_options(merge_domain_config, HeaderFormat::None, limits.limits());
             match app::check_config(&path, options) {
                 Ok(summary) => {
                     println!("{summary}");
@@ -314,13 +352,29 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_options(merge_domains: bool, default_headers: HeaderFormat) -> LoadOptions {
+fn load_options(
+    merge_domains: bool,
+    default_headers: HeaderFormat,
+    limits: ConfigLimits,
+) -> LoadOptions {
     LoadOptions {
         merge_domains,
         default_headers: HeaderPolicy {
             format: default_headers,
             hide_remaining: false,
         },
+        limits,
+    }
+}
+
+/// A YAML nesting limit in 1..=[`ConfigLimits::MAX_YAML_DEPTH`].
+fn parse_depth(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(depth) if (1..=ConfigLimits::MAX_YAML_DEPTH).contains(&depth) => Ok(depth),
+        _ => Err(format!(
+            "{text:?} is not a depth in 1..={}",
+            ConfigLimits::MAX_YAML_DEPTH
+        )),
     }
 }
 

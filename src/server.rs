@@ -144,9 +144,9 @@ pub async fn run(
         .await;
     probe_backend(&*limiter, &readiness, &health_reporter, true).await;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let reloader = settings
-        .reload
-        .map(|r| tokio::spawn(reload::run(r, engine.clone(), stop_rx.clone())));
+    if let Some(r) = settings.reload {
+        reload::spawn(r, engine.clone(), stop_rx.clone());
+    }
     let prober = tokio::spawn(probe_loop(
         limiter,
         readiness.clone(),
@@ -198,9 +198,6 @@ pub async fn run(
 
     let (grpc_result, admin_result, ()) = tokio::join!(grpc, admin, drain);
     prober.abort();
-    if let Some(reloader) = reloader {
-        reloader.abort();
-    }
     grpc_result?;
     admin_result.map_err(ServerError::Admin)?;
     tracing::info!("stopped");
