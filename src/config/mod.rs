@@ -379,7 +379,9 @@ impl Config {
             if i == last {
                 return Trace {
                     steps,
-                    end: TraceEnd::Matched,
+                    end: TraceEnd::Matched {
+                        nested: !node.children.is_empty(),
+                    },
                 };
             }
             if node.children.is_empty() {
@@ -498,8 +500,11 @@ pub enum TraceEnd {
     DeeperThanConfig {
         entry: usize,
     },
-    /// Every entry matched; the last step's rule governs the descriptor.
-    Matched,
+    /// Every entry matched; the last step's rule governs the descriptor. `nested`: that node
+    /// has nested descriptors of its own (so, without a limit, it is not a whitelist entry).
+    Matched {
+        nested: bool,
+    },
 }
 
 /// The `*.yaml` / `*.yml` regular files (symlinks followed) directly in `dir`, sorted by name,
