@@ -30,6 +30,7 @@ use crate::limiter::redis::cluster::ClusterLimiter;
 use crate::limiter::redis::connect::redact_url;
 use crate::limiter::redis::{RedisLimiter, RedisOptions, SettingError};
 use crate::limiter::{Limiter, SystemClock};
+use crate::listen::PortLimits;
 use crate::metrics::MetricsSettings;
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
@@ -61,6 +62,8 @@ pub struct Settings {
     /// How often the config is checked for changes; `None` serves the start-up config until
     /// exit.
     pub watch_interval: Option<Duration>,
+    /// Connection and request limits of both ports.
+    pub ports: PortLimits,
 }
 
 impl Settings {
@@ -76,6 +79,7 @@ impl Settings {
             metrics: MetricsSettings::default(),
             probe_interval: DEFAULT_PROBE_INTERVAL,
             watch_interval: Some(DEFAULT_WATCH_INTERVAL),
+            ports: PortLimits::default(),
         }
     }
 }
@@ -240,6 +244,7 @@ pub fn assemble(
         metrics_settings: settings.metrics,
         reload,
         on_backend_error: settings.on_backend_error,
+        ports: settings.ports,
     })
 }
 

@@ -20,6 +20,10 @@
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
 //!   Redis Cluster) with its guard and rejection cache, metrics recorder.
+//! - [`listen`]: accepting on both ports within limits (connections, first bytes, idle time,
+//!   no spin when file descriptors run out).
+//! - [`logging`]: the log subscriber `sluice serve` installs, with per-connection warnings of
+//!   the HTTP/2 stack rate-limited.
 //! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
@@ -36,6 +40,8 @@ pub mod explain;
 pub mod headers;
 pub mod http_api;
 pub mod limiter;
+pub mod listen;
+pub mod logging;
 pub mod metrics;
 pub mod proto;
 pub mod reload;

@@ -17,6 +17,7 @@ use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
+use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
 use sluice::{run, Listeners};
 
@@ -232,6 +233,23 @@ struct ServeArgs {
     /// Largest encoded gRPC request accepted, in bytes (refused before decoding).
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    /// Connections open at once on the gRPC port; one more is closed at once.
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_GRPC_MAX_CONNECTIONS)]
+    grpc_max_connections: usize,
+    /// Calls (HTTP/2 streams) open at once on one gRPC connection
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM.
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = PortLimits::DEFAULT_GRPC_MAX_CONCURRENT_STREAMS)]
+    grpc_max_concurrent_streams: u32,
+    /// Connections open at once on the admin port; one more is closed at once.
+    #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_ADMIN_MAX_CONNECTIONS)]
+    admin_max_connections: usize,
+    /// Milliseconds a client has to send a request: the HTTP/2 preface after connecting and
+    /// each gRPC call until answered; on the admin port the request head, then the body.
+    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+    request_timeout_ms: u64,
+    /// Milliseconds a connection may stay open with nothing sent by the client (either port).
+    #[arg(long, env = "SLUICE_IDLE_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_IDLE_TIMEOUT.as_millis() as u64)]
+    idle_timeout_ms: u64,
     #[command(flatten)]
     config_limits: ConfigLimitArgs,
 }
@@ -289,6 +307,13 @@ impl ServeArgs {
             watch_interval: self
                 .watch_config
                 .then(|| Duration::from_millis(self.watch_interval_ms)),
+            ports: PortLimits {
+                grpc_max_connections: self.grpc_max_connections,
+                grpc_max_concurrent_streams: self.grpc_max_concurrent_streams,
+                admin_max_connections: self.admin_max_connections,
+                request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
+            },
         })
     }
 }
@@ -391,16 +416,7 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    sluice::logging::init(matches!(format, LogFormat::Json));
 }
 
 #[tokio::main]
