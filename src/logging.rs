@@ -124,12 +124,12 @@ fn report(rate_limit: &RateLimit) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A `tracing` writer into a shared buffer.
+    /// A `tracing` writer into a shared buffer, to read what was logged.
     #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Captured(pub(crate) Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Captured {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {

@@ -300,6 +300,7 @@ mod tests {
     use super::*;
     use crate::limiter::memory::MemoryLimiter;
     use crate::limiter::SystemClock;
+    use crate::logging::tests::Captured;
 
     fn limits(rpu: u32) -> String {
         format!(
@@ -393,20 +394,6 @@ mod tests {
         assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
         assert_eq!(limit_of(&engine), 9);
         assert!(engine.config().has_domain("e"));
-    }
-
-    /// A `tracing` writer into a shared buffer, to read what `report` logs.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
     }
 
     /// A plain file `d.yaml` with `limits(3)`, loaded into an engine a reloader watches.

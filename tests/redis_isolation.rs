@@ -42,15 +42,9 @@ async fn pause_redis(conn: &mut redis::aio::MultiplexedConnection, ms: u64) {
         .expect("CLIENT PAUSE");
 }
 
-/// 60 concurrent requests on one connection slot (batches of at most 16): every 6th is for the
-/// poisoned key. The 50 others are admitted and recorded once each; the 10 poisoned ones fail
-/// alone, naming WRONGTYPE, and leave the string as it was.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrong_type_key_fails_only_its_own_requests_in_a_full_batch() {
-    let server = RedisServer::start();
-    let mut conn = server.raw().await;
-    let poisoned = key_of("wt");
-    let _: () = conn.set(&poisoned, "hello").await.expect("SET");
+/// A limiter on one connection slot batching up to 16 requests per call, connected and with its
+/// script loaded.
+async fn batching_limiter(server: &RedisServer) -> Arc<RedisLimiter> {
     let limiter = Arc::new(
         RedisLimiter::open(&RedisOptions {
             pool_size: 1,
@@ -63,6 +57,19 @@ async fn a_wrong_type_key_fails_only_its_own_requests_in_a_full_batch() {
         .ping()
         .await
         .expect("warm up: connect and load the script");
+    limiter
+}
+
+/// 60 concurrent requests on one connection slot (batches of at most 16): every 6th is for the
+/// poisoned key. The 50 others are admitted and recorded once each; the 10 poisoned ones fail
+/// alone, naming WRONGTYPE, and leave the string as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_type_key_fails_only_its_own_requests_in_a_full_batch() {
+    let server = RedisServer::start();
+    let mut conn = server.raw().await;
+    let poisoned = key_of("wt");
+    let _: () = conn.set(&poisoned, "hello").await.expect("SET");
+    let limiter = batching_limiter(&server).await;
 
     pause_redis(&mut conn, 300).await;
     let mut tasks = tokio::task::JoinSet::new();
@@ -242,18 +249,8 @@ async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_out_of_memory_redis_refuses_the_script_before_it_writes() {
     let (server, mut conn, before) = full_redis().await;
-    let limiter = Arc::new(
-        RedisLimiter::open(&RedisOptions {
-            pool_size: 1,
-            batch_max: 16,
-            ..RedisOptions::new(server.url())
-        })
-        .expect("open"),
-    );
-    limiter
-        .ping()
-        .await
-        .expect("PING and SCRIPT LOAD work under OOM");
+    // PING and SCRIPT LOAD work under OOM.
+    let limiter = batching_limiter(&server).await;
     // Three large admitted items: before, each wrote 100,000 members past the limit.
     for round in 0..3 {
         let key = format!("big{round}");
