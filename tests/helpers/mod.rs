@@ -15,12 +15,14 @@
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
+//! - [`xds_server`]: a test double of an xDS management server (plaintext or mutual TLS 1.3);
+//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen).
 #![allow(dead_code, unused_imports)]
 
+pub mod certs;
 pub mod edge_limits;
 pub mod envoy;
 pub mod envoy_config;
-
 pub mod fuzz_harness;
 pub mod http;
 pub mod in_process;
@@ -29,6 +31,7 @@ pub mod limiter;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
+pub mod xds_server;
 
 pub use envoy::{Envoy, Upstream};
 pub use http::{http_get, http_request, HttpResponse, Req};
