@@ -8,9 +8,9 @@
 //! [`StrictCodec`] (tonic-prost-build's `codec_path`), so the transport decodes with it before
 //! [`crate::service`] sees the request. prost names the field in its error
 //! (`Entry.value: RateLimitDescriptor.entries: RateLimitRequest.descriptors: invalid string
-//! value: data is not UTF-8 encoded`, innermost first). The generated client decodes responses
-//! with it too (tests and benchmarks only): a response that does not decode is reported the same
-//! way there.
+//! value: data is not UTF-8 encoded`, innermost first). The generated clients decode responses
+//! with it too (the xDS client, tests and benchmarks): a response that does not decode is
+//! reported the same way there, as a failed call like any other.
 
 use std::marker::PhantomData;
 
