@@ -30,6 +30,7 @@ use crate::limiter::redis::cluster::ClusterLimiter;
 use crate::limiter::redis::connect::redact_url;
 use crate::limiter::redis::{RedisLimiter, RedisOptions, SettingError};
 use crate::limiter::{Limiter, SystemClock};
+use crate::listen::PortLimits;
 use crate::metrics::MetricsSettings;
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
@@ -63,6 +64,8 @@ pub struct Settings {
     /// How often the config is checked for changes; `None` serves the start-up config until
     /// exit. Files only: xDS pushes its changes.
     pub watch_interval: Option<Duration>,
+    /// Connection and request limits of both ports.
+    pub ports: PortLimits,
 }
 
 /// Where the limits come from: `--config` or `--config-xds`.
@@ -92,6 +95,7 @@ impl Settings {
             metrics: MetricsSettings::default(),
             probe_interval: DEFAULT_PROBE_INTERVAL,
             watch_interval: Some(DEFAULT_WATCH_INTERVAL),
+            ports: PortLimits::default(),
         }
     }
 }
@@ -229,6 +233,10 @@ pub fn assemble(
         .map_err(StartError::KeyPrefix)?;
     let (config, reload, xds) = match settings.config {
         ConfigSource::Files(path) => {
+            // Before the load: a change made while sluice starts is then seen by the first poll.
+            let loaded = settings
+                .watch_interval
+                .and_then(|_| crate::reload::Reloader::fingerprint(&path, &settings.load));
             let config = load_config(&path, settings.load)?;
             let unix_now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -238,6 +246,7 @@ pub fn assemble(
                 path,
                 interval: interval.max(MIN_WATCH_INTERVAL),
                 load_options: settings.load,
+                loaded,
             });
             (config, reload, None)
         }
@@ -270,6 +279,7 @@ pub fn assemble(
         reload,
         xds,
         on_backend_error: settings.on_backend_error,
+        ports: settings.ports,
     })
 }
 

@@ -61,9 +61,7 @@ async fn rlconfig(State(state): State<ApiState>) -> impl IntoResponse {
 
 async fn json_decision(State(state): State<ApiState>, body: Bytes) -> Response {
     let started = Instant::now();
-    let request = serde_json::from_slice::<JsonRequest>(&body)
-        .map_err(|err| format!("invalid JSON body: {err}"))
-        .and_then(JsonRequest::into_proto);
+    let request = parse(&body).and_then(JsonRequest::into_proto);
     let request = match request {
         Ok(request) => request,
         Err(message) => {
@@ -82,6 +80,22 @@ async fn json_decision(State(state): State<ApiState>, body: Bytes) -> Response {
         }
         Err(status) => error(http_status(status.code()), status.message()),
     }
+}
+
+/// The body as a request, or what is wrong with it, naming the field (`descriptors[0].entries[1]
+/// .value: invalid unicode code point at line 1 column 80`).
+fn parse(body: &[u8]) -> Result<JsonRequest, String> {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let request: JsonRequest = serde_path_to_error::deserialize(&mut json).map_err(|err| {
+        let path = err.path().to_string();
+        match path.as_str() {
+            "." => format!("invalid JSON body: {}", err.inner()),
+            _ => format!("invalid JSON body: {path}: {}", err.inner()),
+        }
+    })?;
+    json.end()
+        .map_err(|err| format!("invalid JSON body: {err}"))?;
+    Ok(request)
 }
 
 /// The HTTP status of a gRPC error code, as envoyproxy/ratelimit's `/json` answers: 400 for a
@@ -366,6 +380,24 @@ descriptors:
             http_status(tonic::Code::Unavailable),
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    #[test]
+    fn undecodable_strings_are_named() {
+        let mut body =
+            br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"x"#.to_vec();
+        body.extend_from_slice(&[0xff, 0xfe]);
+        body.extend_from_slice(br#""}]}]}"#);
+        let err = parse(&body).err().unwrap();
+        assert!(
+            err.starts_with("invalid JSON body: descriptors[0].entries[0].value: "),
+            "{err}"
+        );
+        let surrogate = br#"{"domain":"\ud800"}"#;
+        let err = parse(surrogate).err().unwrap();
+        assert!(err.starts_with("invalid JSON body: domain: "), "{err}");
+        let err = parse(br#"{"domain":"d"} trailing"#).err().unwrap();
+        assert!(err.starts_with("invalid JSON body: trailing"), "{err}");
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
 //! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
-//! - [`service`]: the gRPC face (tonic adapter only); [`http_api`]: envoyproxy/ratelimit's HTTP
+//! - [`service`]: the gRPC face (tonic adapter only), [`codec`] its message decoding (a request
+//!   that does not decode is `INVALID_ARGUMENT`); [`http_api`]: envoyproxy/ratelimit's HTTP
 //!   face on the admin port (POST /json, GET /rlconfig); [`admin`]: /healthz, /readyz, /metrics.
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
@@ -21,6 +22,10 @@
 //!   valid config it pushes (ACK), keeping the previous one on an invalid push (NACK).
 //! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
 //!   Redis Cluster) with its guard and rejection cache, metrics recorder.
+//! - [`listen`]: accepting on both ports within limits (connections, first bytes, idle time,
+//!   no spin when file descriptors run out).
+//! - [`logging`]: the log subscriber `sluice serve` installs, with per-connection warnings of
+//!   the HTTP/2 stack rate-limited.
 //! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
@@ -28,6 +33,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod codec;
 pub mod compat;
 pub mod config;
 pub mod decision;
@@ -36,6 +42,8 @@ pub mod explain;
 pub mod headers;
 pub mod http_api;
 pub mod limiter;
+pub mod listen;
+pub mod logging;
 pub mod metrics;
 pub mod proto;
 pub mod reload;

@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::app::{self, BackendSettings, ConfigSource, Settings};
-use sluice::config::{HeaderFormat, HeaderPolicy, LoadOptions};
+use sluice::config::{ConfigLimits, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
+use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
 use sluice::xds::{ClientTls, XdsSettings};
 use sluice::{run, Listeners};
@@ -48,6 +49,8 @@ enum Command {
         /// Merge files that name the same domain instead of rejecting them.
         #[arg(long, env = "SLUICE_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
+        #[command(flatten)]
+        limits: ConfigLimitArgs,
     },
     /// Show which rule governs each descriptor of a request and why, and the limiter key it
     /// would use, without touching any backend.
@@ -62,6 +65,35 @@ enum Command {
         #[arg(required = true)]
         descriptors: Vec<String>,
     },
+}
+
+/// What a config may cost to read (docs/security.md, "Config limits"): `serve` (start-up and
+/// every reload) and `check-config` take the same flags.
+#[derive(clap::Args)]
+struct ConfigLimitArgs {
+    /// Bytes the config may hold, all of its files together.
+    #[arg(long, env = "SLUICE_MAX_CONFIG_BYTES", default_value_t = ConfigLimits::DEFAULT_MAX_BYTES)]
+    max_config_bytes: u64,
+    /// YAML nodes (scalars, sequences, mappings, aliases expanded) one config file may hold.
+    #[arg(long, env = "SLUICE_MAX_YAML_NODES", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_NODES)]
+    max_yaml_nodes: usize,
+    /// YAML nesting levels one config file may use (1 to 1024).
+    #[arg(long, env = "SLUICE_MAX_YAML_DEPTH", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_DEPTH, value_parser = parse_depth)]
+    max_yaml_depth: usize,
+    /// Aliases per anchor one config file may use, once it has 100 aliases.
+    #[arg(long, env = "SLUICE_MAX_YAML_ALIASES_PER_ANCHOR", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_ALIASES_PER_ANCHOR)]
+    max_yaml_aliases_per_anchor: usize,
+}
+
+impl ConfigLimitArgs {
+    fn limits(&self) -> ConfigLimits {
+        ConfigLimits {
+            max_bytes: self.max_config_bytes,
+            max_yaml_nodes: self.max_yaml_nodes,
+            max_yaml_depth: self.max_yaml_depth,
+            max_yaml_aliases_per_anchor: self.max_yaml_aliases_per_anchor,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -230,6 +262,25 @@ struct ServeArgs {
     /// Largest encoded gRPC request accepted, in bytes (refused before decoding).
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    /// Connections open at once on the gRPC port; one more is closed at once.
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_GRPC_MAX_CONNECTIONS)]
+    grpc_max_connections: usize,
+    /// Calls (HTTP/2 streams) open at once on one gRPC connection
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM.
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = PortLimits::DEFAULT_GRPC_MAX_CONCURRENT_STREAMS)]
+    grpc_max_concurrent_streams: u32,
+    /// Connections open at once on the admin port; one more is closed at once.
+    #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_ADMIN_MAX_CONNECTIONS)]
+    admin_max_connections: usize,
+    /// Milliseconds a client has to send a request: the HTTP/2 preface after connecting and
+    /// each gRPC call until answered; on the admin port the request head, then the body.
+    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+    request_timeout_ms: u64,
+    /// Milliseconds a connection may stay open with nothing sent by the client (either port).
+    #[arg(long, env = "SLUICE_IDLE_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_IDLE_TIMEOUT.as_millis() as u64)]
+    idle_timeout_ms: u64,
+    #[command(flatten)]
+    config_limits: ConfigLimitArgs,
 }
 
 impl ServeArgs {
@@ -293,7 +344,11 @@ impl ServeArgs {
     /// The settings these flags describe; reads the Redis password file (or
     /// `SLUICE_REDIS_PASSWORD`).
     fn settings(&self) -> Result<Settings, app::StartError> {
-        let load = load_options(self.merge_domain_config, self.response_headers);
+        let load = load_options(
+            self.merge_domain_config,
+            self.response_headers,
+            self.config_limits.limits(),
+        );
         let redis = match &self.redis_url {
             Some(url) => Some(RedisOptions {
                 ca_file: self.redis_ca_file.clone(),
@@ -338,6 +393,13 @@ impl ServeArgs {
             watch_interval: self
                 .watch_config
                 .then(|| Duration::from_millis(self.watch_interval_ms)),
+            ports: PortLimits {
+                grpc_max_connections: self.grpc_max_connections,
+                grpc_max_concurrent_streams: self.grpc_max_concurrent_streams,
+                admin_max_connections: self.admin_max_connections,
+                request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
+            },
         })
     }
 }
@@ -354,8 +416,9 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             path,
             merge_domain_config,
+            limits,
         } => {
-            let options = load_options(merge_domain_config, HeaderFormat::None);
+            let options = load_options(merge_domain_config, HeaderFormat::None, limits.limits());
             match app::check_config(&path, options) {
                 Ok(summary) => {
                     println!("{summary}");
@@ -400,13 +463,29 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_options(merge_domains: bool, default_headers: HeaderFormat) -> LoadOptions {
+fn load_options(
+    merge_domains: bool,
+    default_headers: HeaderFormat,
+    limits: ConfigLimits,
+) -> LoadOptions {
     LoadOptions {
         merge_domains,
         default_headers: HeaderPolicy {
             format: default_headers,
             hide_remaining: false,
         },
+        limits,
+    }
+}
+
+/// A YAML nesting limit in 1..=[`ConfigLimits::MAX_YAML_DEPTH`].
+fn parse_depth(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(depth) if (1..=ConfigLimits::MAX_YAML_DEPTH).contains(&depth) => Ok(depth),
+        _ => Err(format!(
+            "{text:?} is not a depth in 1..={}",
+            ConfigLimits::MAX_YAML_DEPTH
+        )),
     }
 }
 
@@ -423,16 +502,7 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    sluice::logging::init(matches!(format, LogFormat::Json));
 }
 
 #[tokio::main]

@@ -6,7 +6,7 @@
 //! configured addresses and passes SIGTERM/ctrl-c. [`crate::app::assemble`] builds the
 //! settings.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +14,6 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
@@ -24,6 +22,7 @@ use crate::config::Config;
 use crate::decision::{Engine, EngineOptions, FailurePolicy};
 use crate::http_api;
 use crate::limiter::Limiter;
+use crate::listen::{Acceptor, PortLimits};
 use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
@@ -51,6 +50,8 @@ pub struct ServerSettings {
     pub xds: Option<XdsSource>,
     /// What a request gets when the backend fails.
     pub on_backend_error: FailurePolicy,
+    /// Connection and request limits of both ports.
+    pub ports: PortLimits,
 }
 
 /// The two bound sockets `run` serves on.
@@ -105,8 +106,6 @@ pub enum ServerError {
     LocalAddr(std::io::Error),
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
-    #[error("admin server failed: {0}")]
-    Admin(#[source] std::io::Error),
     #[error("reflection service could not be built: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
@@ -155,9 +154,9 @@ pub async fn run(
         .await;
     probe_backend(&*limiter, &readiness, &health_reporter, true).await;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let reloader = settings
-        .reload
-        .map(|r| tokio::spawn(reload::run(r, engine.clone(), stop_rx.clone())));
+    if let Some(r) = settings.reload {
+        reload::spawn(r, engine.clone(), stop_rx.clone());
+    }
     let (applied, mut first_config) = watch::channel(settings.xds.is_none());
     let serve_before_config = match &settings.xds {
         Some(source) => source.settings.force_start,
@@ -197,17 +196,17 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    // Decisions are tiny request/response pairs: Nagle would only add latency.
-    let incoming = TcpListenerStream::new(grpc_listener).map(|conn| {
-        conn.inspect(|stream| {
-            let _ = stream.set_nodelay(true);
-        })
-    });
+    let ports = settings.ports;
+    let incoming = Acceptor::new(grpc_listener, ports.grpc(), "grpc").into_stream();
     // A message over the limit is refused by the transport before it is decoded (so before
     // anything is allocated for its fields); the connection and the server carry on.
     let rls = RateLimitServiceServer::new(RateLimiter::new(engine.clone(), observer.clone()))
         .max_decoding_message_size(max_message_bytes);
+    // A call not answered within the request timeout (its message never sent) is cancelled,
+    // so a held stream costs its memory for a bounded time.
     let grpc_server = tonic::transport::Server::builder()
+        .max_concurrent_streams(ports.grpc_max_concurrent_streams)
+        .timeout(ports.request_timeout)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -230,9 +229,12 @@ pub async fn run(
     // Both faces record every call on the one observer.
     let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
         .merge(http_api::router(engine, observer));
-    let admin = axum::serve(admin_listener, admin_app)
-        .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
-        .into_future();
+    let admin = admin::serve(
+        Acceptor::new(admin_listener, ports.admin(), "admin"),
+        admin_app,
+        ports.request_timeout,
+        wait_for_stop(stop_rx.clone()),
+    );
 
     let drain = async {
         shutdown.await;
@@ -242,16 +244,12 @@ pub async fn run(
         let _ = stop_tx.send(true);
     };
 
-    let (grpc_result, admin_result, ()) = tokio::join!(grpc, admin, drain);
+    let (grpc_result, (), ()) = tokio::join!(grpc, admin, drain);
     prober.abort();
-    if let Some(reloader) = reloader {
-        reloader.abort();
-    }
     if let Some(client) = xds_client {
         client.abort();
     }
     grpc_result?;
-    admin_result.map_err(ServerError::Admin)?;
     tracing::info!("stopped");
     Ok(())
 }

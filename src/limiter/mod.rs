@@ -212,6 +212,10 @@ pub enum LimiterError {
     Timeout(u64),
     #[error("backend replied with something unexpected: {0}")]
     Protocol(String),
+    /// The backend refused this request alone, for something in its own keys (a Redis key
+    /// holding another type of value: `WRONGTYPE`); requests sharing its call are unaffected.
+    #[error("backend refused the request: {0}")]
+    Refused(String),
     /// Too many backend calls in flight: refused without waiting, so no queue builds up.
     #[error("backend overloaded: too many calls in flight")]
     Overloaded,

@@ -58,6 +58,7 @@ pub(super) const fn backend_error_label(err: &LimiterError) -> &'static str {
         LimiterError::Unavailable(_) => "unavailable",
         LimiterError::Timeout(_) => "timeout",
         LimiterError::Protocol(_) => "protocol",
+        LimiterError::Refused(_) => "refused",
         LimiterError::Overloaded => "overloaded",
     }
 }

@@ -12,6 +12,7 @@
 mod rate_limit;
 
 use super::error::{ConfigError, DOMAIN_RULE};
+use super::limits::ConfigLimits;
 use super::raw::{
     self, line_of, Extra, RawDescriptor, RawHeaders, RawRoot, DESCRIPTOR_FIELDS, HEADERS_FIELDS,
     ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
@@ -42,14 +43,19 @@ pub(crate) fn compile_file(
     file: &Path,
     document: Document<'_>,
     default_headers: HeaderPolicy,
+    limits: &ConfigLimits,
     errors: &mut Vec<ConfigError>,
 ) -> CompiledFile {
     let root = match document {
         Document::Raw(root) => *root,
-        Document::Yaml(text) => match raw::parse(text) {
+        Document::Yaml(text) => match raw::parse(text, limits) {
             Ok(root) => root,
             Err(failure) => {
-                let mut message = format!("malformed YAML: {}", failure.message);
+                let mut message = if failure.limit {
+                    failure.message
+                } else {
+                    format!("malformed YAML: {}", failure.message)
+                };
                 if let Some(column) = failure.column {
                     message.push_str(&format!(" (column {column})"));
                 }

@@ -219,7 +219,7 @@ impl Shared {
         let _in_flight = Gauge::enter(&self.in_flight);
         // EVALSHA sent by hand rather than through `Script::invoke_async`, so a NOSCRIPT reload
         // (after a Redis restart or SCRIPT FLUSH) is seen and counted.
-        match cmd.query_async(&mut conn).await {
+        match query(&mut conn, cmd).await {
             Ok(reply) => Ok(reply),
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script_loads.fetch_add(1, Ordering::Relaxed);
@@ -227,9 +227,7 @@ impl Shared {
                     .load_async(&mut conn)
                     .await
                     .map_err(|e| self.fail(slot, &e))?;
-                cmd.query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.fail(slot, &e))
+                query(&mut conn, cmd).await.map_err(|e| self.fail(slot, &e))
             }
             Err(e) => Err(self.fail(slot, &e)),
         }
@@ -283,9 +281,29 @@ impl Shared {
     }
 }
 
+/// Sends `cmd` and returns its reply; an error reply is an error, but an error element inside
+/// an array reply stays in the array. (`Cmd::query_async` turns any nested error into an error
+/// of the whole reply, which would fail every request of a batched call for one request's
+/// refusal.)
+async fn query(conn: &mut MultiplexedConnection, cmd: &redis::Cmd) -> Result<Value, RedisError> {
+    match redis::aio::ConnectionLike::req_packed_command(conn, cmd).await? {
+        Value::ServerError(e) => Err(e.into()),
+        reply => Ok(reply),
+    }
+}
+
 pub(crate) fn map_error(e: &RedisError) -> LimiterError {
     if e.is_timeout() {
         return LimiterError::Timeout(RESPONSE_TIMEOUT.as_millis() as u64);
+    }
+    if let Some(code @ "WRONGTYPE") = e.code() {
+        return script::refusal(code, e.detail());
+    }
+    // A Redis before 7.0 cannot compile the scripts' declaration line (`#!lua`).
+    if e.detail()
+        .is_some_and(|d| d.contains("Error compiling script"))
+    {
+        return LimiterError::Protocol(format!("{e} (sluice's scripts need Redis 7.0 or later)"));
     }
     match e.kind() {
         // The server answered, but not with what the script promises: a bug, not an outage.
@@ -359,5 +377,35 @@ impl Limiter for RedisLimiter {
             script_calls: shared.script_calls.load(Ordering::Relaxed),
             script_decisions: shared.script_decisions.load(Ordering::Relaxed),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(reply: &[u8]) -> RedisError {
+        match redis::parse_redis_value(reply).expect("an error reply parses") {
+            Value::ServerError(e) => e.into(),
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn script_errors_say_whose_fault_they_are() {
+        let wrong_type =
+            server_error(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n");
+        assert!(
+            matches!(map_error(&wrong_type), LimiterError::Refused(m) if m.starts_with("WRONGTYPE"))
+        );
+        let oom = server_error(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n");
+        assert!(matches!(map_error(&oom), LimiterError::Unavailable(_)));
+        // What Redis 6 answers to SCRIPT LOAD of a declared script.
+        let old = server_error(
+            b"-ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'\r\n",
+        );
+        assert!(
+            matches!(map_error(&old), LimiterError::Protocol(m) if m.contains("Redis 7.0 or later"))
+        );
     }
 }

@@ -89,6 +89,19 @@ shared_with_lua! {
 const _: () = assert!(MAX_EXACT == 1 << 52 && MAX_EXACT == crate::limiter::MAX_COUNT);
 const _: () = assert!(LOG_MEMBER_FIRST == 1_000_000 && LOG_MEMBER_LAST == (1 << 23) - 1);
 
+/// The declaration lines of the scripts, as literals for `concat!` ([`SCRIPT_SHEBANG`],
+/// [`COMPENSATE_SHEBANG`]).
+macro_rules! script_shebang {
+    () => {
+        "#!lua"
+    };
+}
+macro_rules! compensate_shebang {
+    () => {
+        "#!lua flags=allow-oom"
+    };
+}
+
 /// The first lines of every script: each constant above as a Lua local of the same name.
 pub const LUA_HEADER: &str = lua_header!();
 
@@ -126,12 +139,24 @@ pub const LUA_HEADER: &str = lua_header!();
 /// ([`ARGS_PER_ITEM`] arguments each) in order; `KEYS` are every request's keys in the same
 /// order. The requests are decided one after the other, each exactly as a call of its own would
 /// be (all sharing one `now`), and the reply is an array of `G` replies as above (an error
-/// element for a request whose arguments are malformed, the others unaffected).
+/// element for a request whose arguments are malformed or whose keys hold another type of value,
+/// `WRONGTYPE`; that request records nothing and the others are unaffected).
 ///
 /// What the script does with them is written in its files: the steps, the sliding log's data and
 /// members and what each step costs at the top of `lua/decide.lua`, the other algorithms' data
 /// in `lua/models.lua`.
+///
+/// Its first line declares it the Redis 7 way (`#!lua`, [`SCRIPT_SHEBANG`]) with no flags, so
+/// the server checks it before running it: an out-of-memory Redis (`maxmemory` reached under
+/// `noeviction`) refuses the whole call with `OOM` before a command of it runs, where a script
+/// without the line was refused only until its first write command (the eviction of phase 1), and
+/// then grew Redis past `maxmemory`. Nothing else changes for this script: its keys are all in
+/// `KEYS` already (in a cluster, a declared script may only touch its own slot, as each call of
+/// the cluster backend does), `TIME` is allowed (Redis 7 replicates a script's effects, not the
+/// script), and it is not run on read-only replicas. Needs Redis 7.0 or later.
 pub const SCRIPT: &str = concat!(
+    script_shebang!(),
+    "\n",
     lua_header!(),
     include_str!("lua/shared.lua"),
     include_str!("lua/models.lua"),
@@ -145,11 +170,22 @@ pub const SCRIPT: &str = concat!(
 /// (non-zero), its `hits` and its `window_ms` (each at most [`MAX_EXACT`]). Reply: the hits
 /// taken back; malformed arguments give an error reply starting with `sluice:` before any key
 /// is touched. How each algorithm's hits are found again: `lua/compensate.lua`.
+///
+/// Declared with `allow-oom` ([`COMPENSATE_SHEBANG`]): it only takes back what [`SCRIPT`]
+/// recorded, so it must run exactly when Redis is full too (a script without the declaration is
+/// refused at its first `SET`/`HINCRBY` under OOM, leaving the entries it should remove).
 pub const COMPENSATE: &str = concat!(
+    compensate_shebang!(),
+    "\n",
     lua_header!(),
     include_str!("lua/shared.lua"),
     include_str!("lua/compensate.lua")
 );
+
+/// The first line of [`SCRIPT`]: declared, no flags (so no `allow-oom`).
+pub const SCRIPT_SHEBANG: &str = script_shebang!();
+/// The first line of [`COMPENSATE`].
+pub const COMPENSATE_SHEBANG: &str = compensate_shebang!();
 
 /// The clock argument (`ARGV[1]`, in a batched call `ARGV[2]`): the explicit clock in ms, or
 /// empty for Redis `TIME`.
@@ -254,10 +290,26 @@ pub fn decode_batched_reply(
         .iter()
         .zip(sizes)
         .map(|(group, &items)| match group {
-            Value::ServerError(e) => Err(LimiterError::Protocol(format!("script refused: {e}"))),
+            Value::ServerError(e) => Err(refusal(e.code(), e.details())),
             other => decode_reply(other, items),
         })
         .collect())
+}
+
+/// The error of a request Redis refused with error `code` (its first word) and `detail`: a
+/// request of a batched call (an error element of the reply), or a call of its own.
+/// `WRONGTYPE` is the request's own keys' fault ([`LimiterError::Refused`]); `OOM` and `BUSY`
+/// mean Redis cannot serve now ([`LimiterError::Unavailable`]); anything else is unexpected.
+pub fn refusal(code: &str, detail: Option<&str>) -> LimiterError {
+    let detail = detail.unwrap_or_default();
+    match code {
+        "WRONGTYPE" => LimiterError::Refused(format!(
+            "WRONGTYPE: a limiter key of this request holds a value of another type, not one \
+             sluice wrote ({detail})"
+        )),
+        "OOM" | "BUSY" => LimiterError::Unavailable(format!("{code} {detail}")),
+        _ => LimiterError::Protocol(format!("script refused: {code} {detail}")),
+    }
 }
 
 /// Decodes the script's reply for a batch of `items` items (layout documented on [`SCRIPT`]).
@@ -437,6 +489,14 @@ mod tests {
                 OVER_LIMIT_RECORD
             ]
         );
+    }
+
+    /// Each script starts with its declaration line, exactly (Redis reads the flags from it).
+    #[test]
+    fn scripts_start_with_their_declaration() {
+        assert_eq!(SCRIPT.lines().next(), Some(SCRIPT_SHEBANG));
+        assert_eq!(COMPENSATE.lines().next(), Some(COMPENSATE_SHEBANG));
+        assert!(!SCRIPT_SHEBANG.contains("allow-oom"));
     }
 
     /// luacheck reads each .lua file alone, so .luacheckrc lists the header's names; this keeps

@@ -605,10 +605,24 @@ end
 if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
   return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
 end
+-- Each request stands alone: a command that fails inside one (a key holding another type,
+-- WRONGTYPE) becomes that request's error reply, and the others are decided as usual. The failure
+-- comes from phase 1 (every key is read, type-checked, before anything is recorded), so the
+-- failed request has written nothing but phase 1's evictions.
+local function error_text(err)
+  if type(err) == 'table' and err.err then
+    return err.err
+  end
+  return tostring(err)
+end
 local replies = {}
 local first_key, first_arg = 0, 3 + requests
 for r = 1, requests do
-  replies[r] = decide(first_key, first_arg, sizes[r])
+  local ok, reply = pcall(decide, first_key, first_arg, sizes[r])
+  if not ok then
+    reply = redis.error_reply(error_text(reply))
+  end
+  replies[r] = reply
   first_key = first_key + sizes[r]
   first_arg = first_arg + ARGS_PER_ITEM * sizes[r]
 end
