@@ -30,8 +30,10 @@
 mod batch;
 pub mod cluster;
 pub mod connect;
+mod durability;
 pub mod footprint;
 pub mod script;
+pub mod sentinel;
 mod slot;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,9 +43,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::{
-    self, AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind, Value,
-};
+use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::{BackendStats, BatchOutcome, Hit, HitKind, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
@@ -70,7 +70,10 @@ pub struct RedisLimiter {
 
 /// What the limiter and its per-slot flush tasks share.
 pub(super) struct Shared {
-    client: Client,
+    /// One Redis, or the primary Sentinel names.
+    target: sentinel::Target,
+    /// The `WAIT` after each script call, if any.
+    durability: durability::Durability,
     slots: Box<[Slot]>,
     script: Script,
     /// Script calls sent, and the decisions they carried (their ratio is the mean batch).
@@ -103,7 +106,7 @@ impl Drop for Gauge<'_> {
 impl std::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("addr", &self.shared.client.get_connection_info().addr())
+            .field("target", &self.shared.target)
             .field("connections", &self.shared.slots.len())
             .field("batching", &!self.queues.is_empty())
             .finish_non_exhaustive()
@@ -122,7 +125,7 @@ impl RedisLimiter {
     /// Builds the limiter; it connects on first use, so a sidecar can start (and report
     /// not-ready) while Redis is still down. Fails only on an invalid setting.
     pub fn open(options: &RedisOptions) -> Result<Self, SettingError> {
-        let client = connect::standalone_client(options)?;
+        let target = sentinel::Target::open(options)?;
         let slots: Box<[Slot]> = (0..options.pool_size.max(1))
             .map(|_| Slot::default())
             .collect();
@@ -136,7 +139,8 @@ impl RedisLimiter {
         };
         Ok(RedisLimiter {
             shared: Arc::new(Shared {
-                client,
+                target,
+                durability: durability::Durability::new(options),
                 slots,
                 script: Script::new(SCRIPT),
                 script_calls: AtomicU64::new(0),
@@ -218,7 +222,7 @@ impl Shared {
         let _in_flight = Gauge::enter(&self.in_flight);
         // EVALSHA sent by hand rather than through `Script::invoke_async`, so a NOSCRIPT reload
         // (after a Redis restart or SCRIPT FLUSH) is seen and counted.
-        match cmd.query_async(&mut conn).await {
+        match self.durability.query(&mut conn, cmd).await {
             Ok(reply) => Ok(reply),
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script_loads.fetch_add(1, Ordering::Relaxed);
@@ -226,7 +230,8 @@ impl Shared {
                     .load_async(&mut conn)
                     .await
                     .map_err(|e| self.fail(slot, &e))?;
-                cmd.query_async(&mut conn)
+                self.durability
+                    .query(&mut conn, cmd)
                     .await
                     .map_err(|e| self.fail(slot, &e))
             }
@@ -257,11 +262,7 @@ impl Shared {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(RESPONSE_TIMEOUT));
-            async move {
-                self.client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-            }
+            async move { self.target.connect(&config).await }
         })
         .await
     }
@@ -269,9 +270,12 @@ impl Shared {
     /// Maps a request error and drops connections that cannot be used again. A dropped or
     /// broken connection almost always means the server went away (restart, failover), and then
     /// every slot's connection is dead too: they are all dropped at once, so one failed call,
-    /// not one per slot, pays for the restart.
+    /// not one per slot, pays for the restart. `READONLY` means the node was demoted to a
+    /// replica (a failover): every connection goes too, and the next ones are made to the
+    /// primary (for Sentinel, the one the sentinels name then).
     fn fail(&self, slot: &Slot, e: &RedisError) -> LimiterError {
-        if e.is_connection_dropped() || e.is_io_error() {
+        let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        if e.is_connection_dropped() || e.is_io_error() || demoted {
             for other in self.slots.iter() {
                 other.disconnect();
             }
