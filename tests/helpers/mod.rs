@@ -2,6 +2,7 @@
 //! needs (the rest is compiled and unused, hence `dead_code` allowed here).
 //!
 //! - [`redis_server`]: throwaway `redis-server` processes and 3-primary clusters.
+//! - [`sentinel`]: a primary, its replicas and three sentinels, for failover tests.
 //! - [`in_process`]: sluice itself, in the test process, on port 0 ([`TestServer`]): the
 //!   production stack built by `sluice::app`, served by `sluice::run`. Most suites use this.
 //! - [`process`]: the built `sluice` binary as a child process ([`Sluice`]), for the black-box
@@ -19,6 +20,7 @@ pub mod limiter;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
+pub mod sentinel;
 
 pub use http::{http_get, http_request};
 pub use in_process::{test_settings, TestServer};

@@ -179,7 +179,8 @@ fn spawn(port: u16, dir: &TempDir, extra: &[String]) -> Result<Child, String> {
     }
 }
 
-fn answers_ping(port: u16) -> bool {
+/// Whether something on loopback `port` answers `PING` with `PONG` (a Redis or a sentinel).
+pub fn answers_ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
         return false;
     };
