@@ -310,6 +310,23 @@ fn with_password(info: ConnectionInfo, options: &RedisOptions) -> ConnectionInfo
     }
 }
 
+/// `message` (of a failed connect or call), with what to check when it is a TLS handshake
+/// failure: rustls names the TLS alert or the verification error, not the setting behind it.
+pub(super) fn with_tls_hint(message: String) -> String {
+    let hint = if message.contains("received fatal alert: CertificateRequired") {
+        "Redis requires a client certificate: give --redis-tls-cert and --redis-tls-key"
+    } else if message.contains("received fatal alert") {
+        "Redis refused the TLS handshake: check that --redis-tls-cert is signed by a CA that Redis \
+         trusts (its tls-ca-cert-file)"
+    } else if message.contains("invalid peer certificate") {
+        "the Redis server certificate is not trusted or does not name the host: check \
+         --redis-ca-file and the URL's host"
+    } else {
+        return message;
+    };
+    format!("{message} ({hint})")
+}
+
 /// TCP settings of every connection to Redis: `TCP_NODELAY` on. redis-rs leaves Nagle's
 /// algorithm on by default, and Nagle holds a small write back while an earlier small one on
 /// the same connection is unacknowledged: where several calls share a connection at once (the

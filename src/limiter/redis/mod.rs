@@ -363,7 +363,7 @@ pub(crate) fn map_error(e: &RedisError) -> LimiterError {
             LimiterError::Protocol(e.to_string())
         }
         // I/O, loading, read-only replica, OOM, busy script, ...: Redis cannot serve us now.
-        _ => LimiterError::Unavailable(e.to_string()),
+        _ => LimiterError::Unavailable(connect::with_tls_hint(e.to_string())),
     }
 }
 
