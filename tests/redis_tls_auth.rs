@@ -39,6 +39,15 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// `openssl req` arguments for a new P-256 key without a passphrase.
+const NEW_EC_KEY: &[&str] = &[
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
 /// A self-signed CA `NAME.crt` / `NAME.key` in `dir`.
 fn ca(dir: &Path, name: &str) {
     let (key, crt, subj) = (
@@ -46,26 +55,8 @@ fn ca(dir: &Path, name: &str) {
         format!("{name}.crt"),
         format!("/CN=sluice test {name}"),
     );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &crt,
-            "-days",
-            "1",
-            "-subj",
-            &subj,
-        ],
-    );
+    let out = ["-keyout", &key, "-out", &crt, "-days", "1", "-subj", &subj];
+    openssl(dir, &[&["req", "-x509"][..], NEW_EC_KEY, &out].concat());
 }
 
 /// A key `NAME.key` and a certificate `NAME.crt` for `subj`, signed by the CA `ca`, with the
@@ -77,23 +68,8 @@ fn signed(dir: &Path, name: &str, ca: &str, subj: &str, ext: &str) {
         format!("{name}.crt"),
         format!("{name}.ext"),
     );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            subj,
-        ],
-    );
+    let out = ["-keyout", &key, "-out", &csr, "-subj", subj];
+    openssl(dir, &[&["req"][..], NEW_EC_KEY, &out].concat());
     std::fs::write(dir.join(&extfile), ext).expect("write ext");
     let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
     openssl(
@@ -322,19 +298,17 @@ impl MutualTlsRedis {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = |f: &str| certs.join(f).display().to_string();
         let port = helpers::free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--tls-cert-file", &path("server.crt")])
-            .args(["--tls-key-file", &path("server.key")])
-            .args(["--tls-ca-cert-file", &path("ca.crt")])
-            .args(["--tls-auth-clients", "yes"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server not found: run scripts/test.sh, which installs it");
+        let child = helpers::redis_server::spawn_redis_server(
+            Command::new("redis-server")
+                .args(["--port", "0", "--tls-port", &port.to_string()])
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--tls-cert-file", &path("server.crt")])
+                .args(["--tls-key-file", &path("server.key")])
+                .args(["--tls-ca-cert-file", &path("ca.crt")])
+                .args(["--tls-auth-clients", "yes"])
+                .arg("--dir")
+                .arg(dir.path()),
+        );
         let server = MutualTlsRedis {
             child,
             port,

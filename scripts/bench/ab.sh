@@ -9,6 +9,7 @@
 #   scripts/bench/ab.sh 'pool-8=target/release/sluice --redis-pool-size 8' \
 #                 'pool-2=target/release/sluice --redis-pool-size 2'
 #   ROUNDS=2 BENCH_SECS=10 RATE=9000 CONC=1024 scripts/bench/ab.sh ...   # open loop at 9,000/s
+#   REPLICAS=1 scripts/bench/ab.sh ...     # the Redis has a replica (scripts/bench/wait-ab.sh)
 #
 # A variant is `label=command`: a sluice binary and any extra `serve` flags (word-split). Keep a
 # build for later comparison with `cp target/release/sluice /tmp/sluice-old`.

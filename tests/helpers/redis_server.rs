@@ -142,24 +142,16 @@ pub fn free_port() -> u16 {
 
 /// Spawns redis-server on `port` and waits until it answers PING.
 fn spawn(port: u16, dir: &TempDir, extra: &[String]) -> Result<Child, String> {
-    let mut child = match Command::new("redis-server")
-        .args(["--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1"])
-        .args(["--save", ""])
-        .args(["--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir.path())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            panic!("redis-server not found: run scripts/test.sh, which installs it")
-        }
-        Err(e) => panic!("could not spawn redis-server: {e}"),
-    };
+    let mut child = spawn_redis_server(
+        Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra),
+    );
     let deadline = Instant::now() + STARTUP_TIMEOUT;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
@@ -176,6 +168,17 @@ fn spawn(port: u16, dir: &TempDir, extra: &[String]) -> Result<Child, String> {
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Spawns `redis-server` as `cmd` says, output discarded; a missing binary is a hard failure.
+pub fn spawn_redis_server(cmd: &mut Command) -> Child {
+    match cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!("redis-server not found: run scripts/test.sh, which installs it")
+        }
+        Err(e) => panic!("could not spawn redis-server: {e}"),
     }
 }
 

@@ -5,12 +5,12 @@
 //! `failover-timeout`), so a test can kill the primary and see a replica promoted within a few
 //! seconds. Like every Redis of the suite, a missing `redis-server` is a hard failure.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::redis_server::{answers_ping, free_port, RedisCluster, RedisServer};
+use super::redis_server::{answers_ping, free_port, spawn_redis_server, RedisCluster, RedisServer};
 
 /// The master name the sentinels monitor.
 pub const MASTER: &str = "mymaster";
@@ -184,19 +184,8 @@ fn spawn_sentinel(primary: u16) -> SentinelProcess {
             ),
         )
         .expect("write sentinel.conf");
-        let mut child = match Command::new("redis-server")
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-        {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                panic!("redis-server not found: run scripts/test.sh, which installs it")
-            }
-            Err(e) => panic!("could not spawn redis-server --sentinel: {e}"),
-        };
+        let mut child =
+            spawn_redis_server(Command::new("redis-server").arg(&conf).arg("--sentinel"));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if answers_ping(port) {
