@@ -12,12 +12,14 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
 echo "== every script under scripts/ is executable"
-not_executable=$(find scripts -type f ! -name '*.md' ! -perm -u+x)
+not_executable=$(find scripts -type f ! -name '*.md' ! -name '*.lua' ! -perm -u+x)
 [ -z "$not_executable" ] || { echo "not executable: $not_executable" >&2; exit 1; }
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy (workspace)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== architecture: no import cycle between modules, no file under src/ over 600 lines"
+python3 scripts/ci/check-architecture.py src
 echo "== Lua lint"
 bash scripts/ci/lua-lint.sh
 echo "== deploy/ validation (kustomize, schemas, Envoy/Istio, Dockerfile vs binary)"

@@ -93,18 +93,28 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                  applies only at the request's last entry",
                 trace.steps.last().map_or("", |(r, _)| r.path.as_str())
             ),
-            TraceEnd::Matched => String::new(),
+            TraceEnd::Matched { .. } => String::new(),
         };
         match resolution {
             Resolution::Done(verdict) => {
                 let reason = match (verdict.outcome, trace.end) {
                     (Outcome::Unlimited, _) => "unlimited: always OK, never counted".to_owned(),
-                    (_, TraceEnd::Matched) => match trace.steps.last().and_then(|(r, _)| r.limit) {
-                        Some(_) => "replaced: another descriptor of this request matched a rule \
-                                    whose `replaces` names this limit"
-                            .to_owned(),
-                        None => "whitelisted: the matched descriptor has no rate_limit".to_owned(),
-                    },
+                    (_, TraceEnd::Matched { nested }) => {
+                        match (trace.steps.last().and_then(|(r, _)| r.limit), nested) {
+                            (Some(_), _) => "replaced: another descriptor of this request matched \
+                                             a rule whose `replaces` names this limit"
+                                .to_owned(),
+                            (None, false) => {
+                                "whitelisted: the matched descriptor has no rate_limit and no \
+                                 nested descriptors"
+                                    .to_owned()
+                            }
+                            (None, true) => "no limit at this level: the matched descriptor has \
+                                             no rate_limit of its own, only its nested \
+                                             descriptors do (a longer descriptor reaches them)"
+                                .to_owned(),
+                        }
+                    }
                     _ => format!("no rule: {why}"),
                 };
                 let _ = writeln!(out, "  result: OK without a limit ({reason})");
@@ -211,7 +221,10 @@ descriptors:
             text.contains("entry 0 path=/api/x: wildcard match of `path_/api/*`"),
             "{text}"
         );
-        assert!(text.contains("whitelisted"), "{text}");
+        assert!(
+            text.contains("whitelisted: the matched descriptor has no rate_limit and no nested"),
+            "{text}"
+        );
         assert!(text.contains("unlimited: always OK"), "{text}");
         assert!(
             text.contains("entry 0 (color=red) matches no descriptor"),
@@ -228,6 +241,15 @@ descriptors:
             text.contains("deeper than config: `user` has no nested descriptors"),
             "{text}"
         );
+    }
+
+    /// A node with nested descriptors but no limit of its own is not a whitelist entry (README:
+    /// a whitelist is a value with no limit and no children): the walk stopped above its limits.
+    #[test]
+    fn a_node_with_nested_descriptors_is_not_called_whitelisted() {
+        let text = run(&["tier=gold"]);
+        assert!(text.contains("no limit at this level"), "{text}");
+        assert!(!text.contains("whitelisted"), "{text}");
     }
 
     #[test]

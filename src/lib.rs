@@ -1,23 +1,26 @@
 //! sluice: an Envoy RLS v3 admission-control sidecar with an exact sliding-window log.
 //!
-//! Module map (each layer knows only the one below it):
+//! Module map (each layer knows only the ones below it; facts flow up: the limiter and the
+//! engine return what happened, the metrics observer records it):
 //! - [`config`]: envoyproxy/ratelimit's YAML -> validated lookup tree of rules.
 //! - [`descriptor`]: request descriptor entries -> limiter keys (one pure function).
-//! - [`limiter`]: the sliding-window log (and the other algorithms, `limiter::algorithms`)
-//!   behind a trait; `memory`, `redis` (standalone and cluster) backends; `guard` (deadline, in-flight bound) and `cache` (local rejections) wrappers.
-//! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor verdicts.
+//! - [`limiter`]: the `Limiter` trait and its semantics; pure models with `now` passed in
+//!   (`log`, `window`, `algorithms`); the `memory` and `redis` (standalone, Sentinel, cluster)
+//!   backends; the `guard` (deadline, in-flight bound) and `cache` (local rejections) decorators.
+//! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor
+//!   verdicts (types, input limits, rule resolution, engine).
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
-//! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
-//! - [`service`]: the tonic adapter only (the gRPC face).
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
-//! - [`admin`]: HTTP /healthz, /readyz, /metrics.
-//! - [`http_api`]: envoyproxy/ratelimit's HTTP face on the admin port: POST /json, GET /rlconfig.
+//! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
+//! - [`service`]: the gRPC face (tonic adapter only); [`http_api`]: envoyproxy/ratelimit's HTTP
+//!   face on the admin port (POST /json, GET /rlconfig); [`admin`]: /healthz, /readyz, /metrics.
+//! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
-//! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
 //!   Redis Cluster) with its guard and rejection cache, metrics recorder.
 //! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
+//! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 

@@ -6,6 +6,10 @@
 use std::fmt;
 use std::path::PathBuf;
 
+/// Rule name of file-level problems (the domain, the root mapping, a file the parser rejects
+/// outside every descriptor).
+pub(crate) const DOMAIN_RULE: &str = "domain";
+
 /// One problem of a config source. Displays as `FILE:LINE: RULE: MESSAGE` (`FILE: RULE: MESSAGE`
 /// when the line is unknown).
 ///

@@ -10,7 +10,7 @@
 //! file: rule `domain`, as every file-level problem. The line number itself is the parser's
 //! and exact either way.
 
-use super::validate::DOMAIN_RULE;
+use super::error::DOMAIN_RULE;
 
 /// One open mapping key or sequence item on the way down to the line looked for.
 enum Frame {

@@ -288,7 +288,7 @@ impl Config {
                 errors.push(ConfigError::new(
                     file,
                     line,
-                    validate::DOMAIN_RULE,
+                    error::DOMAIN_RULE,
                     format!(
                         "duplicate domain `{name}`: already defined in {}",
                         first.display()
@@ -373,7 +373,9 @@ impl Config {
             if i == last {
                 return Trace {
                     steps,
-                    end: TraceEnd::Matched,
+                    end: TraceEnd::Matched {
+                        nested: !node.children.is_empty(),
+                    },
                 };
             }
             if node.children.is_empty() {
@@ -484,8 +486,11 @@ pub enum TraceEnd {
     DeeperThanConfig {
         entry: usize,
     },
-    /// Every entry matched; the last step's rule governs the descriptor.
-    Matched,
+    /// Every entry matched; the last step's rule governs the descriptor. `nested`: that node
+    /// has nested descriptors of its own (so, without a limit, it is not a whitelist entry).
+    Matched {
+        nested: bool,
+    },
 }
 
 /// The `*.yaml` / `*.yml` regular files (symlinks followed) directly in `dir`, sorted by name,

@@ -35,7 +35,7 @@
 //! use than a punctual one (conservative: it may reject what a punctual clock would admit, never
 //! the other way round), and what it records stacks onto the same arrival time.
 
-use super::window::Log;
+use super::log::Log;
 use super::Hit;
 
 /// How a limit counts. Part of the limiter key (see [`Algorithm::key_tag`]), so one key is
@@ -69,7 +69,8 @@ impl Algorithm {
         }
     }
 
-    /// The one-letter code the Redis script dispatches on.
+    /// The one-letter code the Redis script dispatches on (its `ALGORITHM_*` constants in
+    /// `redis/script.rs`, which a test holds equal to these).
     pub const fn code(self) -> &'static str {
         match self {
             Algorithm::SlidingLog => "l",

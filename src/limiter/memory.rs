@@ -8,7 +8,7 @@
 //!   order (deduplicated), which makes multi-key batches atomic without deadlock. Nothing here
 //!   awaits, so holding a std mutex is fine (and cheaper than an async one).
 //! - Memory is bounded: a log key holds at most `limit` entries (run-length encoded, see
-//!   [`Log`]), a quantized log one run per quantum, other algorithms O(1); expired entries are evicted whenever a key is touched and a key whose log becomes
+//!   [`Log`](super::log::Log)), a quantized log one run per quantum, other algorithms O(1); expired entries are evicted whenever a key is touched and a key whose log becomes
 //!   empty is removed; every [`SWEEP_EVERY`] decisions one shard is swept (at the `now` of that
 //!   decision) so keys nobody touches again are reclaimed too.
 //! - At most `max_keys` keys: the cap is split evenly across shards and enforced per shard, so

@@ -30,6 +30,7 @@
 pub mod algorithms;
 pub mod cache;
 pub mod guard;
+pub mod log;
 pub mod memory;
 pub mod redis;
 pub mod window;

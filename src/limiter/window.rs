@@ -1,10 +1,11 @@
-//! Pure sliding-window-log math: one key's log and the all-or-nothing planning of a batch.
+//! Pure batch planning: the all-or-nothing check and record of one batch over per-key states
+//! (the sliding log itself is [`super::log::Log`]).
 //!
 //! Why a separate, pure module: the memory backend is a thin locking shell around these
-//! functions, and the Redis Lua script (`redis/script.rs`) is a transcription of the same steps.
-//! Keeping time out of here (it is always passed in as `now`) makes every edge of the window
-//! testable with explicit numbers, and makes this file the reference both backends are checked
-//! against.
+//! functions, and the Redis Lua script (`redis/lua/decide.lua`) is a transcription of the same
+//! steps. Keeping time out of here (it is always passed in as `now`) makes every edge of the
+//! window testable with explicit numbers, and makes this file the reference both backends are
+//! checked against.
 //!
 //! Conventions shared with the Lua script:
 //! - an entry recorded at `t` counts while `now - t < window`, i.e. it is evicted once
@@ -13,89 +14,8 @@
 //!   the clock steps back, and "newest" (what a refund removes) is always "last recorded";
 //! - a key is assumed to be used with one window (the window is part of the limiter key).
 
-use std::collections::VecDeque;
-
 use super::algorithms::State;
 use super::{BatchOutcome, Hit, HitKind, KeyOutcome};
-
-/// One key's log of hits, oldest first.
-///
-/// Run-length encoded (`(timestamp, hits)` runs) rather than one slot per hit: a single item
-/// with a large `hits` (a large limit is legal) then costs one run, so memory is bounded by the
-/// number of recording decisions still in the window, not by the size of the limit.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Log {
-    runs: VecDeque<(u64, u64)>,
-    total: u64,
-}
-
-impl Log {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Drops the entries that have left the window at `now`.
-    pub fn evict(&mut self, now: u64, window_ms: u64) {
-        while let Some(&(t, n)) = self.runs.front() {
-            if t.saturating_add(window_ms) > now {
-                break;
-            }
-            self.total = self.total.saturating_sub(n);
-            self.runs.pop_front();
-        }
-    }
-
-    /// Entries in the log (call [`Log::evict`] first to get the count in the window).
-    pub fn count(&self) -> u64 {
-        self.total
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.total == 0
-    }
-
-    /// Timestamp of the newest entry, which decides when the whole key may be forgotten.
-    pub fn newest(&self) -> Option<u64> {
-        self.runs.back().map(|&(t, _)| t)
-    }
-
-    /// Milliseconds until the oldest entry leaves the window; `window_ms` when empty.
-    pub fn reset_ms(&self, now: u64, window_ms: u64) -> u64 {
-        match self.runs.front() {
-            Some(&(t, _)) => t.saturating_add(window_ms).saturating_sub(now),
-            None => window_ms,
-        }
-    }
-
-    /// Records `hits` entries at `max(now, newest)`.
-    pub fn record(&mut self, now: u64, hits: u64) {
-        if hits == 0 {
-            return;
-        }
-        let t = self.newest().map_or(now, |newest| newest.max(now));
-        match self.runs.back_mut() {
-            Some(run) if run.0 == t => run.1 = run.1.saturating_add(hits),
-            _ => self.runs.push_back((t, hits)),
-        }
-        self.total = self.total.saturating_add(hits);
-    }
-
-    /// Removes up to `n` of the newest entries.
-    pub fn refund(&mut self, mut n: u64) {
-        while n > 0 {
-            let Some(run) = self.runs.back_mut() else {
-                break;
-            };
-            let take = run.1.min(n);
-            run.1 -= take;
-            n -= take;
-            self.total -= take;
-            if run.1 == 0 {
-                self.runs.pop_back();
-            }
-        }
-    }
-}
 
 /// Whether a `Consume`/`Shadow` item passes, given the key's count in the window and the hits
 /// earlier items of the same batch would record on the same key. Checked arithmetic: `hits` may
@@ -237,6 +157,7 @@ pub fn slots_for(batch: &[Hit]) -> (Vec<usize>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::log::Log;
 
     fn hit(key: &str, limit: u64, hits: u64, kind: HitKind) -> Hit {
         Hit {
@@ -267,45 +188,6 @@ mod tests {
         let out = decide_batch(batch, &slots, &mut logs, now);
         store.extend(keys.into_iter().zip(logs));
         out
-    }
-
-    #[test]
-    fn entry_leaves_at_exactly_t_plus_window() {
-        let mut log = Log::new();
-        log.record(1000, 2);
-        log.evict(1999, 1000);
-        assert_eq!(log.count(), 2);
-        assert_eq!(log.reset_ms(1999, 1000), 1);
-        log.evict(2000, 1000);
-        assert_eq!(log.count(), 0);
-        assert!(log.is_empty());
-        assert_eq!(log.reset_ms(2000, 1000), 1000);
-    }
-
-    #[test]
-    fn record_never_goes_back_in_time() {
-        let mut log = Log::new();
-        log.record(500, 1);
-        log.record(400, 1);
-        assert_eq!(log.newest(), Some(500));
-        assert_eq!(log.runs.len(), 1);
-        log.evict(1499, 1000);
-        assert_eq!(log.count(), 2);
-        log.evict(1500, 1000);
-        assert_eq!(log.count(), 0);
-    }
-
-    #[test]
-    fn refund_removes_newest_across_runs() {
-        let mut log = Log::new();
-        log.record(100, 2);
-        log.record(200, 3);
-        log.refund(4);
-        assert_eq!(log.count(), 1);
-        assert_eq!(log.newest(), Some(100));
-        log.refund(10);
-        assert!(log.is_empty());
-        assert_eq!(log.newest(), None);
     }
 
     #[test]
@@ -431,6 +313,6 @@ mod tests {
         );
         assert!(out.admitted);
         assert_eq!(out.items[0].count, u64::MAX);
-        assert!(matches!(&logs["k"], State::Log(l) if l.runs.len() == 1));
+        assert!(matches!(&logs["k"], State::Log(l) if l.runs() == 1));
     }
 }

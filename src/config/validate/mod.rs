@@ -11,7 +11,7 @@
 
 mod rate_limit;
 
-use super::error::ConfigError;
+use super::error::{ConfigError, DOMAIN_RULE};
 use super::raw::{
     self, line_of, Extra, RawDescriptor, RawHeaders, RawRoot, DESCRIPTOR_FIELDS, HEADERS_FIELDS,
     ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
@@ -20,9 +20,6 @@ use super::tree::{HeaderFormat, HeaderPolicy, Level, Node, Rule};
 use serde_saphyr::Spanned;
 use std::collections::HashMap;
 use std::path::Path;
-
-/// Rule name of file-level problems.
-pub(crate) const DOMAIN_RULE: &str = "domain";
 
 /// One file, compiled. `domain` is `None` when the file names no (non-empty) domain.
 pub(crate) struct CompiledFile {

@@ -26,8 +26,8 @@ use crate::sync::lock;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::script::decode_batched_reply;
-use super::{item_args, now_arg, push_item_args, Gauge, ItemArgs, Shared};
+use super::script::{decode_batched_reply, item_args, now_arg, push_item_args, ItemArgs, BATCHED};
+use super::{Gauge, Shared};
 use crate::limiter::{BatchOutcome, Hit, LimiterError};
 
 /// Requests queued per slot beyond which new ones fail fast instead of queueing.
@@ -155,7 +155,7 @@ async fn send(shared: &Shared, slot: usize, jobs: Vec<Job>) {
     if jobs.len() == 1 {
         evalsha.arg(now_arg(now));
     } else {
-        evalsha.arg("b").arg(now_arg(now)).arg(jobs.len());
+        evalsha.arg(BATCHED).arg(now_arg(now)).arg(jobs.len());
         for job in &jobs {
             evalsha.arg(job.keys.len());
         }

@@ -41,9 +41,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions, SettingError};
-use super::script::{decode_reply_with_added, COMPENSATE, MAX_EXACT, SCRIPT};
+use super::script::{
+    decode_reply_with_added, invocation, undo_args, COMPENSATE, MAX_EXACT, SCRIPT,
+};
 use super::slot::{probe_within_timeout, Slot};
-use super::{invocation, map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
 use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
@@ -269,10 +271,7 @@ impl ClusterLimiter {
                 any = true;
                 invocation
                     .key(batch[i].key.as_str())
-                    .arg(batch[i].algorithm.code())
-                    .arg(part.added[k])
-                    .arg(batch[i].hits.min(MAX_EXACT))
-                    .arg(batch[i].window_ms.min(MAX_EXACT));
+                    .arg(&undo_args(&batch[i], part.added[k])[..]);
             }
         }
         if !any {

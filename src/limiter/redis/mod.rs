@@ -45,9 +45,9 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{BackendStats, BatchOutcome, Hit, HitKind, Limiter, LimiterError};
+use super::{BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
-use script::{decode_reply, KIND_CONSUME, KIND_QUOTA, KIND_REFUND, KIND_SHADOW, MAX_EXACT, SCRIPT};
+use script::{decode_reply, item_args, now_arg, push_item_args, SCRIPT};
 
 /// Time allowed to establish one connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -284,68 +284,6 @@ impl Shared {
         }
         map_error(e)
     }
-}
-
-/// The `EVALSHA` of [`SCRIPT`] for `batch` (argument layout documented there).
-pub(crate) fn invocation<'s>(
-    script: &'s Script,
-    batch: &[Hit],
-    now: Option<u64>,
-) -> redis::ScriptInvocation<'s> {
-    let mut invocation = script.prepare_invoke();
-    invocation.arg(now_arg(now));
-    for hit in batch {
-        let (limit, window_ms, hits, kind, algorithm, param) = item_args(hit);
-        invocation
-            .key(hit.key.as_str())
-            .arg(limit)
-            .arg(window_ms)
-            .arg(hits)
-            .arg(kind)
-            .arg(algorithm)
-            .arg(param);
-    }
-    invocation
-}
-
-/// ARGV[1]: the explicit clock in ms, or empty for Redis `TIME`.
-pub(super) fn now_arg(now: Option<u64>) -> String {
-    now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string())
-}
-
-/// One item's six ARGV values: limit, window_ms, hits, kind, algorithm code, parameter.
-pub(super) fn item_args(hit: &Hit) -> ItemArgs {
-    // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact. Limits cap one
-    // below hits, so that a clamped huge `hits` still fails like the original, and still counts
-    // as at least any limit for later items on the key.
-    let kind = match hit.kind {
-        HitKind::Consume => KIND_CONSUME,
-        HitKind::Shadow => KIND_SHADOW,
-        HitKind::Refund => KIND_REFUND,
-        HitKind::Quota => KIND_QUOTA,
-    };
-    (
-        hit.limit.min(MAX_EXACT - 1),
-        hit.window_ms.min(MAX_EXACT),
-        hit.hits.min(MAX_EXACT),
-        kind,
-        hit.algorithm.code(),
-        hit.algorithm.param().min(MAX_EXACT - 1),
-    )
-}
-
-pub(super) type ItemArgs = (u64, u64, u64, &'static str, &'static str, u64);
-
-pub(super) fn push_item_args(
-    cmd: &mut redis::Cmd,
-    (limit, window_ms, hits, kind, algorithm, param): ItemArgs,
-) {
-    cmd.arg(limit)
-        .arg(window_ms)
-        .arg(hits)
-        .arg(kind)
-        .arg(algorithm)
-        .arg(param);
 }
 
 pub(crate) fn map_error(e: &RedisError) -> LimiterError {

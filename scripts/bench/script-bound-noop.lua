@@ -1,0 +1,26 @@
+-- The no-op decide script of scripts/bench/script-bound.sh: it replaces
+-- src/limiter/redis/lua/decide.lua in a throwaway build, decides nothing, touches no key, and
+-- answers every request with a well-formed "admitted" reply (the layout of `SCRIPT` in
+-- src/limiter/redis/script.rs): unbatched {1, then 1, 0, 1000 per item, then 0 per item};
+-- batched (ARGV[1] == BATCHED) one such reply per request. Like decide.lua, it comes after the
+-- generated header, shared.lua and models.lua.
+
+local function admitted(n)
+  local reply = {1}
+  for i = 1, n do
+    reply[3 * i - 1], reply[3 * i], reply[3 * i + 1] = 1, 0, 1000
+  end
+  for i = 1, n do
+    reply[1 + 3 * n + i] = 0
+  end
+  return reply
+end
+
+if ARGV[1] ~= BATCHED then
+  return admitted(#KEYS)
+end
+local replies = {}
+for r = 1, tonumber(ARGV[3]) do
+  replies[r] = admitted(tonumber(ARGV[3 + r]))
+end
+return replies

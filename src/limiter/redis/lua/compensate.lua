@@ -1,0 +1,158 @@
+-- Takes back exactly what earlier decide.lua calls recorded (the cluster backend's compensation
+-- when one slot of a request rejected). KEYS, ARGV and the reply: the doc of `COMPENSATE` in
+-- src/limiter/redis/script.rs; the layout header and shared.lua come first.
+--
+-- Counts never go below zero: a refund may have taken hits back meanwhile.
+
+-- Removes the `hits` log entries of undo token `token` (see shared.lua): the members from the
+-- token's first one on, cyclically, each only if its score is still the token's (one more for
+-- members after a wrap, which went 1 ms later). A refund may have popped them and another request
+-- reused the numbers since, at a later ms, and those entries stay; only a pop and reuse within the
+-- same ms is indistinguishable (then the other request's entries go instead of the popped ones:
+-- the count is as low as if the refund had taken those). Returns the members removed.
+local function undo_log(key, token, hits)
+  local offset = token - 1
+  local first_member = LOG_MEMBER_FIRST + offset % TOKEN_MEMBER
+  local score = math.floor(offset / TOKEN_MEMBER)
+  local removed, done = 0, 0
+  hits = math.min(hits, LOG_MEMBERS)
+  while done < hits do
+    local members, wrapped = {}, {}
+    while #members < MEMBERS_PER_COMMAND and done < hits do
+      local member = first_member + done
+      local j = #members + 1
+      wrapped[j] = member > LOG_MEMBER_LAST
+      if wrapped[j] then
+        member = member - LOG_MEMBERS
+      end
+      members[j] = format_integer(member)
+      done = done + 1
+    end
+    local scores = redis.call('ZMSCORE', key, unpack(members))
+    local ours = {}
+    for j = 1, #members do
+      local found = tonumber(scores[j])
+      if found then
+        found = math.floor(found) % TOKEN_SCORE
+        if found == score or (wrapped[j] and found == (score + 1) % TOKEN_SCORE) then
+          ours[#ours + 1] = members[j]
+        end
+      end
+    end
+    if #ours > 0 then
+      removed = removed + redis.call('ZREM', key, unpack(ours))
+    end
+  end
+  return removed
+end
+
+-- Takes `hits` from the quantized log's bucket that started at `token - 1`, deleting it at zero.
+local function undo_buckets(key, token, hits)
+  local field = format_number(token - 1)
+  local held = tonumber(redis.call('HGET', key, field) or '0') or 0
+  local take = math.min(held, hits)
+  if take >= held then
+    redis.call('HDEL', key, field)
+  elseif take > 0 then
+    redis.call('HINCRBY', key, field, format_number(-take))
+  end
+  return take
+end
+
+-- Takes `hits * window` token-ms off GCRA's arrival time, counted at the rate `token` the hits
+-- were recorded at: exact also after other writes in between, unless the bucket emptied between
+-- the write and the compensation (then up to that interval times the rate too few).
+local function undo_gcra(key, token, hits, window)
+  local value = redis.call('GET', key)
+  if not value then
+    return 0
+  end
+  local rate = math.max(token, 1)
+  local remainder, _, arrival = decode_value(value, 1)
+  local token_ms = hits * window
+  local empty = token_ms > MAX_EXACT
+  if not empty then
+    local whole = floor_div(token_ms, rate)
+    arrival, remainder = arrival - whole, remainder - (token_ms - whole * rate)
+    if remainder < 0 then
+      arrival, remainder = arrival - 1, remainder + rate
+    end
+    empty = arrival < 0 or (arrival == 0 and remainder == 0)
+  end
+  if empty then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, encode_value(arrival, remainder), 'KEEPTTL')
+  end
+  return hits
+end
+
+-- Takes `hits` from the fixed window or sliding counter window that started at `token - 1`: the
+-- current count, or the previous one if the counter rotated since (nothing once it is gone).
+local function undo_window(key, algorithm, token, hits, window)
+  local value = redis.call('GET', key)
+  if not value then
+    return 0
+  end
+  local counts = 1
+  if algorithm == ALGORITHM_SLIDING_COUNTER then
+    counts = 2
+  end
+  local current, previous, index = decode_value(value, counts)
+  local start = index * window
+  local before = current + previous
+  if start == token - 1 then
+    current = math.max(current - hits, 0)
+  elseif counts == 2 and start == token - 1 + window then
+    previous = math.max(previous - hits, 0)
+  end
+  if current == 0 and previous == 0 then
+    redis.call('DEL', key)
+  elseif counts == 2 then
+    redis.call('SET', key, encode_value(index, current, previous), 'KEEPTTL')
+  else
+    redis.call('SET', key, encode_value(index, current), 'KEEPTTL')
+  end
+  return before - current - previous
+end
+
+if #ARGV ~= UNDO_ARGS_PER_KEY * #KEYS then
+  return redis.error_reply('sluice: expected ' .. UNDO_ARGS_PER_KEY .. ' * #KEYS arguments')
+end
+local undo = {}
+for i = 1, #KEYS do
+  local at = UNDO_ARGS_PER_KEY * (i - 1)
+  local entry = {
+    algorithm = ARGV[at + 1],
+    token = tonumber(ARGV[at + 2]),
+    hits = tonumber(ARGV[at + 3]),
+    window = tonumber(ARGV[at + 4]),
+  }
+  if not (entry.token and entry.hits and entry.window) then
+    return redis.error_reply('sluice: bad number in item ' .. i)
+  end
+  local algorithm = entry.algorithm
+  if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
+      and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
+      and algorithm ~= ALGORITHM_FIXED_WINDOW then
+    return redis.error_reply('sluice: bad algorithm in item ' .. i)
+  end
+  entry.window = math.max(entry.window, 1)
+  undo[i] = entry
+end
+
+local removed = 0
+for i = 1, #KEYS do
+  local key, entry = KEYS[i], undo[i]
+  local algorithm, token, hits = entry.algorithm, entry.token, entry.hits
+  if algorithm == ALGORITHM_SLIDING_LOG then
+    removed = removed + undo_log(key, token, hits)
+  elseif algorithm == ALGORITHM_QUANTIZED_LOG then
+    removed = removed + undo_buckets(key, token, hits)
+  elseif algorithm == ALGORITHM_GCRA then
+    removed = removed + undo_gcra(key, token, hits, entry.window)
+  else
+    removed = removed + undo_window(key, algorithm, token, hits, entry.window)
+  end
+end
+return removed
