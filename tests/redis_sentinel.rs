@@ -333,3 +333,59 @@ async fn wait_replicas_keeps_admissions_across_a_failover() {
         figures.admitted
     );
 }
+
+/// `--redis-wait-replicas` on one Redis: with its replica connected a decision is answered as
+/// usual; with none, every decision fails (and says why) instead of being admitted without
+/// the durability asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_needs_the_replicas_it_names() {
+    use sluice::limiter::redis::{RedisLimiter, RedisOptions};
+    use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, LimiterError};
+    let primary = helpers::RedisServer::start();
+    let options = |replicas| RedisOptions {
+        wait_replicas: replicas,
+        wait_timeout: DEADLINE,
+        ..RedisOptions::new(primary.url())
+    };
+    let hit = |key: &str| Hit {
+        key: key.into(),
+        limit: 10,
+        window_ms: 60_000,
+        hits: 1,
+        kind: HitKind::Consume,
+        algorithm: Algorithm::SlidingLog,
+    };
+    let alone = RedisLimiter::connect(&options(1)).await.expect("connect");
+    match alone.decide(&[hit("sluice:{alone}")], None).await {
+        Err(LimiterError::Unavailable(why)) => assert!(
+            why.contains("too few replicas acknowledged") && why.contains("0 replica(s)"),
+            "{why}"
+        ),
+        other => panic!("decided without a replica: {other:?}"),
+    }
+    let _replica = helpers::RedisServer::start_with(&[
+        "--replicaof".into(),
+        "127.0.0.1".into(),
+        primary.port().to_string(),
+    ]);
+    // A fresh key per attempt: a call whose WAIT fell short did record its entry on the
+    // primary (it counts against later requests, never for them).
+    let synced_by = Instant::now() + Duration::from_secs(10);
+    for attempt in 0.. {
+        let key = format!("sluice:{{replicated-{attempt}}}");
+        match alone.decide(&[hit(&key)], None).await {
+            Ok(outcome) => {
+                assert!(outcome.admitted);
+                break;
+            }
+            Err(e) => assert!(Instant::now() < synced_by, "never acknowledged: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // More replicas than there are: never enough.
+    let greedy = RedisLimiter::connect(&options(2)).await.expect("connect");
+    assert!(greedy
+        .decide(&[hit("sluice:{greedy}")], None)
+        .await
+        .is_err());
+}
