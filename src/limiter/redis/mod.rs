@@ -17,6 +17,10 @@
 //! request on that slot; while Redis is unreachable, reconnects of a slot are spaced by
 //! [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
 //! A failed decision is never retried here: the script may have run before the connection broke.
+//! Where a connection goes is the [`sentinel::Target`]: the one Redis of the URL, or, for a
+//! `redis+sentinel://` URL, the primary the sentinels name at that moment, which is how a
+//! failover is followed. With `--redis-wait-replicas`, every script call is followed by `WAIT`
+//! (the `durability` module).
 //!
 //! Batching (the `batch` module): concurrent decisions are coalesced into one `EVALSHA` per
 //! connection, so Redis pays the script call and the socket round trip once for several
