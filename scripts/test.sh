@@ -2,10 +2,11 @@
 # The test command (README's, and CI's through .ci/run), from a fresh clone on a fresh machine:
 # installs what the tests use (scripts/setup.sh), then runs lint (rustfmt, clippy on the whole
 # workspace, luacheck), the deploy/ validation, the README checks (the grpcurl session, the
-# metric names and the flag table against the built binary), a smoke run of the benchmark
-# harness, a parse check of the other benchmark scripts and every cargo test of the workspace
-# (last, so its summary closes the output). Tests start their own redis-server processes on
-# ephemeral ports. SLUICE_TEST_THREADS sets cargo test's threads (default 4).
+# curl session through Envoy, the metric names and the flag table against the built binary), a
+# smoke run of the benchmark harness, a parse check of the other benchmark scripts and every
+# cargo test of the workspace (last, so its summary closes the output). Tests start their own
+# redis-server and envoy processes on ephemeral ports. SLUICE_TEST_THREADS sets cargo test's
+# threads (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,9 +23,9 @@ echo "== architecture: no import cycle between modules, no file under src/ over 
 python3 scripts/ci/check-architecture.py src
 echo "== Lua lint"
 bash scripts/ci/lua-lint.sh
-echo "== deploy/ validation (kustomize, schemas, Envoy/Istio, Dockerfile vs binary)"
+echo "== deploy/ validation (kustomize, schemas, Envoy/Istio, envoy --mode validate, Dockerfile vs binary)"
 bash scripts/ci/validate-deploy.sh
-echo "== README vs the binary (grpcurl session, metric names, flags)"
+echo "== README vs the binary (grpcurl session, curl session through Envoy, metric names, flags)"
 bash scripts/ci/readme-check.sh
 echo "== benchmark harness smoke run (scripts/bench/bench.sh --smoke: a few seconds, no figures checked)"
 bash scripts/bench/bench.sh --smoke >/dev/null

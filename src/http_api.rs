@@ -382,5 +382,13 @@ descriptors:
             req.into_proto().unwrap_err(),
             "descriptors[1].limit.unit: unknown unit `FORTNIGHT`"
         );
+        // An override's unit is Envoy's RateLimitUnit, which has no WEEK.
+        let req: JsonRequest =
+            serde_json::from_str(r#"{"domain":"d","descriptors":[{"limit":{"unit":"WEEK"}}]}"#)
+                .unwrap();
+        assert_eq!(
+            req.into_proto().unwrap_err(),
+            "descriptors[0].limit.unit: unknown unit `WEEK`"
+        );
     }
 }

@@ -17,6 +17,8 @@
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
+//! - [`xds`]: the xDS config source: subscribes to a management server and swaps in each
+//!   valid config it pushes (ACK), keeping the previous one on an invalid push (NACK).
 //! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
 //!   Redis Cluster) with its guard and rejection cache, metrics recorder.
 //! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
@@ -41,6 +43,7 @@ pub mod rls;
 pub mod server;
 pub mod service;
 pub mod sync;
+pub mod xds;
 
 pub use app::Settings;
 pub use server::{run, Listeners, ServerSettings};

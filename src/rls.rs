@@ -59,6 +59,9 @@ pub fn to_status(err: DecisionError) -> Status {
             Status::unavailable(format!("rate-limit backend timed out after {ms} ms"))
         }
         DecisionError::Backend(err) => Status::unavailable(err.to_string()),
+        DecisionError::NoConfig => Status::unavailable(
+            "no rate-limit config loaded yet: waiting for the first one from the config source",
+        ),
     }
 }
 
@@ -91,7 +94,7 @@ fn descriptor_to_domain(
             requests_per_unit: o.requests_per_unit,
             unit: unit_from_proto(o.unit).ok_or_else(|| InvalidRequest {
                 field: format!("descriptors[{index}].limit.unit"),
-                reason: "must be a known unit (SECOND..YEAR, WEEK)".into(),
+                reason: "must be a known unit (SECOND..YEAR)".into(),
             })?,
         }),
     };
@@ -107,13 +110,14 @@ fn descriptor_to_domain(
     })
 }
 
+/// The unit of a descriptor's `limit` override. Envoy's `RateLimitUnit` has no WEEK (only the
+/// response's unit has), so 7 is as unknown here as it is to Envoy.
 fn unit_from_proto(unit: i32) -> Option<Unit> {
     Some(match RateLimitUnit::try_from(unit).ok()? {
         RateLimitUnit::Second => Unit::Second,
         RateLimitUnit::Minute => Unit::Minute,
         RateLimitUnit::Hour => Unit::Hour,
         RateLimitUnit::Day => Unit::Day,
-        RateLimitUnit::Week => Unit::Week,
         RateLimitUnit::Month => Unit::Month,
         RateLimitUnit::Year => Unit::Year,
         RateLimitUnit::Unknown => return None,
@@ -220,13 +224,26 @@ mod tests {
             (4, Unit::Day),
             (5, Unit::Month),
             (6, Unit::Year),
-            (7, Unit::Week),
         ] {
             assert_eq!(unit_from_proto(raw), Some(unit));
             assert_eq!(unit_to_proto(unit) as i32, raw);
         }
         assert_eq!(unit_from_proto(0), None);
         assert_eq!(unit_from_proto(99), None);
+    }
+
+    /// Envoy's wire: `envoy.type.v3.RateLimitUnit` (the override's unit) stops at YEAR = 6;
+    /// WEEK = 7 exists only in the response's unit. A weekly limit from the config is reported
+    /// as WEEK; an override cannot be in weeks.
+    #[test]
+    fn week_is_a_response_unit_only_as_in_envoy() {
+        assert_eq!(RateLimitUnit::try_from(7).ok(), None);
+        assert_eq!(RateLimitUnit::from_str_name("WEEK"), None);
+        assert_eq!(RateLimitUnit::Year as i32, 6);
+        assert_eq!(unit_from_proto(7), None);
+        assert_eq!(unit_to_proto(Unit::Week), ProtoUnit::Week);
+        assert_eq!(ProtoUnit::Week as i32, 7);
+        assert_eq!(ProtoUnit::from_str_name("WEEK"), Some(ProtoUnit::Week));
     }
 
     #[test]

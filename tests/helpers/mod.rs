@@ -7,22 +7,36 @@
 //!   production stack built by `sluice::app`, served by `sluice::run`. Most suites use this.
 //! - [`process`]: the built `sluice` binary as a child process ([`Sluice`]), for the black-box
 //!   tests of the binary itself: flags and environment, start-up errors, SIGTERM, its log.
-//! - [`rpc`] and [`http`]: clients for the gRPC and the admin port.
+//! - [`rpc`] and [`http`]: clients for the gRPC and HTTP ports (the admin's, and Envoy's as a
+//!   client sees it).
+//! - [`envoy`]: a real Envoy process (and a trivial upstream behind it); [`envoy_config`]: the
+//!   configs it runs, shipped ones rendered with only addresses changed, or built by a test;
+//!   [`istio`]: the EnvoyFilters of `deploy/istio/` applied to istiod-shaped configs;
+//!   [`edge_limits`]: what `deploy/base/limits` promises a client through them.
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
+//! - [`xds_server`]: a test double of an xDS management server (plaintext or mutual TLS 1.3);
+//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen).
 #![allow(dead_code, unused_imports)]
 
+pub mod certs;
+pub mod edge_limits;
+pub mod envoy;
+pub mod envoy_config;
 pub mod fuzz_harness;
 pub mod http;
 pub mod in_process;
+pub mod istio;
 pub mod limiter;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
 pub mod sentinel;
+pub mod xds_server;
 
-pub use http::{http_get, http_request};
+pub use envoy::{Envoy, Upstream};
+pub use http::{http_get, http_request, HttpResponse, Req};
 pub use in_process::{test_settings, TestServer};
 pub use limiter::consume;
 pub use process::Sluice;
