@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use sluice::app::{self, BackendSettings, ConfigSource, Settings};
 use sluice::config::{ConfigLimits, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
@@ -158,9 +159,11 @@ struct ServeArgs {
     /// POST /json and GET /rlconfig.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     admin_addr: SocketAddr,
-    /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), or a cluster:
-    /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS).
-    /// Without it the embedded in-memory backend serves (one instance only).
+    /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), a cluster:
+    /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS), or
+    /// the primary Sentinel names: redis+sentinel://[user[:password]@]host1:port1,host2:port2/
+    /// master-name (rediss+sentinel:// for TLS). Without it the embedded in-memory backend serves
+    /// (one instance only), and no other --redis-* setting may be given.
     #[arg(long, env = "SLUICE_REDIS_URL")]
     redis_url: Option<String>,
     /// PEM file of the CA that signs the Redis server certificate (rediss only; default: the
@@ -172,6 +175,26 @@ struct ServeArgs {
     /// lines and manifests.
     #[arg(long, env = "SLUICE_REDIS_PASSWORD_FILE")]
     redis_password_file: Option<PathBuf>,
+    /// PEM file of the client certificate (chain) presented to Redis, for servers that verify
+    /// clients (rediss only; with --redis-tls-key).
+    #[arg(long, env = "SLUICE_REDIS_TLS_CERT")]
+    redis_tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of --redis-tls-cert.
+    #[arg(long, env = "SLUICE_REDIS_TLS_KEY")]
+    redis_tls_key: Option<PathBuf>,
+    /// ACL user the sentinels are asked as (redis+sentinel only; default: no user).
+    #[arg(long, env = "SLUICE_REDIS_SENTINEL_USER")]
+    redis_sentinel_user: Option<String>,
+    /// File holding the sentinels' own password (redis+sentinel only); wins over
+    /// SLUICE_REDIS_SENTINEL_PASSWORD. The primary's password is --redis-password-file's.
+    #[arg(long, env = "SLUICE_REDIS_SENTINEL_PASSWORD_FILE")]
+    redis_sentinel_password_file: Option<PathBuf>,
+    /// Replicas that must acknowledge each script call's writes (Redis WAIT, pipelined behind
+    /// it) before its decisions are answered; fewer within the backend deadline fail the call
+    /// (--on-backend-error answers). Keeps a failover from losing admitted entries; costs the
+    /// replicas' acknowledgement on every call (docs/redis.md, "WAIT"). 0: no WAIT.
+    #[arg(long, env = "SLUICE_REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    redis_wait_replicas: u32,
     /// Redis connections kept open (multiplexed, round-robin). Two by default: concurrent
     /// decisions share script calls per connection, and fewer connections make fuller calls
     /// (docs/performance.md, "Connections").
@@ -283,6 +306,44 @@ struct ServeArgs {
     config_limits: ConfigLimitArgs,
 }
 
+/// The `serve` arguments that only mean something with a Redis URL.
+const REDIS_ONLY: &[&str] = &[
+    "redis_ca_file",
+    "redis_password_file",
+    "redis_tls_cert",
+    "redis_tls_key",
+    "redis_sentinel_user",
+    "redis_sentinel_password_file",
+    "redis_pool_size",
+    "redis_batch_max",
+    "redis_wait_replicas",
+];
+
+/// The variables that carry Redis secrets (no flag on purpose).
+const REDIS_SECRETS: &[&str] = &["SLUICE_REDIS_PASSWORD", "SLUICE_REDIS_SENTINEL_PASSWORD"];
+
+/// The Redis-only settings given (on the command line or in the environment, not defaults),
+/// as `--flag` or `VARIABLE` names.
+fn redis_settings_given(matches: &ArgMatches) -> Vec<String> {
+    let flags = REDIS_ONLY
+        .iter()
+        .filter(|id| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|id| {
+            let flag = id.replace('_', "-");
+            format!("--{flag} (SLUICE_{})", id.to_ascii_uppercase())
+        });
+    let secrets = REDIS_SECRETS
+        .iter()
+        .filter(|name| std::env::var(name).is_ok_and(|v| !v.is_empty()))
+        .map(|name| name.to_string());
+    flags.chain(secrets).collect()
+}
+
 impl ServeArgs {
     /// Where the limits come from: `--config` or `--config-xds` (exactly one).
     fn config_source(&self) -> Result<ConfigSource, app::StartError> {
@@ -341,9 +402,10 @@ impl ServeArgs {
         Ok(ConfigSource::Files(path.clone()))
     }
 
-    /// The settings these flags describe; reads the Redis password file (or
-    /// `SLUICE_REDIS_PASSWORD`).
-    fn settings(&self) -> Result<Settings, app::StartError> {
+    /// The settings these flags describe; reads the Redis password files (or
+    /// `SLUICE_REDIS_PASSWORD`, `SLUICE_REDIS_SENTINEL_PASSWORD`). `redis_given` names the
+    /// Redis-only settings given, refused without a Redis URL.
+    fn settings(&self, redis_given: &[String]) -> Result<Settings, app::StartError> {
         let load = load_options(
             self.merge_domain_config,
             self.response_headers,
@@ -352,14 +414,29 @@ impl ServeArgs {
         let redis = match &self.redis_url {
             Some(url) => Some(RedisOptions {
                 ca_file: self.redis_ca_file.clone(),
+                client_cert: app::client_cert(
+                    self.redis_tls_cert.clone(),
+                    self.redis_tls_key.clone(),
+                )?,
                 password: app::redis_password(
                     self.redis_password_file.as_deref(),
                     std::env::var("SLUICE_REDIS_PASSWORD").ok(),
                 )?,
+                sentinel_user: self.redis_sentinel_user.clone(),
+                sentinel_password: app::sentinel_password(
+                    self.redis_sentinel_password_file.as_deref(),
+                    std::env::var("SLUICE_REDIS_SENTINEL_PASSWORD").ok(),
+                )?,
                 pool_size: self.redis_pool_size,
                 batch_max: self.redis_batch_max,
+                wait_replicas: self.redis_wait_replicas,
                 ..RedisOptions::new(url)
             }),
+            None if !redis_given.is_empty() => {
+                return Err(app::StartError::RedisSettingWithoutUrl(
+                    redis_given.join(", "),
+                ))
+            }
             None => None,
         };
         Ok(Settings {
@@ -411,7 +488,8 @@ fn main() -> ExitCode {
     for (name, value) in &compat.set {
         std::env::set_var(name, value);
     }
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::CheckConfig {
             path,
@@ -452,7 +530,17 @@ fn main() -> ExitCode {
             for note in &compat.notes {
                 tracing::warn!("envoyproxy/ratelimit variable: {note}");
             }
-            match serve(*args) {
+            if !compat.errors.is_empty() {
+                for error in &compat.errors {
+                    tracing::error!("envoyproxy/ratelimit variable: {error}");
+                }
+                return ExitCode::FAILURE;
+            }
+            let redis_given = matches
+                .subcommand_matches("serve")
+                .map(redis_settings_given)
+                .unwrap_or_default();
+            match serve(*args, &redis_given) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!("{err:#}");
@@ -506,8 +594,8 @@ fn init_logging(format: LogFormat) {
 }
 
 #[tokio::main]
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let settings = args.settings()?;
+async fn serve(args: ServeArgs, redis_given: &[String]) -> anyhow::Result<()> {
+    let settings = args.settings(redis_given)?;
     let server = app::assemble(settings, Some(app::install_metrics()?))?;
     let shutdown = shutdown_signal()?;
     let listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;

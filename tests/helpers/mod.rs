@@ -2,6 +2,7 @@
 //! needs (the rest is compiled and unused, hence `dead_code` allowed here).
 //!
 //! - [`redis_server`]: throwaway `redis-server` processes and 3-primary clusters.
+//! - [`sentinel`]: a primary, its replicas and three sentinels, for failover tests.
 //! - [`in_process`]: sluice itself, in the test process, on port 0 ([`TestServer`]): the
 //!   production stack built by `sluice::app`, served by `sluice::run`. Most suites use this.
 //! - [`process`]: the built `sluice` binary as a child process ([`Sluice`]), for the black-box
@@ -31,6 +32,7 @@ pub mod limiter;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
+pub mod sentinel;
 pub mod xds_server;
 
 pub use envoy::{Envoy, Upstream};
