@@ -33,6 +33,7 @@ use crate::limiter::{Limiter, SystemClock};
 use crate::metrics::MetricsSettings;
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
+use crate::tls::{ServerTls, TlsError, TlsSettings};
 
 /// Seconds between backend readiness probes, by default and at least.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -61,6 +62,8 @@ pub struct Settings {
     /// How often the config is checked for changes; `None` serves the start-up config until
     /// exit.
     pub watch_interval: Option<Duration>,
+    /// TLS of the gRPC server (certificates reloaded when they change); `None`: plaintext.
+    pub grpc_tls: Option<TlsSettings>,
 }
 
 impl Settings {
@@ -76,6 +79,7 @@ impl Settings {
             metrics: MetricsSettings::default(),
             probe_interval: DEFAULT_PROBE_INTERVAL,
             watch_interval: Some(DEFAULT_WATCH_INTERVAL),
+            grpc_tls: None,
         }
     }
 }
@@ -125,6 +129,8 @@ pub enum StartError {
     EmptyPasswordFile(PathBuf),
     #[error("installing the metrics recorder: {0}")]
     Metrics(String),
+    #[error("{0}")]
+    GrpcTls(#[from] TlsError),
 }
 
 impl From<SettingError> for StartError {
@@ -207,6 +213,7 @@ pub fn assemble(
     crate::descriptor::validate_key_prefix(&settings.engine.key_prefix)
         .map_err(StartError::KeyPrefix)?;
     let config = load_config(&settings.config, settings.load)?;
+    let grpc_tls = settings.grpc_tls.map(ServerTls::load).transpose()?;
     let limiter = backend(&settings.backend)?;
     if settings.backend.redis.is_some() {
         tracing::info!(
@@ -235,6 +242,7 @@ pub fn assemble(
         metrics_settings: settings.metrics,
         reload,
         on_backend_error: settings.on_backend_error,
+        grpc_tls,
     })
 }
 

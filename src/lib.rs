@@ -19,6 +19,8 @@
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
 //!   Redis Cluster) with its guard and rejection cache, metrics recorder.
+//! - [`tls`]: the gRPC server's TLS: certificates and client CAs from files, reloaded when they
+//!   change, client certificates verified.
 //! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
@@ -41,6 +43,7 @@ pub mod rls;
 pub mod server;
 pub mod service;
 pub mod sync;
+pub mod tls;
 
 pub use app::Settings;
 pub use server::{run, Listeners, ServerSettings};

@@ -18,6 +18,7 @@ use sluice::limiter::cache;
 use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
 use sluice::metrics::MetricsSettings;
+use sluice::tls::TlsSettings;
 use sluice::{run, Listeners};
 
 /// Per-request allocations (h2 frames, prost messages, Redis commands) are many and short-lived;
@@ -98,6 +99,41 @@ struct ServeArgs {
     /// POST /json and GET /rlconfig.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     admin_addr: SocketAddr,
+    /// PEM certificate chain of the gRPC server: with --grpc-tls-key, the gRPC port (RLS,
+    /// health, reflection) speaks TLS only. Reloaded when the file changes.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_CERT",
+        value_name = "PEM",
+        requires = "grpc_tls_key"
+    )]
+    grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_KEY",
+        value_name = "PEM",
+        requires = "grpc_tls_cert"
+    )]
+    grpc_tls_key: Option<PathBuf>,
+    /// PEM CA file(s), comma-separated: every gRPC client must present a certificate one of
+    /// them signs. Reloaded when a file changes.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_CLIENT_CA",
+        value_name = "PEM",
+        value_delimiter = ',',
+        requires = "grpc_tls_cert"
+    )]
+    grpc_client_ca: Vec<PathBuf>,
+    /// A DNS name or IP address the client certificate must carry (with --grpc-client-ca).
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_CLIENT_SAN",
+        value_name = "NAME",
+        requires = "grpc_client_ca"
+    )]
+    grpc_client_san: Option<String>,
     /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), or a cluster:
     /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS).
     /// Without it the embedded in-memory backend serves (one instance only).
@@ -252,6 +288,21 @@ impl ServeArgs {
             watch_interval: self
                 .watch_config
                 .then(|| Duration::from_millis(self.watch_interval_ms)),
+            grpc_tls: self.grpc_tls(),
+        })
+    }
+}
+
+impl ServeArgs {
+    /// The gRPC server's TLS, its files checked as often as the config's (even when the config
+    /// is not watched: a rotated Secret must be picked up).
+    fn grpc_tls(&self) -> Option<TlsSettings> {
+        let (cert, key) = (self.grpc_tls_cert.clone()?, self.grpc_tls_key.clone()?);
+        Some(TlsSettings {
+            client_ca: self.grpc_client_ca.clone(),
+            client_san: self.grpc_client_san.clone(),
+            reload_interval: Duration::from_millis(self.watch_interval_ms),
+            ..TlsSettings::new(cert, key)
         })
     }
 }

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -28,6 +29,7 @@ use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
+use crate::tls::{self, ServerTls};
 
 /// gRPC health service name for Kubernetes liveness probes: SERVING while the process runs,
 /// whatever the backend does. `""` and the RLS service name report readiness.
@@ -47,6 +49,8 @@ pub struct ServerSettings {
     pub reload: Option<ReloadSettings>,
     /// What a request gets when the backend fails.
     pub on_backend_error: FailurePolicy,
+    /// TLS of the gRPC port (reloaded when its files change); `None`: plaintext.
+    pub grpc_tls: Option<Arc<ServerTls>>,
 }
 
 /// The two bound sockets `run` serves on.
@@ -117,6 +121,11 @@ pub async fn run(
     tracing::info!(
         grpc_addr = %listeners.grpc_addr().map_err(ServerError::LocalAddr)?,
         admin_addr = %listeners.admin_addr().map_err(ServerError::LocalAddr)?,
+        grpc_tls = match &settings.grpc_tls {
+            None => "off",
+            Some(tls) if tls.verifies_clients() => "mutual",
+            Some(_) => "server",
+        },
         "listening"
     );
     let Listeners {
@@ -174,12 +183,24 @@ pub async fn run(
     // anything is allocated for its fields); the connection and the server carry on.
     let rls = RateLimitServiceServer::new(RateLimiter::new(engine.clone(), observer.clone()))
         .max_decoding_message_size(max_message_bytes);
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(rls)
-        .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
+        .add_service(rls);
+    // Health and reflection share the port, and its TLS, with the RLS.
+    let grpc = match settings.grpc_tls {
+        None => Either::Left(
+            router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
+        ),
+        Some(server_tls) => {
+            tokio::spawn(tls::watch(server_tls.clone(), stop_rx.clone()));
+            let incoming = tls::incoming(incoming, server_tls, |s| s.peer_addr().ok());
+            Either::Right(
+                router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
+            )
+        }
+    };
 
     // Both faces record every call on the one observer.
     let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
