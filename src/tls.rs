@@ -38,7 +38,9 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
@@ -99,7 +101,9 @@ pub enum TlsError {
         key: String,
         reason: String,
     },
-    #[error("--grpc-client-san needs --grpc-client-ca: without a CA no client certificate is asked for")]
+    #[error(
+        "--grpc-client-san needs --grpc-client-ca: without a CA no client certificate is asked for"
+    )]
     SanWithoutCa,
     #[error("--grpc-client-san `{0}` is not a DNS name or an IP address")]
     BadSan(String),
@@ -177,7 +181,11 @@ fn build(s: &TlsSettings, files: &Files) -> Result<Arc<ServerConfig>, TlsError> 
             &s.key,
             "holds no PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block",
         ),
-        other => pem_error("--grpc-tls-key", &s.key, format!("not a valid PEM file: {other}")),
+        other => pem_error(
+            "--grpc-tls-key",
+            &s.key,
+            format!("not a valid PEM file: {other}"),
+        ),
     })?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -380,7 +388,10 @@ impl ServerTls {
 /// Polls the files every `reload_interval` until `stop` turns true, logging each reload and
 /// each rejected change.
 pub async fn watch(tls: Arc<ServerTls>, mut stop: watch::Receiver<bool>) {
-    let interval = tls.settings.reload_interval.max(crate::app::MIN_WATCH_INTERVAL);
+    let interval = tls
+        .settings
+        .reload_interval
+        .max(crate::app::MIN_WATCH_INTERVAL);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
@@ -463,9 +474,7 @@ where
 {
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
         Ok(Ok(stream)) => Ok(stream),
-        Ok(Err(error)) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
-            Err(Refused::Silent)
-        }
+        Ok(Err(error)) if error.kind() == std::io::ErrorKind::UnexpectedEof => Err(Refused::Silent),
         Ok(Err(error)) => Err(Refused::Error(error.to_string())),
         Err(_) => Err(Refused::Error(format!(
             "no handshake within {} s",

@@ -24,7 +24,10 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 fn load_error(settings: TlsSettings) -> String {
-    ServerTls::load(settings).err().expect("refused").to_string()
+    ServerTls::load(settings)
+        .err()
+        .expect("refused")
+        .to_string()
 }
 
 #[test]
@@ -45,7 +48,10 @@ fn start_up_errors_name_the_flag_and_the_file() {
     );
     assert_eq!(
         load_error(TlsSettings::new(&text, &key)),
-        format!("--grpc-tls-cert {}: holds no CERTIFICATE block", text.display())
+        format!(
+            "--grpc-tls-cert {}: holds no CERTIFICATE block",
+            text.display()
+        )
     );
     assert_eq!(
         load_error(TlsSettings::new(&cert, &text)),
@@ -70,7 +76,10 @@ fn start_up_errors_name_the_flag_and_the_file() {
     settings.client_ca = vec![text.clone()];
     assert_eq!(
         load_error(settings.clone()),
-        format!("--grpc-client-ca {}: holds no CERTIFICATE block", text.display())
+        format!(
+            "--grpc-client-ca {}: holds no CERTIFICATE block",
+            text.display()
+        )
     );
     settings.client_ca = vec![ca.clone()];
     settings.client_san = Some("not a name!".into());

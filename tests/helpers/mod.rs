@@ -15,8 +15,11 @@
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
+//! - [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
+//!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it.
 #![allow(dead_code, unused_imports)]
 
+pub mod certs;
 pub mod edge_limits;
 pub mod envoy;
 pub mod envoy_config;
@@ -29,6 +32,7 @@ pub mod limiter;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
+pub mod secret;
 
 pub use envoy::{Envoy, Upstream};
 pub use http::{http_get, http_request, HttpResponse, Req};
