@@ -134,6 +134,10 @@ struct ServeArgs {
         requires = "grpc_client_ca"
     )]
     grpc_client_san: Option<String>,
+    /// Address of an extra HTTP listener serving only /metrics (envoyproxy/ratelimit's
+    /// PROMETHEUS_ADDR); /metrics stays on the admin port too.
+    #[arg(long, env = "SLUICE_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), or a cluster:
     /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS).
     /// Without it the embedded in-memory backend serves (one instance only).
@@ -405,7 +409,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let settings = args.settings()?;
     let server = app::assemble(settings, Some(app::install_metrics()?))?;
     let shutdown = shutdown_signal()?;
-    let listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
+    let mut listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
+    if let Some(addr) = args.metrics_addr {
+        listeners = listeners.with_metrics(addr).await?;
+    }
     run(server, listeners, shutdown).await?;
     Ok(())
 }

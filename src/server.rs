@@ -53,13 +53,15 @@ pub struct ServerSettings {
     pub grpc_tls: Option<Arc<ServerTls>>,
 }
 
-/// The two bound sockets `run` serves on.
+/// The bound sockets `run` serves on.
 #[derive(Debug)]
 pub struct Listeners {
     /// gRPC: RLS, health, reflection.
     pub grpc: TcpListener,
     /// Admin HTTP: probes, metrics, envoyproxy/ratelimit's HTTP face.
     pub admin: TcpListener,
+    /// `/metrics` alone, on a port of its own (envoyproxy/ratelimit's `PROMETHEUS_ADDR`).
+    pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -73,7 +75,21 @@ impl Listeners {
         Ok(Listeners {
             grpc: bind("gRPC", grpc).await?,
             admin: bind("admin", admin).await?,
+            metrics: None,
         })
+    }
+
+    /// Also serves `/metrics` alone on `addr`.
+    pub async fn with_metrics(mut self, addr: SocketAddr) -> Result<Self, ServerError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| ServerError::Bind {
+                what: "metrics",
+                addr,
+                error,
+            })?;
+        self.metrics = Some(listener);
+        Ok(self)
     }
 
     /// Both on ephemeral loopback ports (tests).
@@ -118,19 +134,24 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
-    tracing::info!(
-        grpc_addr = %listeners.grpc_addr().map_err(ServerError::LocalAddr)?,
-        admin_addr = %listeners.admin_addr().map_err(ServerError::LocalAddr)?,
-        grpc_tls = match &settings.grpc_tls {
-            None => "off",
-            Some(tls) if tls.verifies_clients() => "mutual",
-            Some(_) => "server",
-        },
-        "listening"
-    );
+    let grpc_tls = match &settings.grpc_tls {
+        None => "off",
+        Some(tls) if tls.verifies_clients() => "mutual",
+        Some(_) => "server",
+    };
+    let grpc_addr = listeners.grpc_addr().map_err(ServerError::LocalAddr)?;
+    let admin_addr = listeners.admin_addr().map_err(ServerError::LocalAddr)?;
+    match &listeners.metrics {
+        None => tracing::info!(%grpc_addr, %admin_addr, grpc_tls, "listening"),
+        Some(metrics) => {
+            let metrics_addr = metrics.local_addr().map_err(ServerError::LocalAddr)?;
+            tracing::info!(%grpc_addr, %admin_addr, %metrics_addr, grpc_tls, "listening")
+        }
+    }
     let Listeners {
         grpc: grpc_listener,
         admin: admin_listener,
+        metrics: metrics_listener,
     } = listeners;
     let limiter = settings.limiter.clone();
     let observer = Arc::new(Observer::new(
@@ -202,6 +223,15 @@ pub async fn run(
         }
     };
 
+    // A port of its own for Prometheus, when asked for.
+    let metrics_server = metrics_listener.map(|listener| {
+        let app = admin::metrics_router(settings.metrics.clone(), observer.clone());
+        tokio::spawn(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
+                .into_future(),
+        )
+    });
     // Both faces record every call on the one observer.
     let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
         .merge(http_api::router(engine, observer));
@@ -224,6 +254,11 @@ pub async fn run(
     }
     grpc_result?;
     admin_result.map_err(ServerError::Admin)?;
+    if let Some(server) = metrics_server {
+        if let Ok(Err(error)) = server.await {
+            return Err(ServerError::Admin(error));
+        }
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -16,7 +16,8 @@
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
 //! - [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
-//!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it.
+//!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it;
+//!   [`gateway`]: Envoy Gateway's certificates, rate-limit cluster, route shapes and limits.
 #![allow(dead_code, unused_imports)]
 
 pub mod certs;
@@ -25,6 +26,7 @@ pub mod envoy;
 pub mod envoy_config;
 
 pub mod fuzz_harness;
+pub mod gateway;
 pub mod http;
 pub mod in_process;
 pub mod istio;
