@@ -1,27 +1,45 @@
-//! Compiles the trimmed Envoy RLS protos with a pure-Rust protobuf compiler (no system protoc)
-//! and writes the file descriptor set that gRPC reflection serves.
+//! Compiles the trimmed protos with a pure-Rust protobuf compiler (no system protoc) and writes
+//! the file descriptor set that gRPC reflection serves.
+//!
+//! Two sets of files: what the gRPC server serves (RLS; reflection lists exactly these), and
+//! what the xDS client speaks (the discovery service and envoyproxy/ratelimit's
+//! `RateLimitConfig` resource). Both are generated in one run, since they share the
+//! `envoy.config.core.v3` package (prost writes one file per package), but only the first is
+//! in the reflection set: sluice does not serve the discovery service.
 
 use std::path::PathBuf;
 
+/// Served by sluice's gRPC server, and listed by reflection.
+const SERVED: [&str; 4] = [
+    "proto/envoy/service/ratelimit/v3/rls.proto",
+    "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
+    "proto/envoy/config/core/v3/base.proto",
+    "proto/envoy/type/v3/ratelimit_unit.proto",
+];
+
+/// Spoken by the xDS client (`--config-xds`); not served.
+const XDS: [&str; 5] = [
+    "proto/envoy/service/discovery/v3/ads.proto",
+    "proto/envoy/service/discovery/v3/discovery.proto",
+    "proto/envoy/config/core/v3/node.proto",
+    "proto/google/rpc/status.proto",
+    "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
+];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = [
-        "proto/envoy/service/ratelimit/v3/rls.proto",
-        "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
-        "proto/envoy/config/core/v3/base.proto",
-        "proto/envoy/type/v3/ratelimit_unit.proto",
-    ];
-    for file in &files {
+    for file in SERVED.iter().chain(&XDS) {
         println!("cargo:rerun-if-changed={file}");
     }
-    let fds = protox::compile(files, ["proto"])?;
+    let served = protox::compile(SERVED, ["proto"])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out_dir.join("sluice_descriptor.bin"),
-        prost::Message::encode_to_vec(&fds),
+        prost::Message::encode_to_vec(&served),
     )?;
+    let all = protox::compile(SERVED.iter().chain(&XDS), ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_fds(fds)?;
+        .compile_fds(all)?;
     Ok(())
 }

@@ -5,14 +5,14 @@
 //! Why `/healthcheck` ignores the backend: Envoy Gateway points its startup, readiness *and*
 //! liveness probes at it, so a Redis outage that failed it would restart every rate-limit pod
 //! (envoyproxy/ratelimit's `/healthcheck` ignores Redis too unless told otherwise). It answers
-//! `OK` (200) while the process serves and is not draining, 500 otherwise; `/readyz` and gRPC
-//! health are the probes that follow the backend.
+//! `OK` (200) once a config is served (at once from files; after the first xDS push) and until
+//! draining, 500 otherwise; `/readyz` and gRPC health are the probes that follow the backend.
 //!
 //! Why separate from gRPC: Kubernetes probes and Prometheus scrapes speak HTTP/1.1, and an SRE
 //! must be able to curl them; keeping them off the data-plane port keeps the RLS port minimal.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -28,6 +28,9 @@ use crate::metrics::Observer;
 pub struct Readiness {
     backend_up: AtomicBool,
     draining: AtomicBool,
+    /// Why no config is served yet (a config source that delivers it later, e.g. xDS);
+    /// `None` once one is.
+    config_pending: Mutex<Option<String>>,
 }
 
 impl Readiness {
@@ -35,7 +38,23 @@ impl Readiness {
         Readiness {
             backend_up: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            config_pending: Mutex::new(None),
         }
+    }
+
+    /// No config served yet, and why (shown by `/readyz`); [`Readiness::set_config_loaded`]
+    /// ends it.
+    pub fn set_config_pending(&self, why: impl Into<String>) {
+        *crate::sync::lock(&self.config_pending) = Some(why.into());
+    }
+
+    pub fn set_config_loaded(&self) {
+        *crate::sync::lock(&self.config_pending) = None;
+    }
+
+    /// Why no config is served yet; `None` when one is.
+    pub fn config_pending(&self) -> Option<String> {
+        crate::sync::lock(&self.config_pending).clone()
     }
 
     /// Records the latest backend probe; returns true when the state changed.
@@ -56,7 +75,7 @@ impl Readiness {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.backend_up() && !self.draining()
+        self.backend_up() && !self.draining() && self.config_pending().is_none()
     }
 }
 
@@ -87,11 +106,19 @@ pub fn router(
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     let r = &state.readiness;
     if r.draining() {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
+    } else if let Some(why) = r.config_pending() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no config yet: {why}\n"),
+        )
     } else if !r.backend_up() {
-        (StatusCode::SERVICE_UNAVAILABLE, "backend unreachable\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend unreachable\n".into(),
+        )
     } else {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, "ready\n".into())
     }
 }
 
@@ -108,10 +135,16 @@ pub fn metrics_router(metrics: Option<PrometheusHandle>, observer: Arc<Observer>
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
-    if state.readiness.draining() {
-        (StatusCode::INTERNAL_SERVER_ERROR, "draining\n")
+    let r = &state.readiness;
+    if r.draining() {
+        (StatusCode::INTERNAL_SERVER_ERROR, "draining\n".into())
+    } else if let Some(why) = r.config_pending() {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("no config yet: {why}\n"),
+        )
     } else {
-        (StatusCode::OK, "OK")
+        (StatusCode::OK, "OK".into())
     }
 }
 
@@ -122,6 +155,7 @@ async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
             let hot_keys = state.observer.collect();
             let mut text = handle.render();
             text.push_str(&hot_keys);
+            text.push_str(&crate::metrics::render_xds_version());
             (
                 StatusCode::OK,
                 [("content-type", "text/plain; version=0.0.4")],

@@ -1,8 +1,8 @@
 //! The production stack, assembled in the library: settings in, a ready-to-run server out.
 //!
-//! Why here and not in `main`: what `sluice serve` runs (the config it loads, the backend it
-//! picks, the guard and the rejection cache around it, the metrics recorder) must be what tests
-//! run too. `main` only turns flags and environment variables into [`Settings`]; tests build
+//! Why here and not in `main`: what `sluice serve` runs (the config it loads or the xDS server
+//! it subscribes to, the backend it picks, the guard and the rejection cache around it, the
+//! metrics recorder) must be what tests run too. `main` only turns flags and environment variables into [`Settings`]; tests build
 //! [`Settings`] directly, call [`assemble`] and hand the result to [`crate::run`] with listeners
 //! bound to port 0, all in process.
 //!
@@ -34,6 +34,7 @@ use crate::metrics::MetricsSettings;
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
 use crate::tls::{ServerTls, TlsError, TlsSettings};
+use crate::xds::{XdsError, XdsSettings, XdsSource};
 
 /// Seconds between backend readiness probes, by default and at least.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -48,9 +49,10 @@ pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
 /// `sluice serve --help`.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// A limits YAML file or a directory of `*.yaml` files.
-    pub config: PathBuf,
-    /// How the config's files are combined, at start-up and on every reload.
+    /// Where the limits come from.
+    pub config: ConfigSource,
+    /// How the config's files (or xDS resources) are combined, at start-up and on every
+    /// reload.
     pub load: LoadOptions,
     pub backend: BackendSettings,
     pub engine: EngineOptions,
@@ -60,18 +62,32 @@ pub struct Settings {
     /// How often readiness re-probes the backend (at least [`DEFAULT_PROBE_INTERVAL`]).
     pub probe_interval: Duration,
     /// How often the config is checked for changes; `None` serves the start-up config until
-    /// exit.
+    /// exit. Files only: xDS pushes its changes.
     pub watch_interval: Option<Duration>,
     /// TLS of the gRPC server (certificates reloaded when they change); `None`: plaintext.
     pub grpc_tls: Option<TlsSettings>,
+}
+
+/// Where the limits come from: `--config` or `--config-xds`.
+#[derive(Debug, Clone)]
+pub enum ConfigSource {
+    /// A limits YAML file or a directory of `*.yaml` files.
+    Files(PathBuf),
+    /// A management server pushing envoyproxy/ratelimit's `RateLimitConfig` resources.
+    Xds(XdsSettings),
 }
 
 impl Settings {
     /// The defaults of `sluice serve` for the config at `config`: memory backend, config
     /// watched.
     pub fn new(config: impl Into<PathBuf>) -> Self {
+        Self::with_source(ConfigSource::Files(config.into()))
+    }
+
+    /// The defaults of `sluice serve` with the limits from `source`.
+    pub fn with_source(source: ConfigSource) -> Self {
         Settings {
-            config: config.into(),
+            config: source,
             load: LoadOptions::default(),
             backend: BackendSettings::default(),
             engine: EngineOptions::default(),
@@ -131,6 +147,11 @@ pub enum StartError {
     Metrics(String),
     #[error("{0}")]
     GrpcTls(#[from] TlsError),
+    #[error("{0}")]
+    Xds(#[from] XdsError),
+    /// Flags that do not fit together (e.g. two config sources).
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl From<SettingError> for StartError {
@@ -212,7 +233,29 @@ pub fn assemble(
 ) -> Result<ServerSettings, StartError> {
     crate::descriptor::validate_key_prefix(&settings.engine.key_prefix)
         .map_err(StartError::KeyPrefix)?;
-    let config = load_config(&settings.config, settings.load)?;
+    let (config, reload, xds) = match settings.config {
+        ConfigSource::Files(path) => {
+            let config = load_config(&path, settings.load)?;
+            let unix_now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            crate::metrics::record_config_loaded(&path, &config, unix_now);
+            let reload = settings.watch_interval.map(|interval| ReloadSettings {
+                path,
+                interval: interval.max(MIN_WATCH_INTERVAL),
+                load_options: settings.load,
+            });
+            (config, reload, None)
+        }
+        ConfigSource::Xds(xds) => {
+            xds.check()?;
+            let source = XdsSource {
+                settings: xds,
+                load: settings.load,
+            };
+            (Config::empty(), None, Some(source))
+        }
+    };
     let grpc_tls = settings.grpc_tls.map(ServerTls::load).transpose()?;
     let limiter = backend(&settings.backend)?;
     if settings.backend.redis.is_some() {
@@ -221,18 +264,9 @@ pub fn assemble(
             "backend failure policy"
         );
     }
-    let unix_now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    crate::metrics::record_config_loaded(&settings.config, &config, unix_now);
     if settings.engine.shadow_mode {
         tracing::warn!("global shadow mode: every request is answered OK overall");
     }
-    let reload = settings.watch_interval.map(|interval| ReloadSettings {
-        path: settings.config.clone(),
-        interval: interval.max(MIN_WATCH_INTERVAL),
-        load_options: settings.load,
-    });
     Ok(ServerSettings {
         config,
         limiter,
@@ -241,6 +275,7 @@ pub fn assemble(
         engine: settings.engine,
         metrics_settings: settings.metrics,
         reload,
+        xds,
         on_backend_error: settings.on_backend_error,
         grpc_tls,
     })
@@ -349,5 +384,25 @@ mod tests {
         settings.engine.key_prefix = EngineOptions::default().key_prefix;
         let err = assemble(settings, None).err().expect("no config");
         assert!(err.to_string().starts_with("loading config from "), "{err}");
+    }
+
+    #[test]
+    fn an_xds_source_is_checked_and_starts_without_limits() {
+        let xds = |url: &str| Settings::with_source(ConfigSource::Xds(XdsSettings::new(url, "n")));
+        let err = assemble(xds("ftp://xds:18001"), None)
+            .err()
+            .expect("bad scheme");
+        assert!(
+            err.to_string()
+                .starts_with("--config-xds `ftp://xds:18001`: "),
+            "{err}"
+        );
+        let server = assemble(xds("http://127.0.0.1:18001"), None).expect("assembled");
+        assert!(server.reload.is_none(), "xDS pushes its changes");
+        assert_eq!(server.config.domains().count(), 0);
+        assert_eq!(
+            server.xds.map(|x| x.settings.url),
+            Some("http://127.0.0.1:18001".to_owned())
+        );
     }
 }

@@ -5,7 +5,10 @@
 //! the `SLUICE_*` variable clap reads (only when that variable is not set already; a flag on the
 //! command line wins over both), and reports every other one it recognises once at start-up,
 //! with why it is not applied, instead of ignoring it silently. The translation is a pure
-//! function of the environment so it can be tested without touching the process.
+//! function of the environment so it can be tested without touching the process. The xDS
+//! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`.
+
+mod xds;
 
 use std::collections::BTreeMap;
 
@@ -86,10 +89,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ("GRPC_MAX_CONNECTION_AGE", "not configurable"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not configurable"),
     (
-        "CONFIG_TYPE",
-        "only file configuration is supported (xDS is not)",
-    ),
-    (
         "EXPIRATION_JITTER_MAX_SECONDS",
         "sliding-log keys expire exactly when their newest entry leaves the window",
     ),
@@ -121,7 +120,8 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "sluice does not start without a valid config",
+        "always on: readiness waits for a loaded config (files load before serving; xDS \
+         reports not ready until its first config)",
     ),
     ("TRACING_ENABLED", "tracing export is not supported"),
     (
@@ -146,26 +146,46 @@ fn truthy(value: &str) -> Option<bool> {
     }
 }
 
+/// Sets `sluice` to `value` for the legacy variable `legacy`, unless `sluice` is set already.
+fn map_var(
+    get: &dyn Fn(&str) -> Option<String>,
+    legacy: &str,
+    sluice: &str,
+    value: String,
+    out: &mut Translation,
+) {
+    if get(sluice).is_some() {
+        out.notes
+            .push(format!("{legacy} ignored: {sluice} is set and wins"));
+    } else {
+        out.set.insert(sluice.to_owned(), value);
+    }
+}
+
+/// A boolean variable, `None` when unset or not a boolean (noted).
+fn flag_var(
+    get: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    out: &mut Translation,
+) -> Option<bool> {
+    let raw = get(name)?;
+    let parsed = truthy(&raw);
+    if parsed.is_none() {
+        out.notes
+            .push(format!("{name}={raw:?} ignored: expected true or false"));
+    }
+    parsed
+}
+
 /// Translates envoyproxy/ratelimit's variables, read through `get`, into `SLUICE_*` ones.
 pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     let mut out = Translation::default();
     let map = |legacy: &str, sluice: &str, value: String, out: &mut Translation| {
-        if get(sluice).is_some() {
-            out.notes
-                .push(format!("{legacy} ignored: {sluice} is set and wins"));
-        } else {
-            out.set.insert(sluice.to_owned(), value);
-        }
+        map_var(get, legacy, sluice, value, out);
     };
-    let flag = |name: &str, out: &mut Translation| -> Option<bool> {
-        let raw = get(name)?;
-        let parsed = truthy(&raw);
-        if parsed.is_none() {
-            out.notes
-                .push(format!("{name}={raw:?} ignored: expected true or false"));
-        }
-        parsed
-    };
+    let flag = |name: &str, out: &mut Translation| flag_var(get, name, out);
+    // The limits from xDS: RUNTIME_ROOT (the file source) is then not mapped.
+    let from_xds = xds::translate(get, &mut out);
 
     // `user:password` or a bare password, as envoyproxy/ratelimit reads REDIS_AUTH; the user
     // goes into the URL it builds, the password into SLUICE_REDIS_PASSWORD (never logged).
@@ -228,7 +248,15 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             &mut out,
         );
     }
-    if let Some(root) = get("RUNTIME_ROOT") {
+    if from_xds {
+        for name in ["RUNTIME_ROOT", "RUNTIME_WATCH_ROOT"] {
+            if get(name).is_some() {
+                out.notes.push(format!(
+                    "{name} ignored: CONFIG_TYPE=GRPC_XDS_SOTW takes the limits from xDS"
+                ));
+            }
+        }
+    } else if let Some(root) = get("RUNTIME_ROOT") {
         let mut path = std::path::PathBuf::from(root);
         if let Some(sub) = get("RUNTIME_SUBDIRECTORY").filter(|s| !s.is_empty()) {
             path.push(sub);
@@ -241,7 +269,7 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             &mut out,
         );
     }
-    if let Some(watch) = flag("RUNTIME_WATCH_ROOT", &mut out) {
+    if let Some(watch) = flag("RUNTIME_WATCH_ROOT", &mut out).filter(|_| !from_xds) {
         map(
             "RUNTIME_WATCH_ROOT",
             "SLUICE_WATCH_CONFIG",
@@ -344,7 +372,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn run(vars: &[(&str, &str)]) -> Translation {
+    pub(super) fn run(vars: &[(&str, &str)]) -> Translation {
         let env: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

@@ -17,6 +17,8 @@
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
+//! - [`xds`]: the xDS config source: subscribes to a management server and swaps in each
+//!   valid config it pushes (ACK), keeping the previous one on an invalid push (NACK).
 //! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
 //!   Redis Cluster) with its guard and rejection cache, metrics recorder.
 //! - [`tls`]: the gRPC server's TLS: certificates and client CAs from files, reloaded when they
@@ -44,6 +46,7 @@ pub mod server;
 pub mod service;
 pub mod sync;
 pub mod tls;
+pub mod xds;
 
 pub use app::Settings;
 pub use server::{run, Listeners, ServerSettings};

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::app::{self, BackendSettings, Settings};
+use sluice::app::{self, BackendSettings, ConfigSource, Settings};
 use sluice::config::{HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
 use sluice::limiter::cache;
@@ -19,6 +19,7 @@ use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
 use sluice::metrics::MetricsSettings;
 use sluice::tls::TlsSettings;
+use sluice::xds::{ClientTls, XdsSettings};
 use sluice::{run, Listeners};
 
 /// Per-request allocations (h2 frames, prost messages, Redis commands) are many and short-lived;
@@ -90,8 +91,35 @@ impl From<OnBackendError> for FailurePolicy {
 #[derive(clap::Args)]
 struct ServeArgs {
     /// A limits YAML file or a directory of *.yaml files (envoyproxy/ratelimit's format).
+    /// Either this or --config-xds.
     #[arg(long, env = "SLUICE_CONFIG")]
-    config: PathBuf,
+    config: Option<PathBuf>,
+    /// Take the limits from an xDS management server instead of files: https://HOST:PORT
+    /// (TLS) or http://HOST:PORT (plaintext), e.g. Envoy Gateway's
+    /// https://envoy-gateway:18001.
+    #[arg(long, env = "SLUICE_CONFIG_XDS", value_name = "URL")]
+    config_xds: Option<String>,
+    /// Node id sent to the xDS server, which keys its configs by it (Envoy Gateway:
+    /// envoy-ratelimit; envoyproxy/ratelimit's default: default).
+    #[arg(long, env = "SLUICE_CONFIG_XDS_NODE_ID", default_value = "default")]
+    config_xds_node_id: String,
+    /// PEM CA(s) that sign the xDS server's certificate (default: the system roots).
+    #[arg(long, env = "SLUICE_CONFIG_XDS_CA_FILE", value_name = "PEM")]
+    config_xds_ca_file: Option<PathBuf>,
+    /// PEM client certificate presented to the xDS server (mutual TLS), with
+    /// --config-xds-client-key.
+    #[arg(long, env = "SLUICE_CONFIG_XDS_CLIENT_CERT", value_name = "PEM")]
+    config_xds_client_cert: Option<PathBuf>,
+    /// PEM private key of --config-xds-client-cert.
+    #[arg(long, env = "SLUICE_CONFIG_XDS_CLIENT_KEY", value_name = "PEM")]
+    config_xds_client_key: Option<PathBuf>,
+    /// Name the xDS server's certificate must hold, instead of the URL's host.
+    #[arg(long, env = "SLUICE_CONFIG_XDS_SERVER_NAME", value_name = "NAME")]
+    config_xds_server_name: Option<String>,
+    /// With --config-xds: serve before the first config arrives, answering UNAVAILABLE until
+    /// it does, instead of waiting for it.
+    #[arg(long, env = "SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG")]
+    force_start_without_initial_config: bool,
     /// Address of the gRPC server (RLS, health, reflection). Loopback: a sidecar serves its pod.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     grpc_addr: SocketAddr,
@@ -244,6 +272,63 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// Where the limits come from: `--config` or `--config-xds` (exactly one).
+    fn config_source(&self) -> Result<ConfigSource, app::StartError> {
+        let usage = |text: &str| Err(app::StartError::Usage(text.to_owned()));
+        let path = match (&self.config, &self.config_xds) {
+            (Some(_), Some(_)) => {
+                return usage(
+                    "--config and --config-xds are exclusive: the limits come from files or \
+                     from an xDS server, not both",
+                )
+            }
+            (None, None) => {
+                return usage(
+                    "no config source: give --config PATH (a limits file or directory) or \
+                     --config-xds URL (an xDS management server)",
+                )
+            }
+            (None, Some(url)) => {
+                return Ok(ConfigSource::Xds(XdsSettings {
+                    tls: ClientTls {
+                        ca_file: self.config_xds_ca_file.clone(),
+                        client_cert: self.config_xds_client_cert.clone(),
+                        client_key: self.config_xds_client_key.clone(),
+                        server_name: self.config_xds_server_name.clone(),
+                    },
+                    force_start: self.force_start_without_initial_config,
+                    ..XdsSettings::new(url, &self.config_xds_node_id)
+                }))
+            }
+            (Some(path), None) => path,
+        };
+        let xds_only = [
+            ("--config-xds-ca-file", self.config_xds_ca_file.is_some()),
+            (
+                "--config-xds-client-cert",
+                self.config_xds_client_cert.is_some(),
+            ),
+            (
+                "--config-xds-client-key",
+                self.config_xds_client_key.is_some(),
+            ),
+            (
+                "--config-xds-server-name",
+                self.config_xds_server_name.is_some(),
+            ),
+            (
+                "--force-start-without-initial-config",
+                self.force_start_without_initial_config,
+            ),
+        ];
+        if let Some((flag, _)) = xds_only.iter().find(|(_, set)| *set) {
+            return usage(&format!(
+                "{flag} applies to --config-xds only; the limits come from --config"
+            ));
+        }
+        Ok(ConfigSource::Files(path.clone()))
+    }
+
     /// The settings these flags describe; reads the Redis password file (or
     /// `SLUICE_REDIS_PASSWORD`).
     fn settings(&self) -> Result<Settings, app::StartError> {
@@ -262,7 +347,7 @@ impl ServeArgs {
             None => None,
         };
         Ok(Settings {
-            config: self.config.clone(),
+            config: self.config_source()?,
             load,
             backend: BackendSettings {
                 redis,

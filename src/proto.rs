@@ -1,5 +1,7 @@
-//! Generated Envoy RLS v3 types (from proto/ via build.rs) and the encoded descriptor set that
-//! gRPC reflection serves, so `grpcurl` works without proto files.
+//! Generated types (from proto/ via build.rs): Envoy's RLS v3, which the gRPC server serves;
+//! the discovery service, `google.rpc.Status` and envoyproxy/ratelimit's `RateLimitConfig`,
+//! which the xDS client speaks; and the encoded descriptor set that gRPC reflection serves (the
+//! RLS files only), so `grpcurl` works without proto files.
 #![allow(clippy::all, missing_docs)]
 
 pub mod envoy {
@@ -28,6 +30,28 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod discovery {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.discovery.v3");
+            }
+        }
+    }
+}
+
+pub mod google {
+    pub mod rpc {
+        tonic::include_proto!("google.rpc");
+    }
+}
+
+/// envoyproxy/ratelimit's config API: the `RateLimitConfig` xDS resource.
+pub mod ratelimit {
+    pub mod config {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("ratelimit.config.ratelimit.v3");
             }
         }
     }

@@ -59,6 +59,9 @@ pub fn to_status(err: DecisionError) -> Status {
             Status::unavailable(format!("rate-limit backend timed out after {ms} ms"))
         }
         DecisionError::Backend(err) => Status::unavailable(err.to_string()),
+        DecisionError::NoConfig => Status::unavailable(
+            "no rate-limit config loaded yet: waiting for the first one from the config source",
+        ),
     }
 }
 

@@ -30,12 +30,14 @@ use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 use crate::tls::{self, ServerTls};
+use crate::xds::{self, XdsSource};
 
 /// gRPC health service name for Kubernetes liveness probes: SERVING while the process runs,
 /// whatever the backend does. `""` and the RLS service name report readiness.
 pub const LIVENESS_SERVICE: &str = "sluice.liveness";
 
 pub struct ServerSettings {
+    /// The limits served from the start (empty with `xds`, whose first push brings them).
     pub config: Config,
     pub limiter: Arc<dyn Limiter>,
     /// Renders `/metrics`; `None` when no recorder is installed ([`crate::app::install_metrics`]).
@@ -47,6 +49,8 @@ pub struct ServerSettings {
     pub metrics_settings: MetricsSettings,
     /// Hot reload of the config; `None` serves the start-up config until exit.
     pub reload: Option<ReloadSettings>,
+    /// The limits come from an xDS management server instead of `config` (see [`crate::xds`]).
+    pub xds: Option<XdsSource>,
     /// What a request gets when the backend fails.
     pub on_backend_error: FailurePolicy,
     /// TLS of the gRPC port (reloaded when its files change); `None`: plaintext.
@@ -160,11 +164,18 @@ pub async fn run(
     ));
     let max_message_bytes = settings.engine.limits.max_message_bytes;
     let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
-    let engine = Arc::new(
-        Engine::with_options(settings.config, observed, settings.engine)
-            .with_failure_policy(settings.on_backend_error),
-    );
+    let engine = match &settings.xds {
+        None => Engine::with_options(settings.config, observed, settings.engine),
+        Some(_) => Engine::awaiting_config(observed, settings.engine),
+    };
+    let engine = Arc::new(engine.with_failure_policy(settings.on_backend_error));
     let readiness = Arc::new(Readiness::new());
+    if let Some(source) = &settings.xds {
+        readiness.set_config_pending(format!(
+            "waiting for the first config from the xDS server {}",
+            source.settings.url
+        ));
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 
     // Liveness answers "is the process able to serve at all": a Redis outage must make the pod
@@ -177,6 +188,28 @@ pub async fn run(
     let reloader = settings
         .reload
         .map(|r| tokio::spawn(reload::run(r, engine.clone(), stop_rx.clone())));
+    let (applied, mut first_config) = watch::channel(settings.xds.is_none());
+    let serve_before_config = match &settings.xds {
+        Some(source) => source.settings.force_start,
+        None => true,
+    };
+    let xds_client = settings.xds.map(|source| {
+        if source.settings.force_start {
+            tracing::warn!(
+                "serving before the first xDS config: requests are answered UNAVAILABLE until \
+                 it arrives"
+            );
+        } else {
+            tracing::info!("the gRPC server starts serving once the first xDS config is applied");
+        }
+        let ctx = xds::Context {
+            source,
+            engine: engine.clone(),
+            readiness: readiness.clone(),
+            applied,
+        };
+        tokio::spawn(xds::run(ctx, stop_rx.clone()))
+    });
     let prober = tokio::spawn(probe_loop(
         limiter,
         readiness.clone(),
@@ -210,7 +243,7 @@ pub async fn run(
         .add_service(reflection_v1alpha)
         .add_service(rls);
     // Health and reflection share the port, and its TLS, with the RLS.
-    let grpc = match settings.grpc_tls {
+    let grpc_server = match settings.grpc_tls {
         None => Either::Left(
             router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
         ),
@@ -221,6 +254,19 @@ pub async fn run(
                 router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
             )
         }
+    };
+    // Without a config and not forced to start, connections wait in the listen backlog until
+    // the first config is applied (or shutdown).
+    let gate_stop = stop_rx.clone();
+    let grpc = async move {
+        if !serve_before_config {
+            tokio::select! {
+                _ = first_config.wait_for(|applied| *applied) => {}
+                _ = wait_for_stop(gate_stop) => return Ok(()),
+            }
+            tracing::info!("first xDS config applied: the gRPC server serves");
+        }
+        grpc_server.await
     };
 
     // A port of its own for Prometheus, when asked for.
@@ -251,6 +297,9 @@ pub async fn run(
     prober.abort();
     if let Some(reloader) = reloader {
         reloader.abort();
+    }
+    if let Some(client) = xds_client {
+        client.abort();
     }
     grpc_result?;
     admin_result.map_err(ServerError::Admin)?;
@@ -300,7 +349,8 @@ async fn probe_backend(
             ),
         }
     }
-    let status = if up {
+    // Not ready without a config either (xDS before its first push).
+    let status = if readiness.is_ready() {
         ServingStatus::Serving
     } else {
         ServingStatus::NotServing

@@ -91,6 +91,46 @@ fn a_redis_url_without_scheme_is_refused_naming_the_accepted_forms() {
     assert!(!stderr.contains("backend unavailable"), "{stderr}");
 }
 
+/// The limits come from files or from an xDS server: exactly one, each mistake named.
+#[test]
+fn the_config_source_is_files_or_xds_and_its_flags_are_checked() {
+    let config = limits();
+    let config = config.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &[],
+            "no config source: give --config PATH (a limits file or directory) or --config-xds \
+             URL (an xDS management server)",
+        ),
+        (
+            &["--config", config, "--config-xds", "http://127.0.0.1:1"],
+            "--config and --config-xds are exclusive",
+        ),
+        (
+            &["--config", config, "--force-start-without-initial-config"],
+            "--force-start-without-initial-config applies to --config-xds only",
+        ),
+        (
+            &["--config-xds", "envoy-gateway:18001"],
+            "--config-xds `envoy-gateway:18001`: the scheme must be http:// (plaintext) or \
+             https:// (TLS)",
+        ),
+        (
+            &[
+                "--config-xds",
+                "https://envoy-gateway:18001",
+                "--config-xds-client-cert",
+                "/certs/tls.crt",
+            ],
+            "--config-xds-client-cert and --config-xds-client-key go together",
+        ),
+    ];
+    for (args, expected) in cases {
+        let stderr = serve_fails(args);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
 /// `serve --help` names every endpoint of the admin port, and each one answers there (a path
 /// the server does not serve answers 404, so a stale list cannot pass).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

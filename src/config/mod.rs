@@ -5,9 +5,11 @@
 //! wrote for envoyproxy/ratelimit), while the rest of sluice only needs "which rule governs these
 //! descriptor entries". Everything here is pure: no I/O beyond reading the files, no clock.
 //!
-//! Layout: `raw` deserializes the YAML with source lines, `validate` checks and compiles it
-//! (collecting every error), `tree` holds the compiled lookup tree and the matching, `error`
-//! the error types. [`Config`] ties them together.
+//! Layout: `raw` deserializes the YAML with source lines, `xds` converts envoyproxy/ratelimit's
+//! `RateLimitConfig` xDS resources into the same raw model (so both sources meet the same
+//! rules and errors), `validate` checks and compiles it (collecting every error), `tree` holds
+//! the compiled lookup tree and the matching, `error` the error types. [`Config`] ties them
+//! together.
 //!
 //! Compatibility notes (envoyproxy/ratelimit's `config_impl.go`): the accepted fields are its
 //! `validKeys`, all of them honoured: `share_threshold` makes every value matching the wildcard
@@ -27,6 +29,7 @@ mod locate;
 mod raw;
 mod tree;
 mod validate;
+mod xds;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use tree::{
@@ -38,6 +41,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use tree::Level;
+use validate::Document;
 
 /// A time unit as envoyproxy/ratelimit's YAML and Envoy's API name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -231,7 +235,9 @@ impl Config {
             }
         }
         Self::build(
-            sources.iter().map(|(f, t)| (f.as_path(), t.as_str())),
+            sources
+                .iter()
+                .map(|(f, t)| (f.clone(), Document::Yaml(t.as_str()))),
             errors,
             options,
         )
@@ -240,14 +246,16 @@ impl Config {
     /// Compiles one file's text (one domain). `file` only names the source in errors.
     pub fn from_yaml_str(file: &Path, text: &str) -> Result<Config, ConfigErrors> {
         Self::build(
-            std::iter::once((file, text)),
+            std::iter::once((file.to_path_buf(), Document::Yaml(text))),
             Vec::new(),
             LoadOptions::default(),
         )
     }
 
+    /// Compiles documents, each named by its source (a file, or an xDS resource), with the
+    /// same rules whatever their origin.
     fn build<'a>(
-        sources: impl Iterator<Item = (&'a Path, &'a str)>,
+        sources: impl Iterator<Item = (PathBuf, Document<'a>)>,
         mut errors: Vec<ConfigError>,
         options: LoadOptions,
     ) -> Result<Config, ConfigErrors> {
@@ -256,10 +264,12 @@ impl Config {
         // domain -> file that defined it first
         let mut defined_in: HashMap<String, PathBuf> = HashMap::new();
         let mut paths = Vec::new();
-        for (file, text) in sources {
+        for (file, document) in sources {
+            let file = file.as_path();
             paths.push(file.to_path_buf());
             let before = errors.len();
-            let compiled = validate::compile_file(file, text, options.default_headers, &mut errors);
+            let compiled =
+                validate::compile_file(file, document, options.default_headers, &mut errors);
             let Some((name, line)) = compiled.domain else {
                 continue;
             };
@@ -316,6 +326,16 @@ impl Config {
             sources: paths,
             rule_count,
         })
+    }
+
+    /// No domain at all: what an engine holds before its first config arrives.
+    pub fn empty() -> Config {
+        Config {
+            domains: Vec::new(),
+            by_name: HashMap::new(),
+            sources: Vec::new(),
+            rule_count: 0,
+        }
     }
 
     pub fn has_domain(&self, domain: &str) -> bool {

@@ -6,6 +6,7 @@
 //! generations. When the backend fails, the failure policy answers and the decision says so
 //! ([`Decision::backend_failed`]); the engine records nothing itself.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -26,11 +27,17 @@ pub enum DecisionError {
     Invalid(#[from] InvalidRequest),
     #[error(transparent)]
     Backend(#[from] LimiterError),
+    /// The engine was started without limits (`--force-start-without-initial-config`) and no
+    /// config has arrived yet: nothing is known about any domain.
+    #[error("no rate-limit config loaded yet")]
+    NoConfig,
 }
 
 /// Shared by every call of both faces; holds the current config generation and the limiter.
 pub struct Engine {
     config: ArcSwap<Config>,
+    /// False until a first config is swapped in, for an engine started awaiting it.
+    configured: AtomicBool,
     limiter: Arc<dyn Limiter>,
     options: EngineOptions,
     on_backend_error: FailurePolicy,
@@ -44,10 +51,24 @@ impl Engine {
     pub fn with_options(config: Config, limiter: Arc<dyn Limiter>, options: EngineOptions) -> Self {
         Engine {
             config: ArcSwap::from_pointee(config),
+            configured: AtomicBool::new(true),
             limiter,
             options,
             on_backend_error: FailurePolicy::Error,
         }
+    }
+
+    /// An engine with no limits yet (a config source that delivers them later): every request
+    /// is answered [`DecisionError::NoConfig`] until the first [`Engine::replace_config`].
+    pub fn awaiting_config(limiter: Arc<dyn Limiter>, options: EngineOptions) -> Self {
+        let engine = Self::with_options(Config::empty(), limiter, options);
+        engine.configured.store(false, Ordering::Release);
+        engine
+    }
+
+    /// Whether a config has been loaded (always, unless built by [`Engine::awaiting_config`]).
+    pub fn is_configured(&self) -> bool {
+        self.configured.load(Ordering::Acquire)
     }
 
     /// Sets what a request gets when the backend fails.
@@ -68,6 +89,7 @@ impl Engine {
     /// [`Engine::replace_config`] for a config already shared.
     pub fn replace_config_arc(&self, config: Arc<Config>) {
         self.config.store(config);
+        self.configured.store(true, Ordering::Release);
     }
 
     pub fn limiter(&self) -> &Arc<dyn Limiter> {
@@ -76,6 +98,9 @@ impl Engine {
 
     pub async fn decide(&self, request: &Request) -> Result<Decision, DecisionError> {
         validate_with(request, &self.options.limits)?;
+        if !self.is_configured() {
+            return Err(DecisionError::NoConfig);
+        }
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
         let mut plans = resolve(&config, request, &self.options);

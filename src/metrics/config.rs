@@ -15,10 +15,7 @@ use crate::config::Config;
 
 /// Records a config load that succeeded (at start-up or on reload) and logs its one line.
 pub fn record_config_loaded(source: &Path, config: &Config, unix_now: Duration) {
-    metrics::counter!(CONFIG_LOADS_TOTAL, "result" => ConfigLoad::Success.as_str()).increment(1);
-    metrics::gauge!(CONFIG_RULES).set(config.rule_count() as f64);
-    metrics::gauge!(CONFIG_DOMAINS).set(config.domains().count() as f64);
-    metrics::gauge!(CONFIG_LAST_SUCCESS_TIMESTAMP_SECONDS).set(unix_now.as_secs_f64());
+    record_config_served(config, unix_now);
     tracing::info!(
         path = %source.display(),
         domains = config.domains().count(),
@@ -31,4 +28,13 @@ pub fn record_config_loaded(source: &Path, config: &Config, unix_now: Duration) 
 /// logs each error (file, line, rule) itself.
 pub fn record_config_failed() {
     metrics::counter!(CONFIG_LOADS_TOTAL, "result" => ConfigLoad::Failure.as_str()).increment(1);
+}
+
+/// Records a config that started serving, whatever its source (files or xDS): the load
+/// counted as a success, the config's size, the time.
+pub(super) fn record_config_served(config: &Config, unix_now: Duration) {
+    metrics::counter!(CONFIG_LOADS_TOTAL, "result" => ConfigLoad::Success.as_str()).increment(1);
+    metrics::gauge!(CONFIG_RULES).set(config.rule_count() as f64);
+    metrics::gauge!(CONFIG_DOMAINS).set(config.domains().count() as f64);
+    metrics::gauge!(CONFIG_LAST_SUCCESS_TIMESTAMP_SECONDS).set(unix_now.as_secs_f64());
 }

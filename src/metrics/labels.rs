@@ -27,6 +27,9 @@ pub(super) enum RequestError {
     InvalidArgument,
     /// UNAVAILABLE (HTTP 503): the backend failed under the `error` failure policy.
     Backend,
+    /// UNAVAILABLE (HTTP 503): no config has arrived yet (xDS with
+    /// `--force-start-without-initial-config`).
+    NoConfig,
 }
 
 impl RequestError {
@@ -34,6 +37,7 @@ impl RequestError {
         match self {
             RequestError::InvalidArgument => "invalid_argument",
             RequestError::Backend => "backend",
+            RequestError::NoConfig => "no_config",
         }
     }
 }
@@ -43,6 +47,7 @@ impl From<&DecisionError> for RequestError {
         match err {
             DecisionError::Invalid(_) => RequestError::InvalidArgument,
             DecisionError::Backend(_) => RequestError::Backend,
+            DecisionError::NoConfig => RequestError::NoConfig,
         }
     }
 }

@@ -17,7 +17,8 @@
 //! - `observer`: the [`Observer`] of requests, for the gRPC and `/json` faces alike;
 //! - `backend`: the [`ObservedLimiter`] decorator, backend up, failures and stats;
 //! - `windows` and `tracker`: window cardinality and hot keys;
-//! - `config`: config loads.
+//! - `config`: config loads;
+//! - `xds`: the xDS client's state (connected, responses applied or NACKed, the version served).
 //!
 //! docs/metrics.md lists every family; keep it in step with `names`.
 //!
@@ -30,12 +31,17 @@ mod names;
 mod observer;
 mod tracker;
 mod windows;
+mod xds;
 
 pub use backend::{record_backend_up, ObservedLimiter};
 pub use config::{record_config_failed, record_config_loaded};
 pub use names::*;
 pub use observer::{Observer, DETAILED_SERIES_MAX};
 pub use windows::{RECENT_INTERVAL, TRACKED_KEYS_MAX};
+pub use xds::{
+    record_xds_applied, record_xds_connected, record_xds_rejected, record_xds_stream_failure,
+    render_xds_version, XdsRejection,
+};
 
 /// Tunables of the metrics layer (flags `--near-limit-ratio`, `--hot-keys`).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -34,6 +34,11 @@ pub const CONFIG_RULES: &str = "sluice_config_rules";
 pub const CONFIG_DOMAINS: &str = "sluice_config_domains";
 pub const CONFIG_LAST_SUCCESS_TIMESTAMP_SECONDS: &str =
     "sluice_config_last_success_timestamp_seconds";
+pub const XDS_CONNECTED: &str = "sluice_xds_connected";
+pub const XDS_RESPONSES_TOTAL: &str = "sluice_xds_responses_total";
+pub const XDS_STREAM_FAILURES_TOTAL: &str = "sluice_xds_stream_failures_total";
+/// Rendered at each scrape with the version as a label (one series), see `xds.rs`.
+pub const XDS_CONFIG_VERSION_INFO: &str = "sluice_xds_config_version_info";
 
 /// Latency buckets from 100 µs to 100 ms: Envoy's filter gives up at 20 ms by default.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -131,5 +136,17 @@ pub fn describe() {
         CONFIG_LAST_SUCCESS_TIMESTAMP_SECONDS,
         Unit::Seconds,
         "Unix time of the last successful config load"
+    );
+    describe_gauge!(
+        XDS_CONNECTED,
+        "1 while connected to the xDS management server (--config-xds)"
+    );
+    describe_counter!(
+        XDS_RESPONSES_TOTAL,
+        "xDS responses by result: applied (ACKed), or NACKed as invalid_resource / invalid_config"
+    );
+    describe_counter!(
+        XDS_STREAM_FAILURES_TOTAL,
+        "xDS connection attempts that failed and streams that broke (each followed by a reconnect)"
     );
 }

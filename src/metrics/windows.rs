@@ -130,7 +130,7 @@ pub(super) fn truncate(s: &str, max: usize) -> &str {
 }
 
 /// A Prometheus label value, escaped as the text format requires.
-fn escape(value: &str) -> String {
+pub(super) fn escape(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for c in value.chars() {
         match c {

@@ -315,6 +315,7 @@ pub fn decisions(config_text: &str, steps: &[Step]) -> DecisionStats {
                 continue;
             }
             Err(DecisionError::Backend(err)) => panic!("memory backend failed: {err}"),
+            Err(DecisionError::NoConfig) => panic!("an engine built with a config has one"),
             Ok(decision) => decision,
         };
         assert!(validate_with(request, &limits).is_ok());

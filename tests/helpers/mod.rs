@@ -15,7 +15,8 @@
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
-//! - [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
+//! - [`xds_server`]: a test double of an xDS management server (plaintext or mutual TLS 1.3);
+//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
 //!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it;
 //!   [`gateway`]: Envoy Gateway's certificates, rate-limit cluster, route shapes and limits.
 #![allow(dead_code, unused_imports)]
@@ -24,7 +25,6 @@ pub mod certs;
 pub mod edge_limits;
 pub mod envoy;
 pub mod envoy_config;
-
 pub mod fuzz_harness;
 pub mod gateway;
 pub mod http;
@@ -35,6 +35,7 @@ pub mod process;
 pub mod redis_server;
 pub mod rpc;
 pub mod secret;
+pub mod xds_server;
 
 pub use envoy::{Envoy, Upstream};
 pub use http::{http_get, http_request, HttpResponse, Req};

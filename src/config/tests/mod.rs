@@ -309,3 +309,46 @@ fn errors_of(yaml: &str) -> Vec<ConfigError> {
         Err(e) => e.0,
     }
 }
+
+/// envoyproxy/ratelimit's structs rendered as YAML (Envoy Gateway prints its configs so) write
+/// every field at its zero value on every descriptor: they load as if absent.
+#[test]
+fn zero_valued_fields_as_renderings_write_them_load() {
+    let yaml = r#"
+domain: first-listener
+descriptors:
+  - key: first-route
+    value: first-route
+    rate_limit: null
+    descriptors:
+      - key: masked_remote_address
+        value: 0.0.0.0/0
+        rate_limit:
+          requests_per_unit: 5
+          unit: SECOND
+          unlimited: false
+          name: ""
+          replaces: []
+        descriptors: []
+        shadow_mode: false
+        quota_mode: false
+        detailed_metric: false
+        value_to_metric: false
+        share_threshold: false
+    shadow_mode: false
+    quota_mode: false
+    detailed_metric: false
+    value_to_metric: false
+    share_threshold: false
+"#;
+    let c = match Config::from_yaml_str(Path::new("eg.yaml"), yaml) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(
+        c.describe(),
+        "first-listener.first-route_first-route: no limit (nested descriptors only)\n\
+         first-listener.first-route_first-route.masked_remote_address_0.0.0.0/0: unit=SECOND \
+         requests_per_unit=5\n"
+    );
+}

@@ -28,29 +28,40 @@ pub(crate) struct CompiledFile {
     pub headers: HeaderPolicy,
 }
 
-/// Parses, validates and compiles one file, appending its problems to `errors`.
-/// `default_headers` is the response-header policy of a domain that sets none itself.
+/// One source of a domain's limits: a YAML file's text, or a document already in the raw
+/// model (an xDS resource, converted by `config::xds`), which has no lines.
+pub(crate) enum Document<'a> {
+    Yaml(&'a str),
+    Raw(Box<RawRoot>),
+}
+
+/// Parses (YAML), validates and compiles one document, appending its problems to `errors`.
+/// `file` names the source in errors. `default_headers` is the response-header policy of a
+/// domain that sets none itself.
 pub(crate) fn compile_file(
     file: &Path,
-    text: &str,
+    document: Document<'_>,
     default_headers: HeaderPolicy,
     errors: &mut Vec<ConfigError>,
 ) -> CompiledFile {
-    let root = match raw::parse(text) {
-        Ok(root) => root,
-        Err(failure) => {
-            let mut message = format!("malformed YAML: {}", failure.message);
-            if let Some(column) = failure.column {
-                message.push_str(&format!(" (column {column})"));
+    let root = match document {
+        Document::Raw(root) => *root,
+        Document::Yaml(text) => match raw::parse(text) {
+            Ok(root) => root,
+            Err(failure) => {
+                let mut message = format!("malformed YAML: {}", failure.message);
+                if let Some(column) = failure.column {
+                    message.push_str(&format!(" (column {column})"));
+                }
+                let rule = crate::config::locate::rule_at(text, failure.line);
+                errors.push(ConfigError::new(file, failure.line, rule, message));
+                return CompiledFile {
+                    domain: None,
+                    root: Level::default(),
+                    headers: HeaderPolicy::default(),
+                };
             }
-            let rule = crate::config::locate::rule_at(text, failure.line);
-            errors.push(ConfigError::new(file, failure.line, rule, message));
-            return CompiledFile {
-                domain: None,
-                root: Level::default(),
-                headers: HeaderPolicy::default(),
-            };
-        }
+        },
     };
     let mut checker = Checker { file, errors };
     checker.root(root, default_headers)
@@ -224,13 +235,11 @@ impl Checker<'_> {
                 (None, None) => (None, Vec::new(), None, Vec::new()),
             };
             let mut shared_here = shared.to_vec();
-            if let Some(share) = &d.share_threshold {
+            // `share_threshold: false` is the default, wherever it is written (renderings of
+            // envoyproxy/ratelimit's structs write it on every descriptor).
+            if let Some(share) = d.share_threshold.as_ref().filter(|s| s.value) {
                 match value {
-                    Some(v) if v.contains('*') => {
-                        if share.value {
-                            shared_here.push((depth, v.to_string()));
-                        }
-                    }
+                    Some(v) if v.contains('*') => shared_here.push((depth, v.to_string())),
                     _ => self.error(
                         line_of(&share.referenced),
                         &path,

@@ -1,0 +1,234 @@
+//! envoyproxy/ratelimit's xDS config source variables -> `--config-xds` and its flags.
+//!
+//! `CONFIG_TYPE=GRPC_XDS_SOTW` turns the source on; the server URL has no scheme there
+//! (`envoy-gateway:18001`) and `CONFIG_GRPC_XDS_SERVER_USE_TLS` says whether it is TLS, so the
+//! URL gets `https://` or `http://` here. The TLS files apply only with TLS, as upstream.
+
+use super::{flag_var, map_var, Translation};
+
+/// Upstream's defaults when `CONFIG_TYPE=GRPC_XDS_SOTW` leaves them unset.
+const DEFAULT_SERVER_URL: &str = "localhost:18000";
+
+/// Variables that only mean something with `CONFIG_TYPE=GRPC_XDS_SOTW`.
+const XDS_VARIABLES: &[&str] = &[
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+];
+
+/// TLS variable -> sluice variable (applied with `CONFIG_GRPC_XDS_SERVER_USE_TLS=true`).
+const TLS_VARIABLES: &[(&str, &str)] = &[
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        "SLUICE_CONFIG_XDS_CLIENT_CERT",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        "SLUICE_CONFIG_XDS_CLIENT_KEY",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "SLUICE_CONFIG_XDS_CA_FILE",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "SLUICE_CONFIG_XDS_SERVER_NAME",
+    ),
+];
+
+/// Recognised xDS variables sluice does not apply, with the reason.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "CONFIG_GRPC_XDS_NODE_METADATA",
+        "the node sent carries its id only",
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "no extra headers are sent to the xDS server",
+    ),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "reconnects back off from 0.5 s to 30 s with jitter",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "reconnects back off from 0.5 s to 30 s with jitter",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "reconnects back off from 0.5 s to 30 s with jitter",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "reconnects back off from 0.5 s to 30 s with jitter",
+    ),
+    (
+        "XDS_CLIENT_BACKOFF_JITTER",
+        "reconnects back off from 0.5 s to 30 s with jitter",
+    ),
+    (
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        "xDS responses up to 16 MiB are accepted",
+    ),
+];
+
+/// Maps the xDS variables into `out`; returns whether the limits come from xDS.
+pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) -> bool {
+    let kind = get("CONFIG_TYPE").map(|k| k.trim().to_ascii_uppercase());
+    match kind.as_deref() {
+        Some("GRPC_XDS_SOTW") => {}
+        None | Some("" | "FILE") => {
+            for name in XDS_VARIABLES.iter().filter(|n| get(n).is_some()) {
+                out.notes.push(format!(
+                    "{name} ignored: CONFIG_TYPE is FILE (the limits come from RUNTIME_ROOT)"
+                ));
+            }
+            return false;
+        }
+        Some(other) => {
+            out.notes.push(format!(
+                "CONFIG_TYPE={other} is not supported: FILE or GRPC_XDS_SOTW"
+            ));
+            return false;
+        }
+    }
+    let tls = flag_var(get, "CONFIG_GRPC_XDS_SERVER_USE_TLS", out).unwrap_or(false);
+    let address = get("CONFIG_GRPC_XDS_SERVER_URL")
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_SERVER_URL.into());
+    let url = if address.contains("://") {
+        address
+    } else {
+        format!("{}://{address}", if tls { "https" } else { "http" })
+    };
+    map_var(get, "CONFIG_TYPE", "SLUICE_CONFIG_XDS", url, out);
+    if let Some(node) = get("CONFIG_GRPC_XDS_NODE_ID").filter(|n| !n.is_empty()) {
+        map_var(
+            get,
+            "CONFIG_GRPC_XDS_NODE_ID",
+            "SLUICE_CONFIG_XDS_NODE_ID",
+            node,
+            out,
+        );
+    }
+    for (legacy, sluice) in TLS_VARIABLES {
+        let Some(value) = get(legacy).filter(|v| !v.is_empty()) else {
+            continue;
+        };
+        if tls {
+            map_var(get, legacy, sluice, value, out);
+        } else {
+            out.notes.push(format!(
+                "{legacy} ignored: CONFIG_GRPC_XDS_SERVER_USE_TLS is not true"
+            ));
+        }
+    }
+    if let Some(force) = flag_var(get, "FORCE_START_WITHOUT_INITIAL_CONFIG", out) {
+        map_var(
+            get,
+            "FORCE_START_WITHOUT_INITIAL_CONFIG",
+            "SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG",
+            force.to_string(),
+            out,
+        );
+    }
+    for (name, why) in UNSUPPORTED {
+        if get(name).is_some() {
+            out.notes.push(format!("{name} is not supported: {why}"));
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::run;
+
+    /// What Envoy Gateway sets on its rate-limit Deployment (the xDS and file parts).
+    const ENVOY_GATEWAY: &[(&str, &str)] = &[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ];
+
+    #[test]
+    fn envoy_gateway_environment_maps_to_the_xds_flags() {
+        let t = run(ENVOY_GATEWAY);
+        let expect = [
+            ("SLUICE_CONFIG_XDS", "https://envoy-gateway:18001"),
+            ("SLUICE_CONFIG_XDS_NODE_ID", "envoy-ratelimit"),
+            ("SLUICE_CONFIG_XDS_CLIENT_CERT", "/certs/tls.crt"),
+            ("SLUICE_CONFIG_XDS_CLIENT_KEY", "/certs/tls.key"),
+            ("SLUICE_CONFIG_XDS_CA_FILE", "/certs/ca.crt"),
+            ("SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ];
+        for (k, v) in expect {
+            assert_eq!(t.set.get(k).map(String::as_str), Some(v), "{k}: {t:#?}");
+        }
+        // RUNTIME_ROOT must not also set --config: the two sources are exclusive.
+        assert_eq!(t.set.len(), expect.len(), "{t:#?}");
+        for name in ["RUNTIME_ROOT", "RUNTIME_WATCH_ROOT"] {
+            assert!(
+                t.notes
+                    .iter()
+                    .any(|n| n.starts_with(&format!("{name} ignored: CONFIG_TYPE=GRPC_XDS_SOTW"))),
+                "{t:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn plaintext_defaults_san_and_file_mode() {
+        let t = run(&[
+            ("CONFIG_TYPE", "grpc_xds_sotw"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/ca.pem"),
+        ]);
+        assert_eq!(t.set["SLUICE_CONFIG_XDS"], "http://localhost:18000");
+        assert!(!t.set.contains_key("SLUICE_CONFIG_XDS_CA_FILE"));
+        assert_eq!(
+            t.notes,
+            ["CONFIG_GRPC_XDS_SERVER_TLS_CACERT ignored: CONFIG_GRPC_XDS_SERVER_USE_TLS is not true"]
+        );
+
+        let t = run(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds.internal:443"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "true"),
+        ]);
+        assert_eq!(t.set["SLUICE_CONFIG_XDS"], "https://xds.internal:443");
+        assert_eq!(t.set["SLUICE_CONFIG_XDS_SERVER_NAME"], "envoy-gateway");
+        assert!(t.notes[0].starts_with("XDS_CLIENT_BACKOFF_JITTER is not supported"));
+
+        // File mode (the default): the xDS variables are reported, the files still load.
+        let t = run(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ]);
+        assert_eq!(t.set["SLUICE_CONFIG"], "/data/config");
+        assert!(!t.set.contains_key("SLUICE_CONFIG_XDS"));
+        assert!(t.notes[0]
+            .starts_with("FORCE_START_WITHOUT_INITIAL_CONFIG ignored: CONFIG_TYPE is FILE"));
+
+        let t = run(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")]);
+        assert_eq!(
+            t.notes,
+            ["CONFIG_TYPE=GRPC_XDS_DELTA is not supported: FILE or GRPC_XDS_SOTW"]
+        );
+    }
+}
