@@ -6,9 +6,15 @@
 //! command line wins over both), and reports every other one it recognises once at start-up,
 //! with why it is not applied, instead of ignoring it silently. The translation is a pure
 //! function of the environment so it can be tested without touching the process. The xDS
-//! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`.
+//! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`;
+//! the server's own (gRPC TLS, Prometheus's port, the defaults under envoyproxy/ratelimit's
+//! name) in `server`. A variable whose value cannot be honoured as written, where going on
+//! would serve something else than asked (plaintext instead of TLS), stops `serve`.
 
+mod server;
 mod xds;
+
+pub use server::with_ratelimit_defaults;
 
 use std::collections::BTreeMap;
 
@@ -19,6 +25,8 @@ pub struct Translation {
     pub set: BTreeMap<String, String>,
     /// One line per recognised variable that was not applied as is, for the start-up log.
     pub notes: Vec<String>,
+    /// Settings that cannot be honoured as given: `serve` must not start.
+    pub errors: Vec<String>,
 }
 
 /// Average bytes one local-cache entry costs, to turn `LOCAL_CACHE_SIZE_IN_BYTES` into entries.
@@ -32,10 +40,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     ("MEMCACHE_HOST_PORT", "memcache is not supported"),
     ("MEMCACHE_SRV", "memcache is not supported"),
-    (
-        "USE_STATSD",
-        "metrics are Prometheus text on the admin port's /metrics",
-    ),
     (
         "STATSD_HOST",
         "metrics are Prometheus text on the admin port's /metrics",
@@ -60,31 +64,11 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "DISABLE_STATS",
         "/metrics is always served on the admin port",
     ),
-    (
-        "USE_PROMETHEUS",
-        "/metrics is always served on the admin port (--admin-addr)",
-    ),
-    (
-        "PROMETHEUS_ADDR",
-        "/metrics is served on the admin port (--admin-addr)",
-    ),
-    (
-        "PROMETHEUS_PATH",
-        "/metrics is the fixed path on the admin port",
-    ),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "metric names are sluice's own, see docs/metrics.md",
-    ),
     ("DEBUG_HOST", "no debug server; use the admin port"),
     ("DEBUG_PORT", "no debug server; use the admin port"),
     (
         "GRPC_UDS",
         "unix-socket gRPC is not supported; use a loopback address",
-    ),
-    (
-        "GRPC_SERVER_USE_TLS",
-        "gRPC serves plaintext on loopback or inside the mesh",
     ),
     ("GRPC_MAX_CONNECTION_AGE", "not configurable"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not configurable"),
@@ -116,7 +100,8 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     (
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "always on: readiness follows a Redis PING every second",
+        "always on for /readyz and gRPC health (a Redis PING every second); /healthcheck \
+         ignores the backend, since Envoy Gateway probes liveness there",
     ),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
@@ -186,6 +171,7 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     let flag = |name: &str, out: &mut Translation| flag_var(get, name, out);
     // The limits from xDS: RUNTIME_ROOT (the file source) is then not mapped.
     let from_xds = xds::translate(get, &mut out);
+    server::translate(get, &mut out);
 
     // `user:password` or a bare password, as envoyproxy/ratelimit reads REDIS_AUTH; the user
     // goes into the URL it builds, the password into SLUICE_REDIS_PASSWORD (never logged).
@@ -275,11 +261,6 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             "SLUICE_WATCH_CONFIG",
             watch.to_string(),
             &mut out,
-        );
-    }
-    if get("RUNTIME_IGNOREDOTFILES").is_some() {
-        out.notes.push(
-            "RUNTIME_IGNOREDOTFILES: always on: entries starting with `.` are never loaded".into(),
         );
     }
     if get("GRPC_PORT").is_some() || get("GRPC_HOST").is_some() {
@@ -417,8 +398,9 @@ mod tests {
             assert_eq!(t.set.get(k).map(String::as_str), Some(v), "{k}: {t:#?}");
         }
         assert_eq!(t.set.len(), expect.len(), "{t:#?}");
-        assert_eq!(t.notes.len(), 1, "{t:#?}");
-        assert!(t.notes[0].starts_with("USE_STATSD is not supported"));
+        // USE_STATSD=false asks for nothing sluice does.
+        assert!(t.notes.is_empty(), "{t:#?}");
+        assert!(t.errors.is_empty(), "{t:#?}");
     }
 
     #[test]

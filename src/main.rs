@@ -396,14 +396,40 @@ impl ServeArgs {
     }
 }
 
+/// The name envoyproxy/ratelimit's image runs its binary under (`/bin/ratelimit`, which Envoy
+/// Gateway's Deployment runs with no arguments).
+const RATELIMIT_NAME: &str = "ratelimit";
+
+/// Started as `ratelimit` with no arguments: serve from the environment, as envoyproxy/ratelimit
+/// does, with its defaults for what the environment leaves unset.
+fn started_as_ratelimit() -> bool {
+    let mut args = std::env::args_os();
+    let name = args.next();
+    let named = name
+        .as_deref()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == RATELIMIT_NAME);
+    named && args.next().is_none()
+}
+
 fn main() -> ExitCode {
     // Before clap reads the environment: envoyproxy/ratelimit's variables become SLUICE_* ones
     // unless those are set. Single-threaded here, so changing the environment is sound.
-    let compat = sluice::compat::translate(&|name| std::env::var(name).ok());
+    let as_ratelimit = started_as_ratelimit();
+    let env = |name: &str| std::env::var(name).ok();
+    let compat = if as_ratelimit {
+        sluice::compat::translate(&sluice::compat::with_ratelimit_defaults(&env))
+    } else {
+        sluice::compat::translate(&env)
+    };
     for (name, value) in &compat.set {
         std::env::set_var(name, value);
     }
-    let cli = Cli::parse();
+    let cli = if as_ratelimit {
+        Cli::parse_from([RATELIMIT_NAME, "serve"])
+    } else {
+        Cli::parse()
+    };
     match cli.command {
         Command::CheckConfig {
             path,
@@ -442,6 +468,12 @@ fn main() -> ExitCode {
             }
             for note in &compat.notes {
                 tracing::warn!("envoyproxy/ratelimit variable: {note}");
+            }
+            if !compat.errors.is_empty() {
+                for error in &compat.errors {
+                    tracing::error!("envoyproxy/ratelimit variable: {error}");
+                }
+                return ExitCode::FAILURE;
             }
             match serve(*args) {
                 Ok(()) => ExitCode::SUCCESS,
