@@ -17,12 +17,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use helpers::envoy_config::{bootstrap, cluster};
-use helpers::gateway::{self, GatewayPki, Pem, DOMAIN, ROUTE, RULE};
+use helpers::gateway::{self, GatewayPki, Pem};
 use helpers::secret::SecretVolume;
-use helpers::{descriptor, request, test_settings, Envoy, Req, TestServer, Upstream};
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use helpers::{test_settings, Envoy, Req, TestServer, Upstream};
 use sluice::tls::TlsSettings;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const TIMEOUT_MS: u64 = 1000;
 const ROTATION_DEADLINE: Duration = Duration::from_secs(5);
@@ -67,46 +65,6 @@ fn counter(envoy: &Envoy, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The tokens left in the route's budget, asked of sluice directly (a check of 0 hits, over
-/// mutual TLS with Envoy's certificate).
-async fn tokens_left(sluice: &TestServer, pki: &GatewayPki) -> u32 {
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&pki.ca_pem))
-        .identity(Identity::from_pem(&pki.envoy.cert_pem, &pki.envoy.key_pem))
-        .domain_name("127.0.0.1");
-    let channel = Channel::from_shared(format!("https://{}", sluice.grpc_addr))
-        .unwrap()
-        .tls_config(tls)
-        .unwrap()
-        .connect()
-        .await
-        .expect("mutual TLS to sluice");
-    let mut check = descriptor(&[(ROUTE, ROUTE), (RULE, RULE)]);
-    check.hits_addend = Some(0);
-    let response = RateLimitServiceClient::new(channel)
-        .should_rate_limit(request(DOMAIN, vec![check]))
-        .await
-        .expect("check")
-        .into_inner();
-    response.statuses[0].limit_remaining
-}
-
-/// Waits (2 s at most) for the stream-done charge, which Envoy sends after the response.
-async fn until_tokens_left(sluice: &TestServer, pki: &GatewayPki, want: u32) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let left = tokens_left(sluice, pki).await;
-        if left == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{left} tokens left, expected {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Envoy Gateway's token budget over mutual TLS: 8 tokens per minute, each response costing 4
 /// (`x-tokens`); the checks charge nothing, the charges land after each response, and the
 /// third request finds the budget spent.
@@ -134,7 +92,7 @@ async fn envoy_gateway_shapes_answered_over_mutual_tls() {
                 .is_some_and(|l| l.starts_with("8")),
             "Envoy's X-RateLimit-Limit from sluice's answer: {resp:?}"
         );
-        until_tokens_left(&sluice, &pki, left_after).await;
+        gateway::until_tokens_left(sluice.grpc_addr, &pki, left_after).await;
     }
     let spent = send().await;
     statuses.push(spent.status);
@@ -146,7 +104,7 @@ async fn envoy_gateway_shapes_answered_over_mutual_tls() {
     );
     println!("statuses through Envoy over mutual TLS: {statuses:?}");
     assert_eq!(
-        tokens_left(&sluice, &pki).await,
+        gateway::tokens_left(sluice.grpc_addr, &pki).await,
         0,
         "a refused check charges nothing"
     );

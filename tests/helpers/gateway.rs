@@ -12,14 +12,25 @@
 //!   domain, `X-RateLimit-*` headers, fail closed) and a route whose rule has a request cost of
 //!   0 (a check) and a response cost charged when the stream is done (`apply_on_stream_done`,
 //!   here from the response header `x-tokens`), in `RateLimitPerRoute`.
-//! - [`limits_yaml`]: the limits it pushes for that route, as envoyproxy/ratelimit's YAML: the
-//!   route descriptor (key and value the route's name) over the rule's descriptor, the limit on
-//!   the last one.
+//! - [`limits_yaml`], [`limits_config`]: the limits it pushes for that route, as
+//!   envoyproxy/ratelimit's YAML and as the xDS resource: the route descriptor (key and value
+//!   the route's name) over the rule's descriptor, the limit on the last one.
+//! - [`tokens_left`]: the route's budget asked of the rate limiter directly (a check of 0 hits
+//!   over mutual TLS with Envoy's certificate).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+use super::rpc::{descriptor, request};
 
 use super::envoy_config::{
     generic_key, grpc_cluster, http_listener, merge, ratelimit_filter as filter,
@@ -35,14 +46,8 @@ pub const RULE: &str = "rule-0-match--1";
 /// The cluster name Envoy Gateway gives the rate-limit service.
 pub const CLUSTER: &str = "ratelimit_cluster";
 
-/// A certificate and its key as files and texts.
-#[derive(Debug, Clone)]
-pub struct Pem {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub cert_pem: String,
-    pub key_pem: String,
-}
+/// A certificate and its key as files and texts (the shape the xDS double takes).
+pub use super::certs::Issued as Pem;
 
 pub struct GatewayPki {
     dir: PathBuf,
@@ -280,4 +285,73 @@ pub fn limits_yaml(requests: u32, unit: &str) -> String {
          - key: {RULE}\n        value: {RULE}\n        rate_limit:\n          unit: {unit}\n          \
          requests_per_unit: {requests}\n"
     )
+}
+
+/// [`limits_yaml`] as the xDS resource Envoy Gateway pushes (its name is the domain).
+pub fn limits_config(requests: u32, unit: RateLimitUnit) -> RateLimitConfig {
+    let rule = RateLimitDescriptor {
+        key: RULE.into(),
+        value: RULE.into(),
+        rate_limit: Some(RateLimitPolicy {
+            unit: unit as i32,
+            requests_per_unit: requests,
+            ..RateLimitPolicy::default()
+        }),
+        ..RateLimitDescriptor::default()
+    };
+    RateLimitConfig {
+        name: DOMAIN.into(),
+        domain: DOMAIN.into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: ROUTE.into(),
+            value: ROUTE.into(),
+            descriptors: vec![rule],
+            ..RateLimitDescriptor::default()
+        }],
+    }
+}
+
+/// A check of 0 hits on [`ROUTE`]'s budget at the rate limiter on `addr` (its certificate
+/// names 127.0.0.1), over mutual TLS with Envoy's certificate: the tokens left, or the status.
+pub async fn check(addr: SocketAddr, pki: &GatewayPki) -> Result<u32, tonic::Status> {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&pki.ca_pem))
+        .identity(Identity::from_pem(&pki.envoy.cert_pem, &pki.envoy.key_pem))
+        .domain_name("127.0.0.1");
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .expect("URI")
+        .tls_config(tls)
+        .expect("client TLS")
+        .connect()
+        .await
+        .expect("mutual TLS to the rate limiter");
+    let mut check = descriptor(&[(ROUTE, ROUTE), (RULE, RULE)]);
+    check.hits_addend = Some(0);
+    let response = RateLimitServiceClient::new(channel)
+        .should_rate_limit(request(DOMAIN, vec![check]))
+        .await?
+        .into_inner();
+    Ok(response.statuses[0].limit_remaining)
+}
+
+/// The tokens left in [`ROUTE`]'s budget ([`check`], which must succeed).
+pub async fn tokens_left(addr: SocketAddr, pki: &GatewayPki) -> u32 {
+    check(addr, pki).await.expect("a check of 0 hits")
+}
+
+/// Waits (2 s at most) until [`tokens_left`] is `want`: Envoy sends a stream-done charge after
+/// the response, without waiting for its answer.
+pub async fn until_tokens_left(addr: SocketAddr, pki: &GatewayPki, want: u32) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = tokens_left(addr, pki).await;
+        if left == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} tokens left, expected {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
