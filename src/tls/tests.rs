@@ -24,10 +24,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 fn load_error(settings: TlsSettings) -> String {
-    ServerTls::load(settings)
-        .err()
-        .expect("refused")
-        .to_string()
+    ServerTls::load(settings).expect_err("refused").to_string()
 }
 
 #[test]
