@@ -206,7 +206,13 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
             .send(edge)
             .await;
         statuses.push(resp.status);
-        assert_eq!(resp.status, 200, "{resp:?}");
+        if resp.status != 200 {
+            panic!(
+                "{resp:?}\nEnvoy's rate-limit cluster: {}\nratelimit's log:\n{}",
+                envoy.admin_get("/stats?filter=ratelimit_cluster.(upstream_cx|ssl)"),
+                ratelimit.log_text()
+            );
+        }
         gateway::until_tokens_left(grpc, &pki, left_after).await;
     }
     let spent = Req::get("/v1/chat")

@@ -211,9 +211,11 @@ fn leaf(dir: &Path, file: &str, cn: &str, sans: &str) -> Pem {
     }
 }
 
-/// The rate-limit service's cluster, to `addr`, presenting `client` and trusting `ca`.
+/// The rate-limit service's cluster, to `addr`, presenting `client` and trusting `ca`, with
+/// Envoy Gateway's connect timeout for its clusters (10 s; the TLS handshake counts in it).
 pub fn ratelimit_cluster(addr: std::net::SocketAddr, client: &Pem, ca: &Path) -> Value {
     let mut cluster = grpc_cluster(CLUSTER, &[addr]);
+    cluster["connect_timeout"] = json!("10s");
     cluster["transport_socket"] = json!({
         "name": "envoy.transport_sockets.tls",
         "typed_config": {
