@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """The Envoy Gateway part of check_deploy.py: deploy/envoy-gateway/ cross-checked against the
 binary, docs/migration.md and Envoy Gateway's own naming. Schemas cannot see any of this:
 

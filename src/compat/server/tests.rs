@@ -1,29 +1,19 @@
 use std::collections::HashMap;
 
 use super::super::tests::run;
+use super::super::xds::tests::ENVOY_GATEWAY;
 use super::super::{translate, Translation};
 use super::with_ratelimit_defaults;
 
-/// Every variable Envoy Gateway sets on its rate-limit Deployment (Redis and Prometheus on).
-const ENVOY_GATEWAY: &[(&str, &str)] = &[
-    ("RUNTIME_ROOT", "/data"),
-    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-    ("RUNTIME_IGNOREDOTFILES", "true"),
-    ("RUNTIME_WATCH_ROOT", "false"),
+/// What Envoy Gateway sets on its rate-limit Deployment besides its xDS and file part
+/// (`super::super::xds::tests::ENVOY_GATEWAY`): Redis and Prometheus on.
+const ENVOY_GATEWAY_SERVER: &[(&str, &str)] = &[
     ("LOG_LEVEL", "info"),
     ("USE_STATSD", "false"),
-    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-    ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
-    ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
     ("GRPC_SERVER_USE_TLS", "true"),
     ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
     ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
     ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
-    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
-    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
     ("REDIS_SOCKET_TYPE", "tcp"),
     ("REDIS_URL", "redis.redis.svc:6379"),
     ("USE_PROMETHEUS", "true"),
@@ -44,7 +34,7 @@ fn as_ratelimit(vars: &[(&str, &str)]) -> Translation {
 
 #[test]
 fn the_envoy_gateway_environment_is_honoured_or_accepted_with_a_reason() {
-    let t = as_ratelimit(ENVOY_GATEWAY);
+    let t = as_ratelimit(&[ENVOY_GATEWAY, ENVOY_GATEWAY_SERVER].concat());
     let expect = [
         ("SLUICE_CONFIG_XDS", "https://envoy-gateway:18001"),
         ("SLUICE_CONFIG_XDS_NODE_ID", "envoy-ratelimit"),
