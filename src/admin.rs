@@ -1,5 +1,12 @@
 //! The admin HTTP server: `/healthz` (the process answers), `/readyz` (config loaded, backend
-//! reachable, not draining) and `/metrics` (Prometheus text).
+//! reachable, not draining), `/healthcheck` (envoyproxy/ratelimit's probe path) and `/metrics`
+//! (Prometheus text); [`metrics_router`] serves `/metrics` alone on a port of its own.
+//!
+//! Why `/healthcheck` ignores the backend: Envoy Gateway points its startup, readiness *and*
+//! liveness probes at it, so a Redis outage that failed it would restart every rate-limit pod
+//! (envoyproxy/ratelimit's `/healthcheck` ignores Redis too unless told otherwise). It answers
+//! `OK` (200) once a config is served (at once from files; after the first xDS push) and until
+//! draining, 500 otherwise; `/readyz` and gRPC health are the probes that follow the backend.
 //!
 //! Why separate from gRPC: Kubernetes probes and Prometheus scrapes speak HTTP/1.1, and an SRE
 //! must be able to curl them; keeping them off the data-plane port keeps the RLS port minimal.
@@ -97,6 +104,7 @@ pub fn router(
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(render_metrics))
         .with_state(AdminState {
             readiness,
@@ -185,6 +193,32 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
         )
     } else {
         (StatusCode::OK, "ready\n".into())
+    }
+}
+
+/// Only `/metrics`, for a Prometheus port of its own (envoyproxy/ratelimit's
+/// `PROMETHEUS_ADDR`).
+pub fn metrics_router(metrics: Option<PrometheusHandle>, observer: Arc<Observer>) -> Router {
+    Router::new()
+        .route("/metrics", get(render_metrics))
+        .with_state(AdminState {
+            readiness: Arc::new(Readiness::new()),
+            metrics,
+            observer,
+        })
+}
+
+async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
+    let r = &state.readiness;
+    if r.draining() {
+        (StatusCode::INTERNAL_SERVER_ERROR, "draining\n".into())
+    } else if let Some(why) = r.config_pending() {
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("no config yet: {why}\n"),
+        )
+    } else {
+        (StatusCode::OK, "OK".into())
     }
 }
 

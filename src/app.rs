@@ -34,6 +34,7 @@ use crate::listen::PortLimits;
 use crate::metrics::MetricsSettings;
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
+use crate::tls::{ServerTls, TlsError, TlsSettings};
 use crate::xds::{XdsError, XdsSettings, XdsSource};
 
 /// Seconds between backend readiness probes, by default and at least.
@@ -66,6 +67,8 @@ pub struct Settings {
     pub watch_interval: Option<Duration>,
     /// Connection and request limits of both ports.
     pub ports: PortLimits,
+    /// TLS of the gRPC server (certificates reloaded when they change); `None`: plaintext.
+    pub grpc_tls: Option<TlsSettings>,
 }
 
 /// Where the limits come from: `--config` or `--config-xds`.
@@ -96,6 +99,7 @@ impl Settings {
             probe_interval: DEFAULT_PROBE_INTERVAL,
             watch_interval: Some(DEFAULT_WATCH_INTERVAL),
             ports: PortLimits::default(),
+            grpc_tls: None,
         }
     }
 }
@@ -157,6 +161,8 @@ pub enum StartError {
     RedisSettingWithoutUrl(String),
     #[error("installing the metrics recorder: {0}")]
     Metrics(String),
+    #[error("{0}")]
+    GrpcTls(#[from] TlsError),
     #[error("{0}")]
     Xds(#[from] XdsError),
     /// Flags that do not fit together (e.g. two config sources).
@@ -285,6 +291,7 @@ pub fn assemble(
             (Config::empty(), None, Some(source))
         }
     };
+    let grpc_tls = settings.grpc_tls.map(ServerTls::load).transpose()?;
     let limiter = backend(&settings.backend)?;
     if settings.backend.redis.is_some() {
         tracing::info!(
@@ -306,6 +313,7 @@ pub fn assemble(
         xds,
         on_backend_error: settings.on_backend_error,
         ports: settings.ports,
+        grpc_tls,
     })
 }
 

@@ -7,11 +7,17 @@
 //! with why it is not applied, instead of ignoring it silently. The translation is a pure
 //! function of the environment so it can be tested without touching the process. The xDS
 //! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`;
-//! the backend's (`REDIS_*`, `BACKEND_TYPE`, `MEMCACHE_*`) in `redis`, where a backend variable
-//! that cannot be honoured is not just reported: it stops `serve`.
+//! the backend's (`REDIS_*`, `BACKEND_TYPE`, `MEMCACHE_*`) in `redis`; the server's own (gRPC
+//! TLS, Prometheus's port, the defaults under envoyproxy/ratelimit's name) in `server`. A
+//! variable that cannot be honoured as written, where going on would serve something else than
+//! asked (memory instead of Redis, plaintext instead of TLS), is not just reported: it stops
+//! `serve`.
 
 mod redis;
+mod server;
 mod xds;
+
+pub use server::with_ratelimit_defaults;
 
 use std::collections::BTreeMap;
 
@@ -33,9 +39,6 @@ pub const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
 /// envoyproxy/ratelimit variables sluice recognises but does not apply, with the reason.
 const UNSUPPORTED: &[(&str, &str)] = &[
     (
-        "USE_STATSD",
-        "metrics are Prometheus text on the admin port's /metrics",
-    ),
     (
         "STATSD_HOST",
         "metrics are Prometheus text on the admin port's /metrics",
@@ -60,31 +63,11 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "DISABLE_STATS",
         "/metrics is always served on the admin port",
     ),
-    (
-        "USE_PROMETHEUS",
-        "/metrics is always served on the admin port (--admin-addr)",
-    ),
-    (
-        "PROMETHEUS_ADDR",
-        "/metrics is served on the admin port (--admin-addr)",
-    ),
-    (
-        "PROMETHEUS_PATH",
-        "/metrics is the fixed path on the admin port",
-    ),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "metric names are sluice's own, see docs/metrics.md",
-    ),
     ("DEBUG_HOST", "no debug server; use the admin port"),
     ("DEBUG_PORT", "no debug server; use the admin port"),
     (
         "GRPC_UDS",
         "unix-socket gRPC is not supported; use a loopback address",
-    ),
-    (
-        "GRPC_SERVER_USE_TLS",
-        "gRPC serves plaintext on loopback or inside the mesh",
     ),
     ("GRPC_MAX_CONNECTION_AGE", "not configurable"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not configurable"),
@@ -164,6 +147,7 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     let flag = |name: &str, out: &mut Translation| flag_var(get, name, out);
     // The limits from xDS: RUNTIME_ROOT (the file source) is then not mapped.
     let from_xds = xds::translate(get, &mut out);
+    server::translate(get, &mut out);
 
     redis::translate(get, &mut out);
     if from_xds {
@@ -193,11 +177,6 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             "SLUICE_WATCH_CONFIG",
             watch.to_string(),
             &mut out,
-        );
-    }
-    if get("RUNTIME_IGNOREDOTFILES").is_some() {
-        out.notes.push(
-            "RUNTIME_IGNOREDOTFILES: always on: entries starting with `.` are never loaded".into(),
         );
     }
     if get("GRPC_PORT").is_some() || get("GRPC_HOST").is_some() {
@@ -335,8 +314,9 @@ mod tests {
             assert_eq!(t.set.get(k).map(String::as_str), Some(v), "{k}: {t:#?}");
         }
         assert_eq!(t.set.len(), expect.len(), "{t:#?}");
-        assert_eq!(t.notes.len(), 1, "{t:#?}");
-        assert!(t.notes[0].starts_with("USE_STATSD is not supported"));
+        // USE_STATSD=false asks for nothing sluice does.
+        assert!(t.notes.is_empty(), "{t:#?}");
+        assert!(t.errors.is_empty(), "{t:#?}");
     }
 
     #[test]

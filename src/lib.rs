@@ -26,6 +26,8 @@
 //!   no spin when file descriptors run out).
 //! - [`logging`]: the log subscriber `sluice serve` installs, with per-connection warnings of
 //!   the HTTP/2 stack rate-limited.
+//! - [`tls`]: the gRPC server's TLS: certificates and client CAs from files, reloaded when they
+//!   change, client certificates verified.
 //! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
@@ -51,6 +53,7 @@ pub mod rls;
 pub mod server;
 pub mod service;
 pub mod sync;
+pub mod tls;
 pub mod xds;
 
 pub use app::Settings;

@@ -20,6 +20,7 @@ use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
 use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
+use sluice::tls::TlsSettings;
 use sluice::xds::{ClientTls, XdsSettings};
 use sluice::{run, Listeners};
 
@@ -159,6 +160,45 @@ struct ServeArgs {
     /// POST /json and GET /rlconfig.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     admin_addr: SocketAddr,
+    /// PEM certificate chain of the gRPC server: with --grpc-tls-key, the gRPC port (RLS,
+    /// health, reflection) speaks TLS only. Reloaded when the file changes.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_CERT",
+        value_name = "PEM",
+        requires = "grpc_tls_key"
+    )]
+    grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_KEY",
+        value_name = "PEM",
+        requires = "grpc_tls_cert"
+    )]
+    grpc_tls_key: Option<PathBuf>,
+    /// PEM CA file(s), comma-separated: every gRPC client must present a certificate one of
+    /// them signs. Reloaded when a file changes.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_CLIENT_CA",
+        value_name = "PEM",
+        value_delimiter = ',',
+        requires = "grpc_tls_cert"
+    )]
+    grpc_client_ca: Vec<PathBuf>,
+    /// A DNS name or IP address the client certificate must carry (with --grpc-client-ca).
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_CLIENT_SAN",
+        value_name = "NAME",
+        requires = "grpc_client_ca"
+    )]
+    grpc_client_san: Option<String>,
+    /// Address of an extra HTTP listener serving only /metrics (envoyproxy/ratelimit's
+    /// PROMETHEUS_ADDR); /metrics stays on the admin port too.
+    #[arg(long, env = "SLUICE_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
     /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), a cluster:
     /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS), or
     /// the primary Sentinel names: redis+sentinel://[user[:password]@]host1:port1,host2:port2/
@@ -477,18 +517,59 @@ impl ServeArgs {
                 request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
                 idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
             },
+            grpc_tls: self.grpc_tls(),
         })
     }
+}
+
+impl ServeArgs {
+    /// The gRPC server's TLS, its files checked as often as the config's (even when the config
+    /// is not watched: a rotated Secret must be picked up).
+    fn grpc_tls(&self) -> Option<TlsSettings> {
+        let (cert, key) = (self.grpc_tls_cert.clone()?, self.grpc_tls_key.clone()?);
+        Some(TlsSettings {
+            client_ca: self.grpc_client_ca.clone(),
+            client_san: self.grpc_client_san.clone(),
+            reload_interval: Duration::from_millis(self.watch_interval_ms),
+            ..TlsSettings::new(cert, key)
+        })
+    }
+}
+
+/// The name envoyproxy/ratelimit's image runs its binary under (`/bin/ratelimit`, which Envoy
+/// Gateway's Deployment runs with no arguments).
+const RATELIMIT_NAME: &str = "ratelimit";
+
+/// Started as `ratelimit` with no arguments: serve from the environment, as envoyproxy/ratelimit
+/// does, with its defaults for what the environment leaves unset.
+fn started_as_ratelimit() -> bool {
+    let mut args = std::env::args_os();
+    let name = args.next();
+    let named = name
+        .as_deref()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == RATELIMIT_NAME);
+    named && args.next().is_none()
 }
 
 fn main() -> ExitCode {
     // Before clap reads the environment: envoyproxy/ratelimit's variables become SLUICE_* ones
     // unless those are set. Single-threaded here, so changing the environment is sound.
-    let compat = sluice::compat::translate(&|name| std::env::var(name).ok());
+    let as_ratelimit = started_as_ratelimit();
+    let env = |name: &str| std::env::var(name).ok();
+    let compat = if as_ratelimit {
+        sluice::compat::translate(&sluice::compat::with_ratelimit_defaults(&env))
+    } else {
+        sluice::compat::translate(&env)
+    };
     for (name, value) in &compat.set {
         std::env::set_var(name, value);
     }
-    let matches = Cli::command().get_matches();
+    let matches = if as_ratelimit {
+        Cli::command().get_matches_from([RATELIMIT_NAME, "serve"])
+    } else {
+        Cli::command().get_matches()
+    };
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::CheckConfig {
@@ -598,7 +679,10 @@ async fn serve(args: ServeArgs, redis_given: &[String]) -> anyhow::Result<()> {
     let settings = args.settings(redis_given)?;
     let server = app::assemble(settings, Some(app::install_metrics()?))?;
     let shutdown = shutdown_signal()?;
-    let listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
+    let mut listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
+    if let Some(addr) = args.metrics_addr {
+        listeners = listeners.with_metrics(addr).await?;
+    }
     run(server, listeners, shutdown).await?;
     Ok(())
 }

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -27,6 +28,7 @@ use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
+use crate::tls::{self, ServerTls};
 use crate::xds::{self, XdsSource};
 
 /// gRPC health service name for Kubernetes liveness probes: SERVING while the process runs,
@@ -52,15 +54,19 @@ pub struct ServerSettings {
     pub on_backend_error: FailurePolicy,
     /// Connection and request limits of both ports.
     pub ports: PortLimits,
+    /// TLS of the gRPC port (reloaded when its files change); `None`: plaintext.
+    pub grpc_tls: Option<Arc<ServerTls>>,
 }
 
-/// The two bound sockets `run` serves on.
+/// The bound sockets `run` serves on.
 #[derive(Debug)]
 pub struct Listeners {
     /// gRPC: RLS, health, reflection.
     pub grpc: TcpListener,
     /// Admin HTTP: probes, metrics, envoyproxy/ratelimit's HTTP face.
     pub admin: TcpListener,
+    /// `/metrics` alone, on a port of its own (envoyproxy/ratelimit's `PROMETHEUS_ADDR`).
+    pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -74,7 +80,21 @@ impl Listeners {
         Ok(Listeners {
             grpc: bind("gRPC", grpc).await?,
             admin: bind("admin", admin).await?,
+            metrics: None,
         })
+    }
+
+    /// Also serves `/metrics` alone on `addr`.
+    pub async fn with_metrics(mut self, addr: SocketAddr) -> Result<Self, ServerError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| ServerError::Bind {
+                what: "metrics",
+                addr,
+                error,
+            })?;
+        self.metrics = Some(listener);
+        Ok(self)
     }
 
     /// Both on ephemeral loopback ports (tests).
@@ -117,14 +137,24 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
-    tracing::info!(
-        grpc_addr = %listeners.grpc_addr().map_err(ServerError::LocalAddr)?,
-        admin_addr = %listeners.admin_addr().map_err(ServerError::LocalAddr)?,
-        "listening"
-    );
+    let grpc_tls = match &settings.grpc_tls {
+        None => "off",
+        Some(tls) if tls.verifies_clients() => "mutual",
+        Some(_) => "server",
+    };
+    let grpc_addr = listeners.grpc_addr().map_err(ServerError::LocalAddr)?;
+    let admin_addr = listeners.admin_addr().map_err(ServerError::LocalAddr)?;
+    match &listeners.metrics {
+        None => tracing::info!(%grpc_addr, %admin_addr, grpc_tls, "listening"),
+        Some(metrics) => {
+            let metrics_addr = metrics.local_addr().map_err(ServerError::LocalAddr)?;
+            tracing::info!(%grpc_addr, %admin_addr, %metrics_addr, grpc_tls, "listening")
+        }
+    }
     let Listeners {
         grpc: grpc_listener,
         admin: admin_listener,
+        metrics: metrics_listener,
     } = listeners;
     let limiter = settings.limiter.clone();
     let observer = Arc::new(Observer::new(
@@ -204,14 +234,26 @@ pub async fn run(
         .max_decoding_message_size(max_message_bytes);
     // A call not answered within the request timeout (its message never sent) is cancelled,
     // so a held stream costs its memory for a bounded time.
-    let grpc_server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(ports.grpc_max_concurrent_streams)
         .timeout(ports.request_timeout)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(rls)
-        .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
+        .add_service(rls);
+    // Health and reflection share the port, and its TLS, with the RLS.
+    let grpc_server = match settings.grpc_tls {
+        None => Either::Left(
+            router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
+        ),
+        Some(server_tls) => {
+            tokio::spawn(tls::watch(server_tls.clone(), stop_rx.clone()));
+            let incoming = tls::incoming(incoming, server_tls, |s| s.peer_addr().ok());
+            Either::Right(
+                router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
+            )
+        }
+    };
     // Without a config and not forced to start, connections wait in the listen backlog until
     // the first config is applied (or shutdown).
     let gate_stop = stop_rx.clone();
@@ -226,6 +268,16 @@ pub async fn run(
         grpc_server.await
     };
 
+    // A port of its own for Prometheus, when asked for, within the admin port's limits.
+    let metrics_server = metrics_listener.map(|listener| {
+        let app = admin::metrics_router(settings.metrics.clone(), observer.clone());
+        tokio::spawn(admin::serve(
+            Acceptor::new(listener, ports.admin(), "metrics"),
+            app,
+            ports.request_timeout,
+            wait_for_stop(stop_rx.clone()),
+        ))
+    });
     // Both faces record every call on the one observer.
     let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
         .merge(http_api::router(engine, observer));
@@ -250,6 +302,10 @@ pub async fn run(
         client.abort();
     }
     grpc_result?;
+    if let Some(server) = metrics_server {
+        // It stops with the others; a panic in it is already logged by the runtime.
+        let _ = server.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

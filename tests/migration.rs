@@ -197,7 +197,8 @@ fn start(redis: &RedisServer) -> Sluice {
         ("PORT", "0"),
         ("NEAR_LIMIT_RATIO", "0.9"),
         ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
-        ("USE_STATSD", "false"),
+        // envoyproxy/ratelimit's default; `false` would ask for nothing and go unreported.
+        ("USE_STATSD", "true"),
     ])
 }
 

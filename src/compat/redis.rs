@@ -93,7 +93,8 @@ const TUNING: &[(&str, &str)] = &[
     ),
     (
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "always on: readiness follows a Redis PING every second",
+        "always on for /readyz and gRPC health (a Redis PING every second); /healthcheck \
+         ignores the backend, since Envoy Gateway probes liveness there",
     ),
 ];
 

@@ -17,7 +17,9 @@
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
 //! - [`xds_server`]: a test double of an xDS management server (plaintext or mutual TLS 1.3);
-//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen).
+//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
+//!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it;
+//!   [`gateway`]: Envoy Gateway's certificates, rate-limit cluster, route shapes and limits.
 #![allow(dead_code, unused_imports)]
 
 pub mod certs;
@@ -25,6 +27,7 @@ pub mod edge_limits;
 pub mod envoy;
 pub mod envoy_config;
 pub mod fuzz_harness;
+pub mod gateway;
 pub mod http;
 pub mod in_process;
 pub mod istio;
@@ -32,6 +35,7 @@ pub mod limiter;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
+pub mod secret;
 pub mod sentinel;
 pub mod xds_server;
 

@@ -81,6 +81,16 @@ impl Sluice {
         Self::launch(cmd)
     }
 
+    /// Runs `cmd` as it is (its program, arguments and environment: e.g. the binary under
+    /// another name, in a sandbox, with nothing but a Deployment's variables), stdin closed,
+    /// stderr read into the log; returns once it logs "listening".
+    pub fn start_command(mut cmd: Command) -> Sluice {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        Self::launch(cmd)
+    }
+
     fn launch(mut cmd: Command) -> Sluice {
         let mut child = cmd.spawn().expect("spawn sluice binary");
         let stderr = child.stderr.take().expect("stderr piped");
