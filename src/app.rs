@@ -23,6 +23,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::config::{Config, ConfigErrors, LoadOptions};
 use crate::decision::{EngineOptions, FailurePolicy};
+use crate::headers::LegacyNames;
 use crate::limiter::cache::{self, MonotonicClock, RejectionCache};
 use crate::limiter::guard::{self, Guarded};
 use crate::limiter::memory::MemoryLimiter;
@@ -31,6 +32,7 @@ use crate::limiter::redis::connect::redact_url;
 use crate::limiter::redis::{RedisLimiter, RedisOptions, SettingError};
 use crate::limiter::{Limiter, SystemClock};
 use crate::metrics::MetricsSettings;
+use crate::otel::{TracingError, TracingSettings};
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
 
@@ -61,6 +63,10 @@ pub struct Settings {
     /// How often the config is checked for changes; `None` serves the start-up config until
     /// exit.
     pub watch_interval: Option<Duration>,
+    /// OpenTelemetry tracing of decisions; `None`: off.
+    pub tracing: Option<TracingSettings>,
+    /// Names of the `legacy` style's response headers.
+    pub legacy_names: LegacyNames,
 }
 
 impl Settings {
@@ -76,6 +82,8 @@ impl Settings {
             metrics: MetricsSettings::default(),
             probe_interval: DEFAULT_PROBE_INTERVAL,
             watch_interval: Some(DEFAULT_WATCH_INTERVAL),
+            tracing: None,
+            legacy_names: LegacyNames::default(),
         }
     }
 }
@@ -125,6 +133,10 @@ pub enum StartError {
     EmptyPasswordFile(PathBuf),
     #[error("installing the metrics recorder: {0}")]
     Metrics(String),
+    #[error("tracing: {0}")]
+    Tracing(#[from] TracingError),
+    #[error("legacy response headers: {0}")]
+    LegacyHeaders(String),
 }
 
 impl From<SettingError> for StartError {
@@ -206,6 +218,9 @@ pub fn assemble(
 ) -> Result<ServerSettings, StartError> {
     crate::descriptor::validate_key_prefix(&settings.engine.key_prefix)
         .map_err(StartError::KeyPrefix)?;
+    if let Some(tracing) = &settings.tracing {
+        tracing.validate()?;
+    }
     let config = load_config(&settings.config, settings.load)?;
     let limiter = backend(&settings.backend)?;
     if settings.backend.redis.is_some() {
@@ -235,6 +250,8 @@ pub fn assemble(
         metrics_settings: settings.metrics,
         reload,
         on_backend_error: settings.on_backend_error,
+        tracing: settings.tracing,
+        legacy_names: settings.legacy_names,
     })
 }
 

@@ -5,7 +5,11 @@
 //! the `SLUICE_*` variable clap reads (only when that variable is not set already; a flag on the
 //! command line wins over both), and reports every other one it recognises once at start-up,
 //! with why it is not applied, instead of ignoring it silently. The translation is a pure
-//! function of the environment so it can be tested without touching the process.
+//! function of the environment so it can be tested without touching the process. Tracing's
+//! variables are in `otel`, the response headers' in `headers`.
+
+mod headers;
+mod otel;
 
 use std::collections::BTreeMap;
 
@@ -123,20 +127,12 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         "sluice does not start without a valid config",
     ),
-    ("TRACING_ENABLED", "tracing export is not supported"),
-    (
-        "LIMIT_LIMIT_HEADER",
-        "header names follow the chosen header style",
-    ),
-    (
-        "LIMIT_REMAINING_HEADER",
-        "header names follow the chosen header style",
-    ),
-    (
-        "LIMIT_RESET_HEADER",
-        "header names follow the chosen header style",
-    ),
 ];
+
+/// Sets a `SLUICE_*` variable from a legacy one, unless it is set already (then noted).
+type Map<'a> = &'a dyn Fn(&str, &str, String, &mut Translation);
+/// A legacy boolean variable, `None` when unset or not a boolean (then noted).
+type Flag<'a> = &'a dyn Fn(&str, &mut Translation) -> Option<bool>;
 
 fn truthy(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
@@ -290,15 +286,8 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             &mut out,
         );
     }
-    if let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &mut out) {
-        let style = if on { "draft" } else { "none" };
-        map(
-            "LIMIT_RESPONSE_HEADERS_ENABLED",
-            "SLUICE_RESPONSE_HEADERS",
-            style.to_owned(),
-            &mut out,
-        );
-    }
+    headers::translate(get, &map, &flag, &mut out);
+    otel::translate(get, &map, &flag, &mut out);
     if let Some(bytes) = get("LOCAL_CACHE_SIZE_IN_BYTES") {
         match bytes.trim().parse::<u64>() {
             Ok(bytes) => map(
@@ -337,6 +326,13 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
         }
     }
     out
+}
+
+/// [`translate`] of a fixed environment, for tests.
+#[cfg(test)]
+fn translate_pairs(vars: &[(&str, &str)]) -> Translation {
+    let env: BTreeMap<&str, &str> = vars.iter().copied().collect();
+    translate(&|name| env.get(name).map(|v| (*v).to_owned()))
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //!   verdicts (types, input limits, rule resolution, engine).
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
+//! - [`otel`]: OpenTelemetry traces: a span per decision under the caller's `traceparent`, a
+//!   child per backend call (the tracer the faces hold and the backend decorator), OTLP export.
 //! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
 //! - [`service`]: the gRPC face (tonic adapter only); [`http_api`]: envoyproxy/ratelimit's HTTP
 //!   face on the admin port (POST /json, GET /rlconfig); [`admin`]: /healthz, /readyz, /metrics.
@@ -35,6 +37,7 @@ pub mod headers;
 pub mod http_api;
 pub mod limiter;
 pub mod metrics;
+pub mod otel;
 pub mod proto;
 pub mod reload;
 pub mod rls;

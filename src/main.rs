@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sluice::app::{self, BackendSettings, Settings};
 use sluice::config::{HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
+use sluice::headers::{self, LegacyNames};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
@@ -150,6 +151,15 @@ struct ServeArgs {
     /// `response_headers` of its own.
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "none", value_parser = parse_header_format)]
     response_headers: HeaderFormat,
+    /// Name of the `legacy` style's header carrying the limit.
+    #[arg(long, env = "SLUICE_LEGACY_LIMIT_HEADER", value_name = "NAME", default_value = headers::DEFAULT_LIMIT_HEADER, value_parser = parse_header_name)]
+    legacy_limit_header: String,
+    /// Name of the `legacy` style's header carrying the remaining hits.
+    #[arg(long, env = "SLUICE_LEGACY_REMAINING_HEADER", value_name = "NAME", default_value = headers::DEFAULT_REMAINING_HEADER, value_parser = parse_header_name)]
+    legacy_remaining_header: String,
+    /// Name of the `legacy` style's header carrying the seconds until the window frees a slot.
+    #[arg(long, env = "SLUICE_LEGACY_RESET_HEADER", value_name = "NAME", default_value = headers::DEFAULT_RESET_HEADER, value_parser = parse_header_name)]
+    legacy_reset_header: String,
     /// Global shadow mode: every limit is evaluated and reported, but every request is
     /// answered OK overall.
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
@@ -201,6 +211,8 @@ struct ServeArgs {
     /// Largest encoded gRPC request accepted, in bytes (refused before decoding).
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    #[command(flatten)]
+    tracing: sluice::otel::TracingArgs,
 }
 
 impl ServeArgs {
@@ -252,6 +264,13 @@ impl ServeArgs {
             watch_interval: self
                 .watch_config
                 .then(|| Duration::from_millis(self.watch_interval_ms)),
+            tracing: self.tracing.settings(),
+            legacy_names: LegacyNames::new(
+                &self.legacy_limit_header,
+                &self.legacy_remaining_header,
+                &self.legacy_reset_header,
+            )
+            .map_err(app::StartError::LegacyHeaders)?,
         })
     }
 }
@@ -326,6 +345,10 @@ fn load_options(merge_domains: bool, default_headers: HeaderFormat) -> LoadOptio
 
 fn parse_header_format(text: &str) -> Result<HeaderFormat, String> {
     HeaderFormat::parse(text).ok_or_else(|| format!("{text:?} is not one of none, draft, legacy"))
+}
+
+fn parse_header_name(text: &str) -> Result<String, String> {
+    headers::check_header_name(text).map(|()| text.to_owned())
 }
 
 /// A ratio in (0, 1].

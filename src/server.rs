@@ -22,11 +22,14 @@ use tonic_health::ServingStatus;
 use crate::admin::{self, Readiness};
 use crate::config::Config;
 use crate::decision::{Engine, EngineOptions, FailurePolicy};
+use crate::headers::LegacyNames;
 use crate::http_api;
 use crate::limiter::Limiter;
 use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
+use crate::otel::{Tracer, TracingError, TracingSettings};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
+use crate::rls::Handler;
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 
 /// gRPC health service name for Kubernetes liveness probes: SERVING while the process runs,
@@ -47,6 +50,10 @@ pub struct ServerSettings {
     pub reload: Option<ReloadSettings>,
     /// What a request gets when the backend fails.
     pub on_backend_error: FailurePolicy,
+    /// OpenTelemetry export of a span per decision; `None`: tracing off.
+    pub tracing: Option<TracingSettings>,
+    /// Names of the `legacy` response headers.
+    pub legacy_names: LegacyNames,
 }
 
 /// The two bound sockets `run` serves on.
@@ -105,6 +112,8 @@ pub enum ServerError {
     Admin(#[source] std::io::Error),
     #[error("reflection service could not be built: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("tracing: {0}")]
+    Tracing(#[from] TracingError),
 }
 
 /// Serves until `shutdown` completes, then reports NOT_SERVING, stops accepting, lets in-flight
@@ -129,7 +138,13 @@ pub async fn run(
         settings.limiter.clone(),
     ));
     let max_message_bytes = settings.engine.limits.max_message_bytes;
-    let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
+    // Started here, on the runtime that serves: the exporter's connections run on it.
+    let tracer = match &settings.tracing {
+        Some(tracing) => Tracer::start(tracing)?,
+        None => Tracer::off(),
+    };
+    let observed: Arc<dyn Limiter> =
+        Arc::new(ObservedLimiter::new(tracer.limiter(settings.limiter)));
     let engine = Arc::new(
         Engine::with_options(settings.config, observed, settings.engine)
             .with_failure_policy(settings.on_backend_error),
@@ -172,7 +187,12 @@ pub async fn run(
     });
     // A message over the limit is refused by the transport before it is decoded (so before
     // anything is allocated for its fields); the connection and the server carry on.
-    let rls = RateLimitServiceServer::new(RateLimiter::new(engine.clone(), observer.clone()))
+    let handler = Arc::new(
+        Handler::new(engine, observer.clone())
+            .with_tracer(tracer.clone())
+            .with_legacy_names(settings.legacy_names),
+    );
+    let rls = RateLimitServiceServer::new(RateLimiter::new(handler.clone()))
         .max_decoding_message_size(max_message_bytes);
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
@@ -181,9 +201,9 @@ pub async fn run(
         .add_service(rls)
         .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
 
-    // Both faces record every call on the one observer.
-    let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
-        .merge(http_api::router(engine, observer));
+    // Both faces record every call on the one observer (and tracer).
+    let admin_app = admin::router(readiness.clone(), settings.metrics, observer)
+        .merge(http_api::router(handler));
     let admin = axum::serve(admin_listener, admin_app)
         .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
         .into_future();
@@ -201,6 +221,7 @@ pub async fn run(
     if let Some(reloader) = reloader {
         reloader.abort();
     }
+    tracer.shutdown().await;
     grpc_result?;
     admin_result.map_err(ServerError::Admin)?;
     tracing::info!("stopped");
