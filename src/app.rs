@@ -23,6 +23,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::config::{Config, ConfigErrors, LoadOptions};
 use crate::decision::{EngineOptions, FailurePolicy};
+use crate::headers::LegacyNames;
 use crate::limiter::cache::{self, MonotonicClock, RejectionCache};
 use crate::limiter::guard::{self, Guarded};
 use crate::limiter::memory::MemoryLimiter;
@@ -32,6 +33,7 @@ use crate::limiter::redis::{RedisLimiter, RedisOptions, SettingError};
 use crate::limiter::{Limiter, SystemClock};
 use crate::listen::PortLimits;
 use crate::metrics::MetricsSettings;
+use crate::otel::{TracingError, TracingSettings};
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
 use crate::tls::{ServerTls, TlsError, TlsSettings};
@@ -69,6 +71,10 @@ pub struct Settings {
     pub ports: PortLimits,
     /// TLS of the gRPC server (certificates reloaded when they change); `None`: plaintext.
     pub grpc_tls: Option<TlsSettings>,
+    /// OpenTelemetry tracing of decisions; `None`: off.
+    pub tracing: Option<TracingSettings>,
+    /// Names of the `legacy` style's response headers.
+    pub legacy_names: LegacyNames,
 }
 
 /// Where the limits come from: `--config` or `--config-xds`.
@@ -100,6 +106,8 @@ impl Settings {
             watch_interval: Some(DEFAULT_WATCH_INTERVAL),
             ports: PortLimits::default(),
             grpc_tls: None,
+            tracing: None,
+            legacy_names: LegacyNames::default(),
         }
     }
 }
@@ -168,6 +176,10 @@ pub enum StartError {
     /// Flags that do not fit together (e.g. two config sources).
     #[error("{0}")]
     Usage(String),
+    #[error("tracing: {0}")]
+    Tracing(#[from] TracingError),
+    #[error("legacy response headers: {0}")]
+    LegacyHeaders(String),
 }
 
 impl From<SettingError> for StartError {
@@ -263,6 +275,9 @@ pub fn assemble(
 ) -> Result<ServerSettings, StartError> {
     crate::descriptor::validate_key_prefix(&settings.engine.key_prefix)
         .map_err(StartError::KeyPrefix)?;
+    if let Some(tracing) = &settings.tracing {
+        tracing.validate()?;
+    }
     let (config, reload, xds) = match settings.config {
         ConfigSource::Files(path) => {
             // Before the load: a change made while sluice starts is then seen by the first poll.
@@ -314,6 +329,8 @@ pub fn assemble(
         on_backend_error: settings.on_backend_error,
         ports: settings.ports,
         grpc_tls,
+        tracing: settings.tracing,
+        legacy_names: settings.legacy_names,
     })
 }
 

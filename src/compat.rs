@@ -11,8 +11,10 @@
 //! TLS, Prometheus's port, the defaults under envoyproxy/ratelimit's name) in `server`. A
 //! variable that cannot be honoured as written, where going on would serve something else than
 //! asked (memory instead of Redis, plaintext instead of TLS), is not just reported: it stops
-//! `serve`.
+//! `serve`. Tracing's variables are in `otel`, the response headers' in `headers`.
 
+mod headers;
+mod otel;
 mod redis;
 mod server;
 mod xds;
@@ -84,20 +86,12 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "always on: readiness waits for a loaded config (files load before serving; xDS \
          reports not ready until its first config)",
     ),
-    ("TRACING_ENABLED", "tracing export is not supported"),
-    (
-        "LIMIT_LIMIT_HEADER",
-        "header names follow the chosen header style",
-    ),
-    (
-        "LIMIT_REMAINING_HEADER",
-        "header names follow the chosen header style",
-    ),
-    (
-        "LIMIT_RESET_HEADER",
-        "header names follow the chosen header style",
-    ),
 ];
+
+/// Sets a `SLUICE_*` variable from a legacy one, unless it is set already (then noted).
+type Map<'a> = &'a dyn Fn(&str, &str, String, &mut Translation);
+/// A legacy boolean variable, `None` when unset or not a boolean (then noted).
+type Flag<'a> = &'a dyn Fn(&str, &mut Translation) -> Option<bool>;
 
 fn truthy(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
@@ -215,15 +209,8 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             &mut out,
         );
     }
-    if let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &mut out) {
-        let style = if on { "draft" } else { "none" };
-        map(
-            "LIMIT_RESPONSE_HEADERS_ENABLED",
-            "SLUICE_RESPONSE_HEADERS",
-            style.to_owned(),
-            &mut out,
-        );
-    }
+    headers::translate(get, &map, &flag, &mut out);
+    otel::translate(get, &map, &flag, &mut out);
     if let Some(bytes) = get("LOCAL_CACHE_SIZE_IN_BYTES") {
         match bytes.trim().parse::<u64>() {
             Ok(bytes) => map(
@@ -262,6 +249,13 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
         }
     }
     out
+}
+
+/// [`translate`] of a fixed environment, for tests.
+#[cfg(test)]
+fn translate_pairs(vars: &[(&str, &str)]) -> Translation {
+    let env: BTreeMap<&str, &str> = vars.iter().copied().collect();
+    translate(&|name| env.get(name).map(|v| (*v).to_owned()))
 }
 
 #[cfg(test)]

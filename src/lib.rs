@@ -11,6 +11,8 @@
 //!   verdicts (types, input limits, rule resolution, engine).
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
+//! - [`otel`]: OpenTelemetry traces: a span per decision under the caller's `traceparent`, a
+//!   child per backend call (the tracer the faces hold and the backend decorator), OTLP export.
 //! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
 //! - [`service`]: the gRPC face (tonic adapter only), [`codec`] its message decoding (a request
 //!   that does not decode is `INVALID_ARGUMENT`); [`http_api`]: envoyproxy/ratelimit's HTTP
@@ -47,6 +49,7 @@ pub mod limiter;
 pub mod listen;
 pub mod logging;
 pub mod metrics;
+pub mod otel;
 pub mod proto;
 pub mod reload;
 pub mod rls;

@@ -15,6 +15,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, Value
 use sluice::app::{self, BackendSettings, ConfigSource, Settings};
 use sluice::config::{ConfigLimits, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
+use sluice::headers::{self, LegacyNames};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
@@ -273,6 +274,15 @@ struct ServeArgs {
     /// `response_headers` of its own.
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "none", value_parser = parse_header_format)]
     response_headers: HeaderFormat,
+    /// Name of the `legacy` style's header carrying the limit.
+    #[arg(long, env = "SLUICE_LEGACY_LIMIT_HEADER", value_name = "NAME", default_value = headers::DEFAULT_LIMIT_HEADER, value_parser = parse_header_name)]
+    legacy_limit_header: String,
+    /// Name of the `legacy` style's header carrying the remaining hits.
+    #[arg(long, env = "SLUICE_LEGACY_REMAINING_HEADER", value_name = "NAME", default_value = headers::DEFAULT_REMAINING_HEADER, value_parser = parse_header_name)]
+    legacy_remaining_header: String,
+    /// Name of the `legacy` style's header carrying the seconds until the window frees a slot.
+    #[arg(long, env = "SLUICE_LEGACY_RESET_HEADER", value_name = "NAME", default_value = headers::DEFAULT_RESET_HEADER, value_parser = parse_header_name)]
+    legacy_reset_header: String,
     /// Global shadow mode: every limit is evaluated and reported, but every request is
     /// answered OK overall.
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
@@ -344,6 +354,8 @@ struct ServeArgs {
     idle_timeout_ms: u64,
     #[command(flatten)]
     config_limits: ConfigLimitArgs,
+    #[command(flatten)]
+    tracing: sluice::otel::TracingArgs,
 }
 
 /// The `serve` arguments that only mean something with a Redis URL.
@@ -518,6 +530,13 @@ impl ServeArgs {
                 idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
             },
             grpc_tls: self.grpc_tls(),
+            tracing: self.tracing.settings(),
+            legacy_names: LegacyNames::new(
+                &self.legacy_limit_header,
+                &self.legacy_remaining_header,
+                &self.legacy_reset_header,
+            )
+            .map_err(app::StartError::LegacyHeaders)?,
         })
     }
 }
@@ -660,6 +679,10 @@ fn parse_depth(text: &str) -> Result<usize, String> {
 
 fn parse_header_format(text: &str) -> Result<HeaderFormat, String> {
     HeaderFormat::parse(text).ok_or_else(|| format!("{text:?} is not one of none, draft, legacy"))
+}
+
+fn parse_header_name(text: &str) -> Result<String, String> {
+    headers::check_header_name(text).map(|()| text.to_owned())
 }
 
 /// A ratio in (0, 1].

@@ -21,12 +21,15 @@ use tonic_health::ServingStatus;
 use crate::admin::{self, Readiness};
 use crate::config::Config;
 use crate::decision::{Engine, EngineOptions, FailurePolicy};
+use crate::headers::LegacyNames;
 use crate::http_api;
 use crate::limiter::Limiter;
 use crate::listen::{Acceptor, PortLimits};
 use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
+use crate::otel::{Tracer, TracingError, TracingSettings};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
+use crate::rls::Handler;
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 use crate::tls::{self, ServerTls};
 use crate::xds::{self, XdsSource};
@@ -56,6 +59,10 @@ pub struct ServerSettings {
     pub ports: PortLimits,
     /// TLS of the gRPC port (reloaded when its files change); `None`: plaintext.
     pub grpc_tls: Option<Arc<ServerTls>>,
+    /// OpenTelemetry export of a span per decision; `None`: tracing off.
+    pub tracing: Option<TracingSettings>,
+    /// Names of the `legacy` response headers.
+    pub legacy_names: LegacyNames,
 }
 
 /// The bound sockets `run` serves on.
@@ -128,6 +135,8 @@ pub enum ServerError {
     Grpc(#[from] tonic::transport::Error),
     #[error("reflection service could not be built: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("tracing: {0}")]
+    Tracing(#[from] TracingError),
 }
 
 /// Serves until `shutdown` completes, then reports NOT_SERVING, stops accepting, lets in-flight
@@ -162,7 +171,13 @@ pub async fn run(
         settings.limiter.clone(),
     ));
     let max_message_bytes = settings.engine.limits.max_message_bytes;
-    let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
+    // Started here, on the runtime that serves: the exporter's connections run on it.
+    let tracer = match &settings.tracing {
+        Some(tracing) => Tracer::start(tracing)?,
+        None => Tracer::off(),
+    };
+    let observed: Arc<dyn Limiter> =
+        Arc::new(ObservedLimiter::new(tracer.limiter(settings.limiter)));
     let engine = match &settings.xds {
         None => Engine::with_options(settings.config, observed, settings.engine),
         Some(_) => Engine::awaiting_config(observed, settings.engine),
@@ -230,7 +245,12 @@ pub async fn run(
     let incoming = Acceptor::new(grpc_listener, ports.grpc(), "grpc").into_stream();
     // A message over the limit is refused by the transport before it is decoded (so before
     // anything is allocated for its fields); the connection and the server carry on.
-    let rls = RateLimitServiceServer::new(RateLimiter::new(engine.clone(), observer.clone()))
+    let handler = Arc::new(
+        Handler::new(engine, observer.clone())
+            .with_tracer(tracer.clone())
+            .with_legacy_names(settings.legacy_names),
+    );
+    let rls = RateLimitServiceServer::new(RateLimiter::new(handler.clone()))
         .max_decoding_message_size(max_message_bytes);
     // A call not answered within the request timeout (its message never sent) is cancelled,
     // so a held stream costs its memory for a bounded time.
@@ -278,9 +298,9 @@ pub async fn run(
             wait_for_stop(stop_rx.clone()),
         ))
     });
-    // Both faces record every call on the one observer.
-    let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
-        .merge(http_api::router(engine, observer));
+    // Both faces record every call on the one observer (and tracer).
+    let admin_app = admin::router(readiness.clone(), settings.metrics, observer)
+        .merge(http_api::router(handler));
     let admin = admin::serve(
         Acceptor::new(admin_listener, ports.admin(), "admin"),
         admin_app,
@@ -301,6 +321,7 @@ pub async fn run(
     if let Some(client) = xds_client {
         client.abort();
     }
+    tracer.shutdown().await;
     grpc_result?;
     if let Some(server) = metrics_server {
         // It stops with the others; a panic in it is already logged by the runtime.

@@ -13,6 +13,7 @@
 //!   configs it runs, shipped ones rendered with only addresses changed, or built by a test;
 //!   [`istio`]: the EnvoyFilters of `deploy/istio/` applied to istiod-shaped configs;
 //!   [`edge_limits`]: what `deploy/base/limits` promises a client through them.
+//! - [`otlp`]: an OTLP trace receiver (gRPC or HTTP) standing in for an OpenTelemetry collector.
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
@@ -32,6 +33,7 @@ pub mod http;
 pub mod in_process;
 pub mod istio;
 pub mod limiter;
+pub mod otlp;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
