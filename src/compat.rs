@@ -41,7 +41,6 @@ pub const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
 /// envoyproxy/ratelimit variables sluice recognises but does not apply, with the reason.
 const UNSUPPORTED: &[(&str, &str)] = &[
     (
-    (
         "STATSD_HOST",
         "metrics are Prometheus text on the admin port's /metrics",
     ),
@@ -79,7 +78,8 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     (
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "always on: rejected hits are never recorded",
+        "set per rule with `over_limit` (`refuse` records nothing for a rejected request; the \
+         default, `fill`, fills the windows it did not fit)",
     ),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",

@@ -200,6 +200,11 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// The client's address.
+    pub fn peer_addr(&self) -> io::Result<std::net::SocketAddr> {
+        self.stream.peer_addr()
+    }
+
     fn new(stream: TcpStream, permit: OwnedSemaphorePermit, limits: ConnectionLimits) -> Self {
         let now = Instant::now();
         Conn {

@@ -340,7 +340,7 @@ async fn wait_replicas_keeps_admissions_across_a_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_replicas_needs_the_replicas_it_names() {
     use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-    use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, LimiterError};
+    use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, LimiterError, OverLimit};
     let primary = helpers::RedisServer::start();
     let options = |replicas| RedisOptions {
         wait_replicas: replicas,
@@ -354,6 +354,7 @@ async fn wait_replicas_needs_the_replicas_it_names() {
         hits: 1,
         kind: HitKind::Consume,
         algorithm: Algorithm::SlidingLog,
+        over_limit: OverLimit::default(),
     };
     let alone = RedisLimiter::connect(&options(1)).await.expect("connect");
     match alone.decide(&[hit("sluice:{alone}")], None).await {

@@ -63,7 +63,7 @@ impl Durability {
             )));
         };
         let reply = top_level_error(reply)?;
-        let acknowledged: u64 = redis::from_redis_value(&top_level_error(wait)?)?;
+        let acknowledged: u64 = redis::from_redis_value(top_level_error(wait)?)?;
         if acknowledged < u64::from(self.replicas) {
             return Err(RedisError::from((
                 ErrorKind::Client,
