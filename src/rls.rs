@@ -245,7 +245,21 @@ pub fn to_proto(decision: Decision, names: &LegacyNames) -> RateLimitResponse {
         overall_code: code_to_proto(decision.overall) as i32,
         statuses,
         response_headers_to_add,
+        dynamic_metadata: decision.lease.map(lease_metadata),
         ..Default::default()
+    }
+}
+
+/// The dynamic metadata of a request that holds leases: `{sluice_lease: "<token>"}`. Envoy puts
+/// it under `envoy.filters.http.ratelimit`, where the refund's `metadata` action reads it when
+/// the stream is done (a request refused, or never answered, has none, so it sends no refund).
+/// A string: Envoy's `metadata` action takes string values only.
+fn lease_metadata(token: u64) -> prost_types::Struct {
+    let value = prost_types::Value {
+        kind: Some(prost_types::value::Kind::StringValue(token.to_string())),
+    };
+    prost_types::Struct {
+        fields: [(decision::LEASE_KEY.to_owned(), value)].into(),
     }
 }
 

@@ -33,6 +33,9 @@ pub enum LimitAlgorithm {
         burst: u32,
     },
     FixedWindow,
+    /// At most `requests_per_unit` requests in flight, each counted until it is done or its
+    /// lease (the limit's `window_ms`) runs out.
+    InFlight,
 }
 
 /// One counted limit of a rule: `rate_limit`, or one entry of `rate_limits`.
@@ -42,7 +45,7 @@ pub struct Limit {
     /// The unit reported to Envoy: the configured `unit`, or for a custom `window` the nearest
     /// unit ([`Unit::nearest`]).
     pub unit: Unit,
-    /// The real window length.
+    /// The real window length (for `in_flight`, the lease).
     pub window_ms: u64,
     pub algorithm: LimitAlgorithm,
     pub name: Option<String>,

@@ -109,6 +109,21 @@ impl MemoryLimiter {
         }
     }
 
+    /// The leases an `in_flight` key holds, as (time, token), sorted (none for an unknown key
+    /// or another algorithm): what the Redis script stores for it, which the differential tests
+    /// compare.
+    pub fn leases(&self, key: &str) -> Vec<(u64, u64)> {
+        let mut leases = match lock(&self.shards[self.shard_of(key)]).get(key) {
+            Some(Entry {
+                state: State::Leases(leases),
+                ..
+            }) => leases.held().collect(),
+            _ => Vec::new(),
+        };
+        leases.sort_unstable();
+        leases
+    }
+
     fn shard_of(&self, key: &str) -> usize {
         // The modulo result is < shards.len(), so the cast back cannot truncate.
         (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
@@ -197,11 +212,11 @@ impl MemoryLimiter {
     }
 }
 
-/// Drops the keys of the shard whose state has emptied by `now`. Only logs keep their
-/// evictions; other states are settled on a copy (see [`decide_batch`] for why).
+/// Drops the keys of the shard whose state has emptied by `now`. Only logs and leases keep
+/// their evictions; other states are settled on a copy (see [`decide_batch`] for why).
 fn sweep(map: &mut Shard, now: u64) {
     map.retain(|_, entry| {
-        if let State::Log(_) = entry.state {
+        if let State::Log(_) | State::Leases(_) = entry.state {
             entry.state.settle(&entry.last_hit, now);
             !entry.state.is_empty()
         } else {
@@ -274,6 +289,7 @@ mod tests {
             kind: HitKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
+            lease: 0,
         }
     }
 
