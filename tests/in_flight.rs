@@ -49,16 +49,23 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// machine's scheduling; the lower bound is exact.
 const EXPIRY_SLACK: Duration = Duration::from_millis(1000);
 
-/// The Envoy of the test: the check (and lease) on the request path, the refund naming the
-/// lease when the stream is done, both in the route's `RateLimitPerRoute` (Envoy ignores
-/// `hits_addend` on route-level `rate_limits`); fail closed, 2 s timeout.
-fn envoy(upstream: SocketAddr, sluice: SocketAddr) -> Envoy {
+/// The Envoy of the test: the check (and lease) on the request path, the refund when the
+/// stream is done, both in the route's `RateLimitPerRoute` (Envoy ignores `hits_addend` on
+/// route-level `rate_limits`); fail closed, 2 s timeout. With `name_the_lease`, the refund
+/// names the request's lease (the way docs/algorithms.md configures it); without, it is the
+/// plain refund, which Envoy sends for every request, refused ones included.
+fn envoy(upstream: SocketAddr, sluice: SocketAddr, name_the_lease: bool) -> Envoy {
     let api = generic_key("concurrency", "api");
     let lease = json!({"metadata": {
         "descriptor_key": "sluice_lease",
         "metadata_key": {"key": "envoy.filters.http.ratelimit", "path": [{"key": "sluice_lease"}]},
         "source": "DYNAMIC",
     }});
+    let refund_actions = if name_the_lease {
+        json!([api, lease])
+    } else {
+        json!([api])
+    };
     let per_route = json!({
         "route": {"timeout": "30s"},
         "typed_per_filter_config": {"envoy.filters.http.ratelimit": {
@@ -66,7 +73,7 @@ fn envoy(upstream: SocketAddr, sluice: SocketAddr) -> Envoy {
             "rate_limits": [
                 {"actions": [api]},
                 {
-                    "actions": [api, lease],
+                    "actions": refund_actions,
                     "apply_on_stream_done": true,
                     "hits_addend": {"number": 1, "is_negative_hits": true},
                 },
@@ -185,11 +192,11 @@ impl HeldUpstream {
 }
 
 /// The leases sluice holds, as its `/json` reports them to a check of 0 hits (which records
-/// nothing and takes no lease).
+/// nothing and takes no lease; answered 429 when every lease is taken).
 fn leases(admin: SocketAddr) -> u64 {
     let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"concurrency","value":"api"}],"hitsAddend":0}]}"#;
     let (status, text) = http_request(admin, "POST", "/json", body);
-    assert_eq!(status, 200, "/json: {text}");
+    assert!(status == 200 || status == 429, "/json: {status} {text}");
     let doc: serde_json::Value = serde_json::from_str(&text).expect("/json answer");
     let remaining = doc["statuses"][0]["limitRemaining"].as_u64().unwrap_or(0);
     LIMIT - remaining
@@ -221,11 +228,10 @@ impl Timeline {
         when.saturating_duration_since(self.started).as_millis()
     }
 
-    fn row(&mut self, when: Instant, event: &str, leases: u64) {
-        let row = format!(
-            "{:>6} ms  {event:<64} leases held: {leases}/{LIMIT}",
-            self.at(when)
-        );
+    /// One line: when, what, and the leases sluice held then (when known).
+    fn row(&mut self, when: Instant, event: &str, leases: Option<u64>) {
+        let held = leases.map_or("-".to_owned(), |n| format!("{n}/{LIMIT}"));
+        let row = format!("{:>6} ms  {event:<72} leases: {held}", self.at(when));
         println!("{row}");
         self.rows.push(row);
     }
@@ -256,7 +262,7 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     // Two Envoys, as two replicas in front of one sluice: the first is killed mid-request.
     let (first, second) = tokio::task::spawn_blocking({
         let (up, rls) = (upstream.addr, sluice.grpc_addr);
-        move || (envoy(up, rls), envoy(up, rls))
+        move || (envoy(up, rls, true), envoy(up, rls, true))
     })
     .await
     .expect("start the Envoys");
@@ -276,11 +282,11 @@ async fn at_most_n_requests_in_flight_through_envoy() {
         .collect();
     upstream.wait_arrived(&["r1", "r2", "r3"]);
     let arrived_first = Instant::now();
-    timeline.row(sent_first, "r1, r2, r3 sent through Envoy A", leases(admin));
+    timeline.row(sent_first, "r1, r2, r3 sent through Envoy A", None);
     timeline.row(
         arrived_first,
-        "r1, r2, r3 admitted, in flight at the upstream",
-        leases(admin),
+        "r1, r2, r3 admitted, held by the upstream",
+        Some(leases(admin)),
     );
     assert_eq!(leases(admin), 3);
 
@@ -289,7 +295,7 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     timeline.row(
         Instant::now(),
         &format!("r4: HTTP {refused}"),
-        leases(admin),
+        Some(leases(admin)),
     );
     assert_eq!(refused, 429);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -297,7 +303,7 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     timeline.row(
         Instant::now(),
         "300 ms after r4's 429 (no refund released a lease)",
-        after_429,
+        Some(after_429),
     );
     assert_eq!(
         after_429, 3,
@@ -311,18 +317,22 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     timeline.row(
         Instant::now(),
         &format!("r1 released by the upstream: HTTP {r1}"),
-        leases(admin),
+        Some(leases(admin)),
     );
     assert_eq!(r1, 200);
     let refunded = wait_for_leases(admin, 2, STEP_TIMEOUT);
-    timeline.row(refunded, "r1's refund arrived (its lease released)", 2);
+    timeline.row(
+        refunded,
+        "r1's refund arrived (its lease released)",
+        Some(2),
+    );
     let r5 = send(ingress, "r5");
     upstream.wait_arrived(&["r5"]);
     let r5_arrived = Instant::now();
     timeline.row(
         r5_arrived,
         "r5 admitted, in flight at the upstream",
-        leases(admin),
+        Some(leases(admin)),
     );
     assert_eq!(leases(admin), 3);
 
@@ -332,7 +342,7 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     timeline.row(
         Instant::now(),
         "Envoy A killed (SIGKILL) with r2, r3, r5 in flight",
-        leases(admin),
+        Some(leases(admin)),
     );
     for (name, request) in [("r2", held.next()), ("r3", held.next()), ("r5", Some(r5))] {
         let code = status(request.expect("a held request")).await;
@@ -348,14 +358,21 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     timeline.row(
         Instant::now(),
         &format!("r6 through Envoy B: HTTP {r6}"),
-        leases(admin),
+        Some(leases(admin)),
     );
     assert_eq!(r6, 429, "the lost leases still count");
 
     // Each lost lease runs out `LEASE` after its request was admitted (between sending it and
     // its arrival upstream), and not before.
     let two_freed = wait_for_leases(admin, 1, LEASE + STEP_TIMEOUT);
-    timeline.row(two_freed, "r2's and r3's leases ran out", 1);
+    timeline.row(
+        two_freed,
+        &format!(
+            "r2's and r3's leases ran out, {} ms after their admission",
+            two_freed.duration_since(arrived_first).as_millis()
+        ),
+        Some(1),
+    );
     assert!(
         two_freed >= sent_first + LEASE,
         "r2/r3's leases ended early"
@@ -366,7 +383,14 @@ async fn at_most_n_requests_in_flight_through_envoy() {
         two_freed.duration_since(arrived_first)
     );
     let all_freed = wait_for_leases(admin, 0, LEASE + STEP_TIMEOUT);
-    timeline.row(all_freed, "r5's lease ran out", 0);
+    timeline.row(
+        all_freed,
+        &format!(
+            "r5's lease ran out, {} ms after its admission",
+            all_freed.duration_since(r5_arrived).as_millis()
+        ),
+        Some(0),
+    );
     assert!(all_freed >= refunded + LEASE, "r5's lease ended early");
     assert!(
         all_freed <= r5_arrived + LEASE + EXPIRY_SLACK,
@@ -380,7 +404,7 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     timeline.row(
         Instant::now(),
         "r7 through Envoy B admitted, in flight",
-        leases(admin),
+        Some(leases(admin)),
     );
     upstream.release("r7");
     let r7 = status(r7).await;
@@ -389,10 +413,59 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     timeline.row(
         done,
         &format!("r7 done (HTTP {r7}), its refund released its lease"),
-        0,
+        Some(0),
     );
 
     upstream.release_all();
     drop(second);
     println!("timeline:\n{}", timeline.rows.join("\n"));
+}
+
+/// Why the refund must name its lease: Envoy 1.40 sends the stream-done descriptors of a request
+/// it refused with 429 too. Without the `metadata` action that names the lease, the refund of
+/// the 429 reaches sluice (which releases nothing for it: a refund naming no lease leaves
+/// `in_flight` limits alone, and is counted `no_rule` on the rule).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_sends_the_refund_of_a_refused_request_too() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let limits: PathBuf = dir.path().join("edge.yaml");
+    std::fs::write(
+        &limits,
+        LIMITS.replace("requests_per_unit: 3", "requests_per_unit: 0"),
+    )
+    .expect("write the limits");
+    let sluice = TestServer::start(test_settings(&limits, None));
+    let upstream = HeldUpstream::start();
+    let envoy = tokio::task::spawn_blocking({
+        let (up, rls) = (upstream.addr, sluice.grpc_addr);
+        move || envoy(up, rls, false)
+    })
+    .await
+    .expect("start Envoy");
+    let refunds_seen = || {
+        helpers::in_process::metrics()
+            .render()
+            .lines()
+            .filter(|l| {
+                l.starts_with("sluice_decisions_total{")
+                    && l.contains(r#"rule="concurrency_api""#)
+                    && l.contains(r#"outcome="no_rule""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let before = refunds_seen();
+    let refused = status(send(envoy.listener("ingress"), "refused")).await;
+    assert_eq!(refused, 429, "a limit of 0 refuses everything");
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    while refunds_seen() == before {
+        assert!(
+            Instant::now() < deadline,
+            "no refund reached sluice after the 429 (Envoy no longer sends stream-done \
+             descriptors for refused requests?)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(refunds_seen(), before + 1);
+    upstream.release_all();
 }

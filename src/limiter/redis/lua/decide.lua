@@ -37,7 +37,7 @@
 --
 -- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 unless the item
 -- recorded its hits only because the request was admitted (it passed, and its over_limit is not
--- record); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER + (member number -
+-- record, which in_flight ignores); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER + (member number -
 -- LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the fixed window and
 -- the sliding counter the window start + 1; for GCRA its rate max(limit, 1); for in_flight the
 -- lease token + 1 (0 when it renewed a lease it did not add).
@@ -515,8 +515,10 @@ local function write(items, n, admitted)
     local item = items[i]
     if item.take > 0 then
       local state = item.state
-      -- Recorded only because the request was admitted: what compensation takes back.
-      item.undoable = admitted and item.passed and item.over_limit ~= OVER_LIMIT_RECORD
+      -- Recorded only because the request was admitted: what compensation takes back (an
+      -- in_flight item ignores over_limit: it records nothing unless admitted).
+      item.undoable = admitted and item.passed
+        and (item.over_limit ~= OVER_LIMIT_RECORD or item.algorithm == ALGORITHM_IN_FLIGHT)
       if item.algorithm == ALGORITHM_SLIDING_LOG then
         -- A log's TTL follows the window of the first item that wrote to it.
         if log_write(item, state) and not state.writer then
