@@ -38,6 +38,20 @@ pub enum LimitAlgorithm {
     InFlight,
 }
 
+impl LimitAlgorithm {
+    /// The config name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LimitAlgorithm::SlidingLog => "sliding_log",
+            LimitAlgorithm::QuantizedLog { .. } => "quantized_log",
+            LimitAlgorithm::SlidingCounter => "sliding_counter",
+            LimitAlgorithm::Gcra { .. } => "gcra",
+            LimitAlgorithm::FixedWindow => "fixed_window",
+            LimitAlgorithm::InFlight => "in_flight",
+        }
+    }
+}
+
 /// One counted limit of a rule: `rate_limit`, or one entry of `rate_limits`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {

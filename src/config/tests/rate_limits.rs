@@ -167,6 +167,14 @@ descriptors:
     assert_eq!(b.limits[0].unit, Unit::Minute);
     assert_eq!(b.limits[0].algorithm, LimitAlgorithm::InFlight);
     assert_eq!(b.limits[1].algorithm, LimitAlgorithm::SlidingLog);
+    // The rule listing (`/rlconfig`) says how each limit counts.
+    assert_eq!(
+        config.describe(),
+        "d.a: unit=SECOND requests_per_unit=3, algorithm=in_flight, lease=2000ms, \
+         over_limit=refuse\n\
+         d.b: unit=MINUTE requests_per_unit=10, algorithm[0]=in_flight, lease[0]=90000ms, \
+         over_limit=record\n"
+    );
 }
 
 #[test]
