@@ -324,6 +324,28 @@ mod tests {
         assert_eq!(ProtoUnit::from_str_name("WEEK"), Some(ProtoUnit::Week));
     }
 
+    /// A request holding leases carries its token as `sluice_lease`, a string (Envoy's
+    /// `metadata` action reads strings only); one holding none carries no metadata.
+    #[test]
+    fn a_leased_decision_carries_its_token_as_dynamic_metadata() {
+        let decision = |lease| Decision {
+            overall: Code::Ok,
+            verdicts: Vec::new(),
+            hits: 1,
+            known_domain: true,
+            backend_failed: None,
+            lease,
+        };
+        let names = LegacyNames::default();
+        let response = to_proto(decision(Some(42)), &names);
+        let metadata = response.dynamic_metadata.expect("metadata");
+        assert_eq!(
+            metadata.fields[decision::LEASE_KEY].kind,
+            Some(prost_types::value::Kind::StringValue("42".into()))
+        );
+        assert_eq!(to_proto(decision(None), &names).dynamic_metadata, None);
+    }
+
     #[test]
     fn unknown_override_unit_names_the_field() {
         let request = RateLimitRequest {

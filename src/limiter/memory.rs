@@ -9,7 +9,8 @@
 //!   awaits, so holding a std mutex is fine (and cheaper than an async one).
 //! - Memory is bounded: a sliding-log key holds one entry per recording item in its window,
 //!   whatever its weight (at most `limit` entries while items record within the limit; with
-//!   `over_limit: record`, one per recorded request), a quantized log one per quantum, other
+//!   `over_limit: record`, one per recorded request), a quantized log one per quantum, an
+//!   `in_flight` key one per live lease (at most `limit`: only admitted requests take one), other
 //!   algorithms O(1) (see [`Log`](super::log::Log)); expired entries are evicted whenever a key
 //!   is touched and a key whose log becomes empty is removed; every [`SWEEP_EVERY`] decisions
 //!   one shard is swept (at the `now` of that decision) so keys nobody touches again are
