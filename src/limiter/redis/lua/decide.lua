@@ -37,9 +37,9 @@
 --
 -- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 unless the item
 -- recorded its hits only because the request was admitted (it passed, and its over_limit is not
--- record, which in_flight ignores); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER + (member number -
--- LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the fixed window and
--- the sliding counter the window start + 1; for GCRA its rate max(limit, 1); for in_flight the
+-- record, which in_flight ignores); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER +
+-- (member number - LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the
+-- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1); for in_flight the
 -- lease token + 1 (0 when it renewed a lease it did not add).
 --
 -- Log entries must be unique per key and short: a listpack stores an integer member of
