@@ -39,8 +39,8 @@
 -- recorded its hits only because the request was admitted (it passed, and its over_limit is not
 -- record, which in_flight ignores); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER +
 -- (member number - LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the
--- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1); for in_flight the
--- lease token + 1 (0 when it renewed a lease it did not add).
+-- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1);
+-- for in_flight the lease token + 1 (0 when it renewed a lease it did not add).
 --
 -- Log entries must be unique per key and short: a listpack stores an integer member of
 -- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (1000000..8388607) in 5 bytes (a 24-bit integer; a UUID
