@@ -364,39 +364,23 @@ async fn at_most_n_requests_in_flight_through_envoy() {
 
     // Each lost lease runs out `LEASE` after its request was admitted (between sending it and
     // its arrival upstream), and not before.
-    let two_freed = wait_for_leases(admin, 1, LEASE + STEP_TIMEOUT);
-    timeline.row(
-        two_freed,
-        &format!(
-            "r2's and r3's leases ran out, {} ms after their admission",
-            two_freed.duration_since(arrived_first).as_millis()
-        ),
-        Some(1),
-    );
-    assert!(
-        two_freed >= sent_first + LEASE,
-        "r2/r3's leases ended early"
-    );
-    assert!(
-        two_freed <= arrived_first + LEASE + EXPIRY_SLACK,
-        "r2/r3's leases ended {:?} after their admission",
-        two_freed.duration_since(arrived_first)
-    );
-    let all_freed = wait_for_leases(admin, 0, LEASE + STEP_TIMEOUT);
-    timeline.row(
-        all_freed,
-        &format!(
-            "r5's lease ran out, {} ms after its admission",
-            all_freed.duration_since(r5_arrived).as_millis()
-        ),
-        Some(0),
-    );
-    assert!(all_freed >= refunded + LEASE, "r5's lease ended early");
-    assert!(
-        all_freed <= r5_arrived + LEASE + EXPIRY_SLACK,
-        "r5's lease ended {:?} after its admission",
-        all_freed.duration_since(r5_arrived)
-    );
+    for (held, what, sent, arrived) in [
+        (1, "r2's and r3's leases", sent_first, arrived_first),
+        (0, "r5's lease", refunded, r5_arrived),
+    ] {
+        let freed = wait_for_leases(admin, held, LEASE + STEP_TIMEOUT);
+        let after = freed.duration_since(arrived);
+        timeline.row(
+            freed,
+            &format!("{what} ran out, {} ms after admission", after.as_millis()),
+            Some(held),
+        );
+        assert!(freed >= sent + LEASE, "{what} ended early");
+        assert!(
+            after <= LEASE + EXPIRY_SLACK,
+            "{what} ended {after:?} after admission"
+        );
+    }
 
     // Capacity is back.
     let r7 = send(other, "r7");

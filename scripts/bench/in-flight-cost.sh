@@ -32,8 +32,7 @@ assemble = import_module("assemble-script").assemble
 Redis = import_module("resp").Redis
 
 r = Redis(port)
-r("CONFIG", "SET", "slowlog-log-slower-than", "0")
-r("CONFIG", "SET", "slowlog-max-len", "1000000")
+r.log_every_call()
 T0, LEASE, ROUNDS = 1_700_000_040_000, 60_000, 1000
 KEY = "sluice:{edge|client=c42|60000|if}"
 sha = r("SCRIPT", "LOAD", assemble(""))

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """A minimal Redis client for the benchmark scripts (RESP2 over one loopback socket): enough to
 send commands and read their replies, with no package to install.
 """
@@ -34,3 +35,8 @@ class Redis:
             n = int(rest)
             return None if n < 0 else [self.read() for _ in range(n)]
         raise RuntimeError(f"unexpected reply {line!r}")
+    def log_every_call(self):
+        """SLOWLOG keeps every command, with room for all of them (Redis 7.0 also logs each
+        command a script runs)."""
+        self("CONFIG", "SET", "slowlog-log-slower-than", "0")
+        self("CONFIG", "SET", "slowlog-max-len", "1000000")

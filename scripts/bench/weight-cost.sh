@@ -36,9 +36,7 @@ assemble = import_module("assemble-script").assemble
 Redis = import_module("resp").Redis
 
 r = Redis(port)
-r("CONFIG", "SET", "slowlog-log-slower-than", "0")
-# Redis 7.0 also logs each command a script runs: room for all of them.
-r("CONFIG", "SET", "slowlog-max-len", "1000000")
+r.log_every_call()
 T0, WINDOW = 1_700_000_040_000, 60_000
 
 def run(script, weight, calls, spacing, limit):

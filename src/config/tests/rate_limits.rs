@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// The rule of descriptor `key=x` in domain `d`.
+fn rule_of(config: &Config, key: &str) -> Rule {
+    match config.lookup("d", &[Entry::new(key, "x")]) {
+        Lookup::Rule { rule, .. } => rule.clone(),
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
 #[test]
 fn response_headers_inherit_field_by_field() {
     let yaml = "
@@ -98,10 +106,7 @@ descriptors:
     rate_limit: {window: 1500ms, requests_per_unit: 3, algorithm: FIXED_WINDOW}
 ";
     let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("loads");
-    let rule = |k: &str| match config.lookup("d", &[Entry::new(k, "x")]) {
-        Lookup::Rule { rule, .. } => rule.clone(),
-        other => panic!("{k}: {other:?}"),
-    };
+    let rule = |k: &str| rule_of(&config, k);
     let a = rule("a");
     assert_eq!(
         a.limit,
@@ -147,10 +152,7 @@ descriptors:
       - {unit: minute, requests_per_unit: 100}
 ";
     let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("loads");
-    let rule = |k: &str| match config.lookup("d", &[Entry::new(k, "x")]) {
-        Lookup::Rule { rule, .. } => rule.clone(),
-        other => panic!("{k}: {other:?}"),
-    };
+    let rule = |k: &str| rule_of(&config, k);
     let a = rule("a");
     assert_eq!(
         a.limit,

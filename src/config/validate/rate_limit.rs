@@ -166,22 +166,7 @@ impl Checker<'_> {
                         None
                     }
                 },
-                (None, Some(window)) => {
-                    match parse_duration_ms(&window.value).filter(|&ms| ms <= MAX_WINDOW_MS) {
-                        Some(ms) => Some((Unit::nearest(ms), ms)),
-                        None => {
-                            self.error(
-                                line_of(&window.referenced),
-                                path,
-                                format!(
-                                    "invalid window `{}`: expected {DURATION_FORMAT}",
-                                    window.value
-                                ),
-                            );
-                            None
-                        }
-                    }
-                }
+                (None, Some(window)) => self.period("window", window, path),
             };
             let algorithm = self.algorithm(&rl, period.map(|(_, ms)| ms), requests_per_unit, path);
             if let (Some((unit, window_ms)), Some(algorithm)) = (period, algorithm) {
@@ -267,15 +252,21 @@ impl Checker<'_> {
             );
             return None;
         };
-        match parse_duration_ms(&lease.value).filter(|&ms| ms <= MAX_WINDOW_MS) {
+        self.period("lease", lease, path)
+    }
+
+    /// A `window` or `lease` duration, with the unit reported for it (the nearest); `None`
+    /// (after reporting) when malformed or over a year.
+    fn period(&mut self, field: &str, raw: &Spanned<String>, path: &str) -> Option<(Unit, u64)> {
+        match parse_duration_ms(&raw.value).filter(|&ms| ms <= MAX_WINDOW_MS) {
             Some(ms) => Some((Unit::nearest(ms), ms)),
             None => {
                 self.error(
-                    line_of(&lease.referenced),
+                    line_of(&raw.referenced),
                     path,
                     format!(
-                        "invalid lease `{}`: expected {DURATION_FORMAT}",
-                        lease.value
+                        "invalid {field} `{}`: expected {DURATION_FORMAT}",
+                        raw.value
                     ),
                 );
                 None
