@@ -370,9 +370,13 @@ async fn at_most_n_requests_in_flight_through_envoy() {
     ] {
         let freed = wait_for_leases(admin, held, LEASE + STEP_TIMEOUT);
         let after = freed.duration_since(arrived);
+        let since_sent = freed.duration_since(sent).as_millis();
         timeline.row(
             freed,
-            &format!("{what} ran out, {} ms after admission", after.as_millis()),
+            &format!(
+                "{what} ran out: {since_sent} ms after sent, {} after upstream",
+                after.as_millis()
+            ),
             Some(held),
         );
         assert!(freed >= sent + LEASE, "{what} ended early");
