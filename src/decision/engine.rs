@@ -6,13 +6,14 @@
 //! generations. When the backend fails, the failure policy answers and the decision says so
 //! ([`Decision::backend_failed`]); the engine records nothing itself.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, HeaderPolicy, Rule};
-use crate::limiter::{Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use crate::limiter::{Algorithm, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
 
 use super::limits::{validate_with, InvalidRequest};
 use super::resolve::{resolve, Resolution};
@@ -41,6 +42,31 @@ pub struct Engine {
     limiter: Arc<dyn Limiter>,
     options: EngineOptions,
     on_backend_error: FailurePolicy,
+    leases: LeaseTokens,
+}
+
+/// Lease tokens: a random start per process, then one more per request that records leases,
+/// below 2^52 (the Redis script's exact range) and never 0. Distinct within a process; two
+/// processes' tokens collide only if their random starts lie closer than the requests either
+/// has leased, about 1e-7 for a billion leases each. A collision on one key while both leases
+/// are live would make them one lease (see `limiter::leases`).
+struct LeaseTokens {
+    next: AtomicU64,
+}
+
+impl LeaseTokens {
+    const RANGE: u64 = (1 << 52) - 1;
+
+    fn new() -> Self {
+        let start = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        LeaseTokens {
+            next: AtomicU64::new(start),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) % Self::RANGE + 1
+    }
 }
 
 impl Engine {
@@ -55,6 +81,7 @@ impl Engine {
             limiter,
             options,
             on_backend_error: FailurePolicy::Error,
+            leases: LeaseTokens::new(),
         }
     }
 
@@ -108,9 +135,14 @@ impl Engine {
         // The keys move into the batch (no copy); each verdict takes its key back from it, in
         // the same order (a descriptor's limit, then its stacked limits).
         let mut batch: Vec<Hit> = Vec::with_capacity(plans.len());
+        let mut lease = None;
         for plan in &mut plans {
             if let Resolution::Limited { hit, stacked, .. } = plan {
                 for hit in std::iter::once(hit).chain(stacked.iter_mut().map(|(_, h)| h)) {
+                    if hit.algorithm == Algorithm::InFlight && hit.kind != HitKind::Refund {
+                        // One token per request, on every key it leases.
+                        hit.lease = *lease.get_or_insert_with(|| self.leases.next());
+                    }
                     batch.push(Hit {
                         key: std::mem::take(&mut hit.key),
                         ..*hit
@@ -136,9 +168,19 @@ impl Engine {
             }
         };
 
+        let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
+        // The request holds leases when an item of its admitted batch recorded one.
+        let leased = admitted
+            && outcome.iter().any(|o| {
+                batch.iter().zip(&o.items).any(|(hit, item)| {
+                    hit.algorithm == Algorithm::InFlight
+                        && hit.kind != HitKind::Refund
+                        && hit.hits > 0
+                        && item.passed
+                })
+            });
         let mut items = outcome.iter().flat_map(|o| o.items.iter());
         let mut keys = batch.into_iter().map(|h| h.key);
-        let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
         let mut verdicts = Vec::with_capacity(plans.len());
         for p in plans {
             let verdict = match p {
@@ -177,6 +219,7 @@ impl Engine {
             hits,
             known_domain,
             backend_failed: None,
+            lease: lease.filter(|_| leased),
         })
     }
 
@@ -281,6 +324,7 @@ fn fallback(
         hits,
         known_domain,
         backend_failed: Some(policy),
+        lease: None,
     }
 }
 
