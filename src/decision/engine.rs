@@ -329,6 +329,8 @@ mod tests {
             kinds,
             [(HitKind::Consume, 2, 60_000), (HitKind::Shadow, 1, 60_000)]
         );
+        // The engine keeps no clock: the backend decides on its own (Redis: the server's time).
+        assert_eq!(*backend.nows.lock().unwrap(), [None]);
     }
 
     #[tokio::test]
