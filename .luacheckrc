@@ -15,13 +15,15 @@ read_globals = {"redis", "KEYS", "ARGV"}
 -- generated header.
 local header = {
   "ARGS_PER_ITEM", "UNDO_ARGS_PER_KEY", "MAX_EXACT", "LOG_MEMBER_FIRST", "LOG_MEMBER_LAST",
-  "BATCHED", "KIND_CONSUME", "KIND_SHADOW", "KIND_REFUND", "KIND_QUOTA",
+  "LOG_TOTAL_MEMBER", "BATCHED", "KIND_CONSUME", "KIND_SHADOW", "KIND_REFUND", "KIND_QUOTA",
   "ALGORITHM_SLIDING_LOG", "ALGORITHM_QUANTIZED_LOG", "ALGORITHM_SLIDING_COUNTER",
-  "ALGORITHM_GCRA", "ALGORITHM_FIXED_WINDOW",
+  "ALGORITHM_GCRA", "ALGORITHM_FIXED_WINDOW", "OVER_LIMIT_REFUSE", "OVER_LIMIT_FILL",
+  "OVER_LIMIT_RECORD",
 }
 local shared = {
   "LOG_MEMBERS", "TOKEN_MEMBER", "TOKEN_SCORE", "MEMBERS_PER_COMMAND", "format_number",
-  "format_integer", "floor_div", "encode_value", "decode_value",
+  "format_integer", "floor_div", "encode_value", "decode_value", "read_clock",
+  "log_member", "parse_log_member", "store_log_total",
 }
 local models = {"make_models"}
 

@@ -17,9 +17,15 @@ RUN cargo build --release --locked --bin sluice
 # distroless/cc: glibc and libgcc for the Rust binary, no shell, no package manager.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/sluice /usr/local/bin/sluice
+# envoyproxy/ratelimit's image contract: Envoy Gateway runs `/bin/ratelimit` with no arguments,
+# which under that name serves from the environment (src/main.rs). A second copy, not a link:
+# the final image has no shell to make one, and COPY follows a symlink given as its source.
+COPY --from=build /src/target/release/sluice /bin/ratelimit
 # Default limits so `docker run` works; Kubernetes mounts the ConfigMap over this directory.
 COPY deploy/base/limits /etc/sluice/limits
-# distroless' `nonroot` user, numeric so Kubernetes' runAsNonRoot can verify it.
+# distroless' `nonroot` user, numeric so Kubernetes' runAsNonRoot can verify it. Any other
+# non-root user works too (Envoy Gateway runs 65534): sluice only reads its files, writes
+# nothing to disk, and needs no capability, so a read-only root filesystem is fine.
 USER 65532:65532
 # gRPC (RLS, grpc.health.v1, reflection) and admin HTTP (/healthz, /readyz, /metrics).
 EXPOSE 8081 9102

@@ -12,8 +12,8 @@
 //! - [`Guarded`]: the per-decision deadline and the bound on calls in flight (shared backends
 //!   only);
 //! - the backend: [`MemoryLimiter`] (no Redis given; it answers in microseconds and has no
-//!   network to hang on, so it needs neither wrapper), [`RedisLimiter`] or [`ClusterLimiter`]
-//!   (chosen by the URL's scheme).
+//!   network to hang on, so it needs neither wrapper), [`RedisLimiter`] (one Redis, or the
+//!   primary Sentinel names) or [`ClusterLimiter`] (chosen by the URL's scheme).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,16 +23,20 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::config::{Config, ConfigErrors, LoadOptions};
 use crate::decision::{EngineOptions, FailurePolicy};
+use crate::headers::LegacyNames;
 use crate::limiter::cache::{self, MonotonicClock, RejectionCache};
 use crate::limiter::guard::{self, Guarded};
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::cluster::ClusterLimiter;
-use crate::limiter::redis::connect::redact_url;
+use crate::limiter::redis::connect::{redact_url, ClientCert, Topology};
 use crate::limiter::redis::{RedisLimiter, RedisOptions, SettingError};
 use crate::limiter::{Limiter, SystemClock};
+use crate::listen::PortLimits;
 use crate::metrics::MetricsSettings;
+use crate::otel::{TracingError, TracingSettings};
 use crate::reload::ReloadSettings;
 use crate::server::ServerSettings;
+use crate::tls::{ServerTls, TlsError, TlsSettings};
 use crate::xds::{XdsError, XdsSettings, XdsSource};
 
 /// Seconds between backend readiness probes, by default and at least.
@@ -63,6 +67,14 @@ pub struct Settings {
     /// How often the config is checked for changes; `None` serves the start-up config until
     /// exit. Files only: xDS pushes its changes.
     pub watch_interval: Option<Duration>,
+    /// Connection and request limits of both ports.
+    pub ports: PortLimits,
+    /// TLS of the gRPC server (certificates reloaded when they change); `None`: plaintext.
+    pub grpc_tls: Option<TlsSettings>,
+    /// OpenTelemetry tracing of decisions; `None`: off.
+    pub tracing: Option<TracingSettings>,
+    /// Names of the `legacy` style's response headers.
+    pub legacy_names: LegacyNames,
 }
 
 /// Where the limits come from: `--config` or `--config-xds`.
@@ -92,6 +104,10 @@ impl Settings {
             metrics: MetricsSettings::default(),
             probe_interval: DEFAULT_PROBE_INTERVAL,
             watch_interval: Some(DEFAULT_WATCH_INTERVAL),
+            ports: PortLimits::default(),
+            grpc_tls: None,
+            tracing: None,
+            legacy_names: LegacyNames::default(),
         }
     }
 }
@@ -132,20 +148,38 @@ pub enum StartError {
     Config { path: PathBuf, errors: ConfigErrors },
     #[error("Redis backend: {0}")]
     Redis(SettingError),
-    #[error("reading Redis password file {}: {error}", path.display())]
+    #[error("reading {what} {}: {error}", path.display())]
     PasswordFile {
+        what: &'static str,
         path: PathBuf,
         error: std::io::Error,
     },
-    #[error("Redis password file {} is empty", .0.display())]
-    EmptyPasswordFile(PathBuf),
+    #[error("{what} {} is empty", path.display())]
+    EmptyPasswordFile { what: &'static str, path: PathBuf },
+    #[error("{given} without {missing}: both are needed for a client certificate")]
+    HalfClientCert {
+        given: &'static str,
+        missing: &'static str,
+    },
+    #[error(
+        "{0} given but no Redis URL (--redis-url, SLUICE_REDIS_URL or envoyproxy/ratelimit's \
+         REDIS_URL): it would be ignored and the embedded memory backend would serve; give the \
+         URL, or remove the setting"
+    )]
+    RedisSettingWithoutUrl(String),
     #[error("installing the metrics recorder: {0}")]
     Metrics(String),
+    #[error("{0}")]
+    GrpcTls(#[from] TlsError),
     #[error("{0}")]
     Xds(#[from] XdsError),
     /// Flags that do not fit together (e.g. two config sources).
     #[error("{0}")]
     Usage(String),
+    #[error("tracing: {0}")]
+    Tracing(#[from] TracingError),
+    #[error("legacy response headers: {0}")]
+    LegacyHeaders(String),
 }
 
 impl From<SettingError> for StartError {
@@ -167,21 +201,35 @@ pub fn backend(settings: &BackendSettings) -> Result<Arc<dyn Limiter>, StartErro
         return Ok(Arc::new(MemoryLimiter::new(Arc::new(SystemClock))));
     };
     let url = redact_url(&options.url);
-    let shared: Arc<dyn Limiter> = if options.is_cluster() {
-        let limiter = ClusterLimiter::open(options)?;
-        tracing::info!(url = %url, "backend: redis cluster");
-        Arc::new(limiter)
-    } else {
-        let limiter = RedisLimiter::open(options)?;
-        tracing::info!(
-            url = %url,
-            pool = options.pool_size,
-            batch_max = options.batch_max,
-            "backend: redis"
-        );
-        Arc::new(limiter)
-    };
     let deadline = settings.deadline.max(MIN_DEADLINE);
+    // A WAIT that outlived the decision could only hold the connection after the caller left.
+    let options = RedisOptions {
+        wait_timeout: deadline,
+        ..options.clone()
+    };
+    let shared: Arc<dyn Limiter> = match options.topology() {
+        Topology::Cluster => {
+            let limiter = ClusterLimiter::open(&options)?;
+            tracing::info!(url = %url, "backend: redis cluster");
+            Arc::new(limiter)
+        }
+        topology @ (Topology::Standalone | Topology::Sentinel) => {
+            let limiter = RedisLimiter::open(&options)?;
+            tracing::info!(
+                url = %url,
+                pool = options.pool_size,
+                batch_max = options.batch_max,
+                wait_replicas = options.wait_replicas,
+                "backend: {}",
+                if topology == Topology::Sentinel {
+                    "redis sentinel"
+                } else {
+                    "redis"
+                }
+            );
+            Arc::new(limiter)
+        }
+    };
     let guarded: Arc<dyn Limiter> =
         Arc::new(Guarded::new(shared, deadline, settings.max_in_flight));
     tracing::info!(
@@ -227,8 +275,15 @@ pub fn assemble(
 ) -> Result<ServerSettings, StartError> {
     crate::descriptor::validate_key_prefix(&settings.engine.key_prefix)
         .map_err(StartError::KeyPrefix)?;
+    if let Some(tracing) = &settings.tracing {
+        tracing.validate()?;
+    }
     let (config, reload, xds) = match settings.config {
         ConfigSource::Files(path) => {
+            // Before the load: a change made while sluice starts is then seen by the first poll.
+            let loaded = settings
+                .watch_interval
+                .and_then(|_| crate::reload::Reloader::fingerprint(&path, &settings.load));
             let config = load_config(&path, settings.load)?;
             let unix_now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -238,6 +293,7 @@ pub fn assemble(
                 path,
                 interval: interval.max(MIN_WATCH_INTERVAL),
                 load_options: settings.load,
+                loaded,
             });
             (config, reload, None)
         }
@@ -250,6 +306,7 @@ pub fn assemble(
             (Config::empty(), None, Some(source))
         }
     };
+    let grpc_tls = settings.grpc_tls.map(ServerTls::load).transpose()?;
     let limiter = backend(&settings.backend)?;
     if settings.backend.redis.is_some() {
         tracing::info!(
@@ -270,6 +327,10 @@ pub fn assemble(
         reload,
         xds,
         on_backend_error: settings.on_backend_error,
+        ports: settings.ports,
+        grpc_tls,
+        tracing: settings.tracing,
+        legacy_names: settings.legacy_names,
     })
 }
 
@@ -280,18 +341,58 @@ pub fn redis_password(
     file: Option<&Path>,
     from_env: Option<String>,
 ) -> Result<Option<String>, StartError> {
+    password("Redis password file", file, from_env)
+}
+
+/// The sentinels' own password, like [`redis_password`] (`--redis-sentinel-password-file`,
+/// else `SLUICE_REDIS_SENTINEL_PASSWORD`).
+pub fn sentinel_password(
+    file: Option<&Path>,
+    from_env: Option<String>,
+) -> Result<Option<String>, StartError> {
+    password("Redis Sentinel password file", file, from_env)
+}
+
+fn password(
+    what: &'static str,
+    file: Option<&Path>,
+    from_env: Option<String>,
+) -> Result<Option<String>, StartError> {
     if let Some(path) = file {
         let text = std::fs::read_to_string(path).map_err(|error| StartError::PasswordFile {
+            what,
             path: path.to_owned(),
             error,
         })?;
         let password = text.trim_end_matches(['\n', '\r']).to_owned();
         if password.is_empty() {
-            return Err(StartError::EmptyPasswordFile(path.to_owned()));
+            return Err(StartError::EmptyPasswordFile {
+                what,
+                path: path.to_owned(),
+            });
         }
         return Ok(Some(password));
     }
     Ok(from_env.filter(|p| !p.is_empty()))
+}
+
+/// The client certificate of `--redis-tls-cert` and `--redis-tls-key`: both or neither.
+pub fn client_cert(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<ClientCert>, StartError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(ClientCert { cert, key })),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(StartError::HalfClientCert {
+            given: "--redis-tls-cert",
+            missing: "--redis-tls-key",
+        }),
+        (None, Some(_)) => Err(StartError::HalfClientCert {
+            given: "--redis-tls-key",
+            missing: "--redis-tls-cert",
+        }),
+    }
 }
 
 /// `sluice check-config`: the summary line of a valid config.
@@ -364,6 +465,15 @@ mod tests {
         assert_eq!(cluster.backend(), "redis-cluster");
         let err = backend(&redis("localhost:6379")).err().expect("no scheme");
         assert!(err.to_string().contains("the scheme is missing"), "{err}");
+        let sentinel =
+            backend(&redis("redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster")).unwrap();
+        assert_eq!(sentinel.backend(), "redis");
+        let mut waiting = redis("redis+cluster://127.0.0.1:1");
+        if let Some(options) = waiting.redis.as_mut() {
+            options.wait_replicas = 1;
+        }
+        let err = backend(&waiting).err().expect("WAIT on a cluster");
+        assert!(err.to_string().contains("not to a cluster"), "{err}");
     }
 
     #[test]

@@ -6,9 +6,20 @@
 //! command line wins over both), and reports every other one it recognises once at start-up,
 //! with why it is not applied, instead of ignoring it silently. The translation is a pure
 //! function of the environment so it can be tested without touching the process. The xDS
-//! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`.
+//! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`;
+//! the backend's (`REDIS_*`, `BACKEND_TYPE`, `MEMCACHE_*`) in `redis`; the server's own (gRPC
+//! TLS, Prometheus's port, the defaults under envoyproxy/ratelimit's name) in `server`. A
+//! variable that cannot be honoured as written, where going on would serve something else than
+//! asked (memory instead of Redis, plaintext instead of TLS), is not just reported: it stops
+//! `serve`. Tracing's variables are in `otel`, the response headers' in `headers`.
 
+mod headers;
+mod otel;
+mod redis;
+mod server;
 mod xds;
+
+pub use server::with_ratelimit_defaults;
 
 use std::collections::BTreeMap;
 
@@ -19,6 +30,9 @@ pub struct Translation {
     pub set: BTreeMap<String, String>,
     /// One line per recognised variable that was not applied as is, for the start-up log.
     pub notes: Vec<String>,
+    /// Settings that cannot be honoured as given (a backend sluice does not have, a Redis
+    /// variable without `REDIS_URL`, ...): `serve` must not start.
+    pub errors: Vec<String>,
 }
 
 /// Average bytes one local-cache entry costs, to turn `LOCAL_CACHE_SIZE_IN_BYTES` into entries.
@@ -26,16 +40,6 @@ pub const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
 
 /// envoyproxy/ratelimit variables sluice recognises but does not apply, with the reason.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "BACKEND_TYPE",
-        "only Redis (or the embedded memory backend) is supported; memcache is not",
-    ),
-    ("MEMCACHE_HOST_PORT", "memcache is not supported"),
-    ("MEMCACHE_SRV", "memcache is not supported"),
-    (
-        "USE_STATSD",
-        "metrics are Prometheus text on the admin port's /metrics",
-    ),
     (
         "STATSD_HOST",
         "metrics are Prometheus text on the admin port's /metrics",
@@ -60,31 +64,11 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "DISABLE_STATS",
         "/metrics is always served on the admin port",
     ),
-    (
-        "USE_PROMETHEUS",
-        "/metrics is always served on the admin port (--admin-addr)",
-    ),
-    (
-        "PROMETHEUS_ADDR",
-        "/metrics is served on the admin port (--admin-addr)",
-    ),
-    (
-        "PROMETHEUS_PATH",
-        "/metrics is the fixed path on the admin port",
-    ),
-    (
-        "PROMETHEUS_MAPPER_YAML",
-        "metric names are sluice's own, see docs/metrics.md",
-    ),
     ("DEBUG_HOST", "no debug server; use the admin port"),
     ("DEBUG_PORT", "no debug server; use the admin port"),
     (
         "GRPC_UDS",
         "unix-socket gRPC is not supported; use a loopback address",
-    ),
-    (
-        "GRPC_SERVER_USE_TLS",
-        "gRPC serves plaintext on loopback or inside the mesh",
     ),
     ("GRPC_MAX_CONNECTION_AGE", "not configurable"),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", "not configurable"),
@@ -94,49 +78,20 @@ const UNSUPPORTED: &[(&str, &str)] = &[
     ),
     (
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        "always on: rejected hits are never recorded",
-    ),
-    (
-        "REDIS_PIPELINE_WINDOW",
-        "concurrent decisions are batched without waiting for a batch to fill",
-    ),
-    ("REDIS_PERSECOND", "one Redis holds every window length"),
-    ("REDIS_PERSECOND_URL", "one Redis holds every window length"),
-    (
-        "REDIS_TLS_CLIENT_CERT",
-        "client certificates are not supported",
-    ),
-    (
-        "REDIS_TLS_CLIENT_KEY",
-        "client certificates are not supported",
-    ),
-    (
-        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        "hostname verification is always on",
-    ),
-    (
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "always on: readiness follows a Redis PING every second",
+        "set per rule with `over_limit` (`refuse` records nothing for a rejected request; the \
+         default, `fill`, fills the windows it did not fit)",
     ),
     (
         "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
         "always on: readiness waits for a loaded config (files load before serving; xDS \
          reports not ready until its first config)",
     ),
-    ("TRACING_ENABLED", "tracing export is not supported"),
-    (
-        "LIMIT_LIMIT_HEADER",
-        "header names follow the chosen header style",
-    ),
-    (
-        "LIMIT_REMAINING_HEADER",
-        "header names follow the chosen header style",
-    ),
-    (
-        "LIMIT_RESET_HEADER",
-        "header names follow the chosen header style",
-    ),
 ];
+
+/// Sets a `SLUICE_*` variable from a legacy one, unless it is set already (then noted).
+type Map<'a> = &'a dyn Fn(&str, &str, String, &mut Translation);
+/// A legacy boolean variable, `None` when unset or not a boolean (then noted).
+type Flag<'a> = &'a dyn Fn(&str, &mut Translation) -> Option<bool>;
 
 fn truthy(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
@@ -186,68 +141,9 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     let flag = |name: &str, out: &mut Translation| flag_var(get, name, out);
     // The limits from xDS: RUNTIME_ROOT (the file source) is then not mapped.
     let from_xds = xds::translate(get, &mut out);
+    server::translate(get, &mut out);
 
-    // `user:password` or a bare password, as envoyproxy/ratelimit reads REDIS_AUTH; the user
-    // goes into the URL it builds, the password into SLUICE_REDIS_PASSWORD (never logged).
-    let auth = get("REDIS_AUTH").filter(|a| !a.is_empty());
-    let (auth_user, auth_password) = match auth.as_deref().map(|a| a.split_once(':')) {
-        Some(Some((user, password))) => (Some(user.to_owned()), Some(password.to_owned())),
-        Some(None) => (None, auth.clone()),
-        None => (None, None),
-    };
-    if let Some(url) = get("REDIS_URL").filter(|u| !u.is_empty()) {
-        let userinfo = auth_user
-            .as_deref()
-            .map_or(String::new(), |u| format!("{u}@"));
-        let tls = flag("REDIS_TLS", &mut out).unwrap_or(false);
-        let kind = get("REDIS_TYPE").unwrap_or_else(|| "single".into());
-        let socket = get("REDIS_SOCKET_TYPE").unwrap_or_default();
-        let translated = if url.contains("://") {
-            Some(url)
-        } else {
-            match kind.to_ascii_lowercase().as_str() {
-                "single" | "" if url.starts_with('/') || socket.eq_ignore_ascii_case("unix") => {
-                    Some(format!("redis+unix://{url}"))
-                }
-                "single" | "" => Some(format!(
-                    "{}://{userinfo}{url}",
-                    if tls { "rediss" } else { "redis" }
-                )),
-                "cluster" => Some(format!(
-                    "{}+cluster://{userinfo}{url}",
-                    if tls { "rediss" } else { "redis" }
-                )),
-                _ => {
-                    out.notes.push(format!(
-                        "REDIS_TYPE={kind} is not supported (single or cluster): REDIS_URL ignored"
-                    ));
-                    None
-                }
-            }
-        };
-        if let Some(url) = translated {
-            map("REDIS_URL", "SLUICE_REDIS_URL", url, &mut out);
-        }
-    }
-    if let Some(password) = auth_password {
-        map("REDIS_AUTH", "SLUICE_REDIS_PASSWORD", password, &mut out);
-    }
-    if let Some(ca) = get("REDIS_TLS_CACERT").filter(|c| !c.is_empty()) {
-        map("REDIS_TLS_CACERT", "SLUICE_REDIS_CA_FILE", ca, &mut out);
-    }
-    if let Some(size) = get("REDIS_POOL_SIZE") {
-        map("REDIS_POOL_SIZE", "SLUICE_REDIS_POOL_SIZE", size, &mut out);
-    }
-    // Its 0 (the default) means "no implicit pipelining" there; sluice's batching adds no wait,
-    // so only an explicit limit is carried over.
-    if let Some(limit) = get("REDIS_PIPELINE_LIMIT").filter(|l| l.trim() != "0" && !l.is_empty()) {
-        map(
-            "REDIS_PIPELINE_LIMIT",
-            "SLUICE_REDIS_BATCH_MAX",
-            limit,
-            &mut out,
-        );
-    }
+    redis::translate(get, &mut out);
     if from_xds {
         for name in ["RUNTIME_ROOT", "RUNTIME_WATCH_ROOT"] {
             if get(name).is_some() {
@@ -275,11 +171,6 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             "SLUICE_WATCH_CONFIG",
             watch.to_string(),
             &mut out,
-        );
-    }
-    if get("RUNTIME_IGNOREDOTFILES").is_some() {
-        out.notes.push(
-            "RUNTIME_IGNOREDOTFILES: always on: entries starting with `.` are never loaded".into(),
         );
     }
     if get("GRPC_PORT").is_some() || get("GRPC_HOST").is_some() {
@@ -318,15 +209,8 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             &mut out,
         );
     }
-    if let Some(on) = flag("LIMIT_RESPONSE_HEADERS_ENABLED", &mut out) {
-        let style = if on { "draft" } else { "none" };
-        map(
-            "LIMIT_RESPONSE_HEADERS_ENABLED",
-            "SLUICE_RESPONSE_HEADERS",
-            style.to_owned(),
-            &mut out,
-        );
-    }
+    headers::translate(get, &map, &flag, &mut out);
+    otel::translate(get, &map, &flag, &mut out);
     if let Some(bytes) = get("LOCAL_CACHE_SIZE_IN_BYTES") {
         match bytes.trim().parse::<u64>() {
             Ok(bytes) => map(
@@ -365,6 +249,13 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
         }
     }
     out
+}
+
+/// [`translate`] of a fixed environment, for tests.
+#[cfg(test)]
+fn translate_pairs(vars: &[(&str, &str)]) -> Translation {
+    let env: BTreeMap<&str, &str> = vars.iter().copied().collect();
+    translate(&|name| env.get(name).map(|v| (*v).to_owned()))
 }
 
 #[cfg(test)]
@@ -417,32 +308,9 @@ mod tests {
             assert_eq!(t.set.get(k).map(String::as_str), Some(v), "{k}: {t:#?}");
         }
         assert_eq!(t.set.len(), expect.len(), "{t:#?}");
-        assert_eq!(t.notes.len(), 1, "{t:#?}");
-        assert!(t.notes[0].starts_with("USE_STATSD is not supported"));
-    }
-
-    #[test]
-    fn cluster_tls_auth_and_unix_sockets() {
-        let t = run(&[
-            ("REDIS_TYPE", "CLUSTER"),
-            ("REDIS_URL", "h1:7000,h2:7001"),
-            ("REDIS_TLS", "true"),
-            ("REDIS_AUTH", "app:s3cret"),
-        ]);
-        assert_eq!(
-            t.set["SLUICE_REDIS_URL"],
-            "rediss+cluster://app@h1:7000,h2:7001"
-        );
-        assert_eq!(t.set["SLUICE_REDIS_PASSWORD"], "s3cret");
-        let t = run(&[("REDIS_URL", "/var/run/redis.sock"), ("REDIS_AUTH", "pw")]);
-        assert_eq!(
-            t.set["SLUICE_REDIS_URL"],
-            "redis+unix:///var/run/redis.sock"
-        );
-        assert_eq!(t.set["SLUICE_REDIS_PASSWORD"], "pw");
-        let t = run(&[("REDIS_TYPE", "SENTINEL"), ("REDIS_URL", "m,h:1")]);
-        assert!(t.set.is_empty());
-        assert!(t.notes[0].contains("SENTINEL is not supported"), "{t:#?}");
+        // USE_STATSD=false asks for nothing sluice does.
+        assert!(t.notes.is_empty(), "{t:#?}");
+        assert!(t.errors.is_empty(), "{t:#?}");
     }
 
     #[test]

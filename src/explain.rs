@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use crate::config::{Config, HeaderFormat, LimitSpec, MatchKind, TraceEnd};
 use crate::decision::{self, Descriptor, Outcome, Request, Resolution};
 use crate::descriptor::Entry;
+use crate::limiter::OverLimit;
 
 /// Parses one descriptor written as `key=value[,key=value...]`. A value may contain `=`; keys
 /// and values cannot contain `,` in this syntax.
@@ -146,9 +147,13 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 } else {
                     ""
                 };
+                let over_limit = match hit.over_limit {
+                    OverLimit::Fill => String::new(),
+                    other => format!(", over limit: {}", other.name()),
+                };
                 let _ = writeln!(
                     out,
-                    "  result: limit {} per {}{name} from rule {rule_text}{mode}",
+                    "  result: limit {} per {}{name} from rule {rule_text}{mode}{over_limit}",
                     limit.requests_per_unit, limit.unit
                 );
                 let _ = writeln!(

@@ -13,7 +13,9 @@
 //! not `none`) are candidates; the chosen one's format and `hide_remaining` apply.
 //!
 //! Formats (whole seconds, rounded up, as for `duration_until_reset`):
-//! - `legacy`: `X-RateLimit-Limit: 3`, `X-RateLimit-Remaining: 1`, `X-RateLimit-Reset: 60`.
+//! - `legacy`: `X-RateLimit-Limit: 3`, `X-RateLimit-Remaining: 1`, `X-RateLimit-Reset: 60`, under
+//!   the names the deployment chose ([`LegacyNames`]: envoyproxy/ratelimit lets its users rename
+//!   them, so the names are passed in, validated once at start-up).
 //! - `draft` (draft-ietf-httpapi-ratelimit-headers, structured fields): `RateLimit-Policy:
 //!   "default";q=3;w=60` and `RateLimit: "default";r=1;t=60`; the policy name is the rule's
 //!   `rate_limit.name`, else `default`.
@@ -26,8 +28,76 @@
 use crate::config::HeaderFormat;
 use crate::decision::{Decision, Outcome, Verdict};
 
-/// Builds the response headers for a decision, in a fixed order.
-pub fn response_headers(decision: &Decision) -> Vec<(String, String)> {
+/// Default names of the `legacy` style's headers.
+pub const DEFAULT_LIMIT_HEADER: &str = "X-RateLimit-Limit";
+pub const DEFAULT_REMAINING_HEADER: &str = "X-RateLimit-Remaining";
+pub const DEFAULT_RESET_HEADER: &str = "X-RateLimit-Reset";
+
+/// The names of the `legacy` style's three headers. Built only through [`LegacyNames::new`], so
+/// every value is a valid and distinct HTTP header name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegacyNames {
+    limit: String,
+    remaining: String,
+    reset: String,
+}
+
+impl Default for LegacyNames {
+    fn default() -> Self {
+        LegacyNames {
+            limit: DEFAULT_LIMIT_HEADER.into(),
+            remaining: DEFAULT_REMAINING_HEADER.into(),
+            reset: DEFAULT_RESET_HEADER.into(),
+        }
+    }
+}
+
+impl LegacyNames {
+    /// The three names, or why they cannot be used: each must be an HTTP header name, and no
+    /// two of them (nor `Retry-After`, which sluice adds itself) the same, ignoring case.
+    pub fn new(limit: &str, remaining: &str, reset: &str) -> Result<Self, String> {
+        let roles = [("limit", limit), ("remaining", remaining), ("reset", reset)];
+        for (role, name) in roles {
+            check_header_name(name).map_err(|why| format!("the {role} header: {why}"))?;
+        }
+        for (i, (role, name)) in roles.iter().enumerate() {
+            if name.eq_ignore_ascii_case("Retry-After") {
+                return Err(format!(
+                    "the {role} header cannot be `{name}`: sluice sends Retry-After itself"
+                ));
+            }
+            if let Some((other, _)) = roles[i + 1..]
+                .iter()
+                .find(|(_, n)| n.eq_ignore_ascii_case(name))
+            {
+                return Err(format!(
+                    "the {role} and {other} headers have the same name `{name}`"
+                ));
+            }
+        }
+        Ok(LegacyNames {
+            limit: limit.into(),
+            remaining: remaining.into(),
+            reset: reset.into(),
+        })
+    }
+}
+
+/// `Ok` when `name` is an HTTP field name (RFC 9110: a non-empty token of letters, digits and
+/// ``!#$%&'*+-.^_`|~``), else why not; Envoy and clients would reject anything else.
+pub fn check_header_name(name: &str) -> Result<(), String> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if !name.is_empty() && name.bytes().all(token) {
+        return Ok(());
+    }
+    Err(format!(
+        "{name:?} is not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)"
+    ))
+}
+
+/// Builds the response headers for a decision, in a fixed order; `legacy` headers take the
+/// names in `names`.
+pub fn response_headers(decision: &Decision, names: &LegacyNames) -> Vec<(String, String)> {
     let Some(chosen) = tightest(&decision.verdicts) else {
         return Vec::new();
     };
@@ -41,14 +111,11 @@ pub fn response_headers(decision: &Decision) -> Vec<(String, String)> {
     match chosen.headers.format {
         HeaderFormat::None => return Vec::new(),
         HeaderFormat::Legacy => {
-            out.push((
-                "X-RateLimit-Limit".into(),
-                limit.requests_per_unit.to_string(),
-            ));
+            out.push((names.limit.clone(), limit.requests_per_unit.to_string()));
             if !hide {
-                out.push(("X-RateLimit-Remaining".into(), chosen.remaining.to_string()));
+                out.push((names.remaining.clone(), chosen.remaining.to_string()));
             }
-            out.push(("X-RateLimit-Reset".into(), reset.to_string()));
+            out.push((names.reset.clone(), reset.to_string()));
         }
         HeaderFormat::Draft => {
             let name = sf_string(limit.name.as_deref().unwrap_or("default"));
@@ -184,7 +251,7 @@ mod tests {
             false,
         )]);
         assert_eq!(
-            pairs(&response_headers(&ok)),
+            pairs(&response_headers(&ok, &LegacyNames::default())),
             [
                 ("X-RateLimit-Limit", "3"),
                 ("X-RateLimit-Remaining", "2"),
@@ -194,7 +261,10 @@ mod tests {
         let mut over = verdict(Outcome::Rejected, 3, 0, 1_500, HeaderFormat::Draft, false);
         over.limit.as_mut().unwrap().name = Some("per \"user\"".into());
         assert_eq!(
-            pairs(&response_headers(&decision(vec![over]))),
+            pairs(&response_headers(
+                &decision(vec![over]),
+                &LegacyNames::default()
+            )),
             [
                 ("RateLimit-Policy", r#""per \"user\"";q=3;w=60"#),
                 ("RateLimit", r#""per \"user\"";r=0;t=2"#),
@@ -214,7 +284,7 @@ mod tests {
             true,
         )]);
         assert_eq!(
-            pairs(&response_headers(&legacy)),
+            pairs(&response_headers(&legacy, &LegacyNames::default())),
             [
                 ("X-RateLimit-Limit", "5"),
                 ("X-RateLimit-Reset", "0"),
@@ -230,7 +300,7 @@ mod tests {
             true,
         )]);
         assert_eq!(
-            pairs(&response_headers(&draft)),
+            pairs(&response_headers(&draft, &LegacyNames::default())),
             [("RateLimit-Policy", "\"default\";q=5;w=60")]
         );
     }
@@ -268,7 +338,7 @@ mod tests {
             HeaderFormat::None,
             false,
         )]);
-        assert!(response_headers(&none).is_empty());
+        assert!(response_headers(&none, &LegacyNames::default()).is_empty());
         let shadow = decision(vec![verdict(
             Outcome::ShadowRejected,
             1,
@@ -277,6 +347,52 @@ mod tests {
             HeaderFormat::Legacy,
             false,
         )]);
-        assert!(response_headers(&shadow).is_empty());
+        assert!(response_headers(&shadow, &LegacyNames::default()).is_empty());
+    }
+
+    #[test]
+    fn legacy_headers_take_the_names_given() {
+        let names = LegacyNames::new("RateLimit-Limit", "RateLimit-Remaining", "X-Reset").unwrap();
+        let over = decision(vec![verdict(
+            Outcome::Rejected,
+            3,
+            0,
+            1_500,
+            HeaderFormat::Legacy,
+            false,
+        )]);
+        assert_eq!(
+            pairs(&response_headers(&over, &names)),
+            [
+                ("RateLimit-Limit", "3"),
+                ("RateLimit-Remaining", "0"),
+                ("X-Reset", "2"),
+                ("Retry-After", "2")
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_or_clashing_names_are_refused() {
+        for bad in [
+            "",
+            "X RateLimit",
+            "X-Limit:",
+            "Limit\r\n",
+            "Grenzwert-ü",
+            ":status",
+        ] {
+            let err = LegacyNames::new(bad, "R", "T").unwrap_err();
+            assert!(err.starts_with("the limit header: "), "{bad:?}: {err}");
+            assert!(err.contains("not a valid HTTP header name"), "{err}");
+        }
+        let err = LegacyNames::new("L", "x-limit-r", "X-Limit-R").unwrap_err();
+        assert_eq!(
+            err,
+            "the remaining and reset headers have the same name `x-limit-r`"
+        );
+        let err = LegacyNames::new("L", "R", "retry-after").unwrap_err();
+        assert!(err.contains("sends Retry-After itself"), "{err}");
+        assert!(LegacyNames::new("x_limit", "X.Remaining", "reset~1").is_ok());
     }
 }

@@ -4,9 +4,9 @@
 //! (backend unavailable); `GET /rlconfig` lists the loaded rules as text.
 //!
 //! Why JSON -> proto -> [`crate::rls`]: the gRPC face goes through the same proto types and the
-//! same call ([`rls::should_rate_limit`]: proto <-> domain mapping, validation, the engine, the
-//! observer, the one error -> status map), so a request means the same thing on both faces and
-//! shows on the same metrics. This file only speaks JSON: both lowerCamelCase and the proto's
+//! same call ([`Handler::should_rate_limit`]: proto <-> domain mapping, validation, the engine, the
+//! observer and tracer, the one error -> status map), so a request means the same thing on both
+//! faces and shows on the same metrics and traces. This file only speaks JSON: both lowerCamelCase and the proto's
 //! snake_case field names are accepted, and 64-bit numbers as JSON numbers or strings, as
 //! protobuf's JSON mapping allows; the HTTP status follows the gRPC code.
 
@@ -15,15 +15,14 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
-use crate::decision::Engine;
-use crate::metrics::Observer;
+use crate::otel::Face;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
@@ -32,46 +31,45 @@ use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::rls;
+use crate::rls::Handler;
 
 /// Bodies above this are refused before parsing; a RateLimitRequest is tiny.
 const MAX_BODY_BYTES: usize = 1 << 20;
 
-#[derive(Clone)]
-struct ApiState {
-    engine: Arc<Engine>,
-    observer: Arc<Observer>,
-}
-
-/// `/json` decides through `engine` and records each call on `observer`, as gRPC does.
-pub fn router(engine: Arc<Engine>, observer: Arc<Observer>) -> Router {
+/// `/json` answers through `handler`, as gRPC does; `/rlconfig` lists its engine's rules.
+pub fn router(handler: Arc<Handler>) -> Router {
     Router::new()
         .route("/json", post(json_decision))
         .route("/rlconfig", get(rlconfig))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(ApiState { engine, observer })
+        .with_state(handler)
 }
 
-async fn rlconfig(State(state): State<ApiState>) -> impl IntoResponse {
+async fn rlconfig(State(handler): State<Arc<Handler>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        state.engine.config().describe(),
+        handler.engine().config().describe(),
     )
 }
 
-async fn json_decision(State(state): State<ApiState>, body: Bytes) -> Response {
+async fn json_decision(
+    State(handler): State<Arc<Handler>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let started = Instant::now();
-    let request = serde_json::from_slice::<JsonRequest>(&body)
-        .map_err(|err| format!("invalid JSON body: {err}"))
-        .and_then(JsonRequest::into_proto);
+    let request = parse(&body).and_then(JsonRequest::into_proto);
     let request = match request {
         Ok(request) => request,
         Err(message) => {
-            state.observer.record_unmappable(started.elapsed());
+            handler.observer().record_unmappable(started.elapsed());
             return error(StatusCode::BAD_REQUEST, &message);
         }
     };
-    match rls::should_rate_limit(&state.engine, &state.observer, request).await {
+    match handler
+        .should_rate_limit(Face::Json, &headers, request)
+        .await
+    {
         Ok(response) => {
             let status = if response.overall_code == Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS
@@ -82,6 +80,22 @@ async fn json_decision(State(state): State<ApiState>, body: Bytes) -> Response {
         }
         Err(status) => error(http_status(status.code()), status.message()),
     }
+}
+
+/// The body as a request, or what is wrong with it, naming the field (`descriptors[0].entries[1]
+/// .value: invalid unicode code point at line 1 column 80`).
+fn parse(body: &[u8]) -> Result<JsonRequest, String> {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    let request: JsonRequest = serde_path_to_error::deserialize(&mut json).map_err(|err| {
+        let path = err.path().to_string();
+        match path.as_str() {
+            "." => format!("invalid JSON body: {}", err.inner()),
+            _ => format!("invalid JSON body: {path}: {}", err.inner()),
+        }
+    })?;
+    json.end()
+        .map_err(|err| format!("invalid JSON body: {err}"))?;
+    Ok(request)
 }
 
 /// The HTTP status of a gRPC error code, as envoyproxy/ratelimit's `/json` answers: 400 for a
@@ -366,6 +380,24 @@ descriptors:
             http_status(tonic::Code::Unavailable),
             StatusCode::SERVICE_UNAVAILABLE
         );
+    }
+
+    #[test]
+    fn undecodable_strings_are_named() {
+        let mut body =
+            br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"x"#.to_vec();
+        body.extend_from_slice(&[0xff, 0xfe]);
+        body.extend_from_slice(br#""}]}]}"#);
+        let err = parse(&body).err().unwrap();
+        assert!(
+            err.starts_with("invalid JSON body: descriptors[0].entries[0].value: "),
+            "{err}"
+        );
+        let surrogate = br#"{"domain":"\ud800"}"#;
+        let err = parse(surrogate).err().unwrap();
+        assert!(err.starts_with("invalid JSON body: domain: "), "{err}");
+        let err = parse(br#"{"domain":"d"} trailing"#).err().unwrap();
+        assert!(err.starts_with("invalid JSON body: trailing"), "{err}");
     }
 
     #[test]

@@ -5,14 +5,17 @@
 //! - [`config`]: envoyproxy/ratelimit's YAML -> validated lookup tree of rules.
 //! - [`descriptor`]: request descriptor entries -> limiter keys (one pure function).
 //! - [`limiter`]: the `Limiter` trait and its semantics; pure models with `now` passed in
-//!   (`log`, `window`, `algorithms`); the `memory` and `redis` (standalone and cluster)
+//!   (`log`, `window`, `algorithms`); the `memory` and `redis` (standalone, Sentinel, cluster)
 //!   backends; the `guard` (deadline, in-flight bound) and `cache` (local rejections) decorators.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor
 //!   verdicts (types, input limits, rule resolution, engine).
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
+//! - [`otel`]: OpenTelemetry traces: a span per decision under the caller's `traceparent`, a
+//!   child per backend call (the tracer the faces hold and the backend decorator), OTLP export.
 //! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
-//! - [`service`]: the gRPC face (tonic adapter only); [`http_api`]: envoyproxy/ratelimit's HTTP
+//! - [`service`]: the gRPC face (tonic adapter only), [`codec`] its message decoding (a request
+//!   that does not decode is `INVALID_ARGUMENT`); [`http_api`]: envoyproxy/ratelimit's HTTP
 //!   face on the admin port (POST /json, GET /rlconfig); [`admin`]: /healthz, /readyz, /metrics.
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
@@ -21,6 +24,12 @@
 //!   valid config it pushes (ACK), keeping the previous one on an invalid push (NACK).
 //! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
 //!   Redis Cluster) with its guard and rejection cache, metrics recorder.
+//! - [`listen`]: accepting on both ports within limits (connections, first bytes, idle time,
+//!   no spin when file descriptors run out).
+//! - [`logging`]: the log subscriber `sluice serve` installs, with per-connection warnings of
+//!   the HTTP/2 stack rate-limited.
+//! - [`tls`]: the gRPC server's TLS: certificates and client CAs from files, reloaded when they
+//!   change, client certificates verified.
 //! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
@@ -28,6 +37,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod codec;
 pub mod compat;
 pub mod config;
 pub mod decision;
@@ -36,13 +46,17 @@ pub mod explain;
 pub mod headers;
 pub mod http_api;
 pub mod limiter;
+pub mod listen;
+pub mod logging;
 pub mod metrics;
+pub mod otel;
 pub mod proto;
 pub mod reload;
 pub mod rls;
 pub mod server;
 pub mod service;
 pub mod sync;
+pub mod tls;
 pub mod xds;
 
 pub use app::Settings;

@@ -10,14 +10,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use sluice::app::{self, BackendSettings, ConfigSource, Settings};
-use sluice::config::{HeaderFormat, HeaderPolicy, LoadOptions};
+use sluice::config::{ConfigLimits, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
+use sluice::headers::{self, LegacyNames};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
 use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
+use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
+use sluice::tls::TlsSettings;
 use sluice::xds::{ClientTls, XdsSettings};
 use sluice::{run, Listeners};
 
@@ -48,6 +52,8 @@ enum Command {
         /// Merge files that name the same domain instead of rejecting them.
         #[arg(long, env = "SLUICE_MERGE_DOMAIN_CONFIG")]
         merge_domain_config: bool,
+        #[command(flatten)]
+        limits: ConfigLimitArgs,
     },
     /// Show which rule governs each descriptor of a request and why, and the limiter key it
     /// would use, without touching any backend.
@@ -62,6 +68,35 @@ enum Command {
         #[arg(required = true)]
         descriptors: Vec<String>,
     },
+}
+
+/// What a config may cost to read (docs/security.md, "Config limits"): `serve` (start-up and
+/// every reload) and `check-config` take the same flags.
+#[derive(clap::Args)]
+struct ConfigLimitArgs {
+    /// Bytes the config may hold, all of its files together.
+    #[arg(long, env = "SLUICE_MAX_CONFIG_BYTES", default_value_t = ConfigLimits::DEFAULT_MAX_BYTES)]
+    max_config_bytes: u64,
+    /// YAML nodes (scalars, sequences, mappings, aliases expanded) one config file may hold.
+    #[arg(long, env = "SLUICE_MAX_YAML_NODES", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_NODES)]
+    max_yaml_nodes: usize,
+    /// YAML nesting levels one config file may use (1 to 1024).
+    #[arg(long, env = "SLUICE_MAX_YAML_DEPTH", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_DEPTH, value_parser = parse_depth)]
+    max_yaml_depth: usize,
+    /// Aliases per anchor one config file may use, once it has 100 aliases.
+    #[arg(long, env = "SLUICE_MAX_YAML_ALIASES_PER_ANCHOR", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_ALIASES_PER_ANCHOR)]
+    max_yaml_aliases_per_anchor: usize,
+}
+
+impl ConfigLimitArgs {
+    fn limits(&self) -> ConfigLimits {
+        ConfigLimits {
+            max_bytes: self.max_config_bytes,
+            max_yaml_nodes: self.max_yaml_nodes,
+            max_yaml_depth: self.max_yaml_depth,
+            max_yaml_aliases_per_anchor: self.max_yaml_aliases_per_anchor,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -126,9 +161,50 @@ struct ServeArgs {
     /// POST /json and GET /rlconfig.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     admin_addr: SocketAddr,
-    /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), or a cluster:
-    /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS).
-    /// Without it the embedded in-memory backend serves (one instance only).
+    /// PEM certificate chain of the gRPC server: with --grpc-tls-key, the gRPC port (RLS,
+    /// health, reflection) speaks TLS only. Reloaded when the file changes.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_CERT",
+        value_name = "PEM",
+        requires = "grpc_tls_key"
+    )]
+    grpc_tls_cert: Option<PathBuf>,
+    /// PEM private key of --grpc-tls-cert.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_TLS_KEY",
+        value_name = "PEM",
+        requires = "grpc_tls_cert"
+    )]
+    grpc_tls_key: Option<PathBuf>,
+    /// PEM CA file(s), comma-separated: every gRPC client must present a certificate one of
+    /// them signs. Reloaded when a file changes.
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_CLIENT_CA",
+        value_name = "PEM",
+        value_delimiter = ',',
+        requires = "grpc_tls_cert"
+    )]
+    grpc_client_ca: Vec<PathBuf>,
+    /// A DNS name or IP address the client certificate must carry (with --grpc-client-ca).
+    #[arg(
+        long,
+        env = "SLUICE_GRPC_CLIENT_SAN",
+        value_name = "NAME",
+        requires = "grpc_client_ca"
+    )]
+    grpc_client_san: Option<String>,
+    /// Address of an extra HTTP listener serving only /metrics (envoyproxy/ratelimit's
+    /// PROMETHEUS_ADDR); /metrics stays on the admin port too.
+    #[arg(long, env = "SLUICE_METRICS_ADDR")]
+    metrics_addr: Option<SocketAddr>,
+    /// Redis URL: redis://[user[:password]@]host:port[/db] (rediss:// for TLS), a cluster:
+    /// redis+cluster://[user[:password]@]host1:port1,host2:port2 (rediss+cluster:// for TLS), or
+    /// the primary Sentinel names: redis+sentinel://[user[:password]@]host1:port1,host2:port2/
+    /// master-name (rediss+sentinel:// for TLS). Without it the embedded in-memory backend serves
+    /// (one instance only), and no other --redis-* setting may be given.
     #[arg(long, env = "SLUICE_REDIS_URL")]
     redis_url: Option<String>,
     /// PEM file of the CA that signs the Redis server certificate (rediss only; default: the
@@ -140,6 +216,26 @@ struct ServeArgs {
     /// lines and manifests.
     #[arg(long, env = "SLUICE_REDIS_PASSWORD_FILE")]
     redis_password_file: Option<PathBuf>,
+    /// PEM file of the client certificate (chain) presented to Redis, for servers that verify
+    /// clients (rediss only; with --redis-tls-key).
+    #[arg(long, env = "SLUICE_REDIS_TLS_CERT")]
+    redis_tls_cert: Option<PathBuf>,
+    /// PEM file of the private key of --redis-tls-cert.
+    #[arg(long, env = "SLUICE_REDIS_TLS_KEY")]
+    redis_tls_key: Option<PathBuf>,
+    /// ACL user the sentinels are asked as (redis+sentinel only; default: no user).
+    #[arg(long, env = "SLUICE_REDIS_SENTINEL_USER")]
+    redis_sentinel_user: Option<String>,
+    /// File holding the sentinels' own password (redis+sentinel only); wins over
+    /// SLUICE_REDIS_SENTINEL_PASSWORD. The primary's password is --redis-password-file's.
+    #[arg(long, env = "SLUICE_REDIS_SENTINEL_PASSWORD_FILE")]
+    redis_sentinel_password_file: Option<PathBuf>,
+    /// Replicas that must acknowledge each script call's writes (Redis WAIT, pipelined behind
+    /// it) before its decisions are answered; fewer within the backend deadline fail the call
+    /// (--on-backend-error answers). Keeps a failover from losing admitted entries; costs the
+    /// replicas' acknowledgement on every call (docs/redis.md, "WAIT"). 0: no WAIT.
+    #[arg(long, env = "SLUICE_REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    redis_wait_replicas: u32,
     /// Redis connections kept open (multiplexed, round-robin). Two by default: concurrent
     /// decisions share script calls per connection, and fewer connections make fuller calls
     /// (docs/performance.md, "Connections").
@@ -178,6 +274,15 @@ struct ServeArgs {
     /// `response_headers` of its own.
     #[arg(long, env = "SLUICE_RESPONSE_HEADERS", default_value = "none", value_parser = parse_header_format)]
     response_headers: HeaderFormat,
+    /// Name of the `legacy` style's header carrying the limit.
+    #[arg(long, env = "SLUICE_LEGACY_LIMIT_HEADER", value_name = "NAME", default_value = headers::DEFAULT_LIMIT_HEADER, value_parser = parse_header_name)]
+    legacy_limit_header: String,
+    /// Name of the `legacy` style's header carrying the remaining hits.
+    #[arg(long, env = "SLUICE_LEGACY_REMAINING_HEADER", value_name = "NAME", default_value = headers::DEFAULT_REMAINING_HEADER, value_parser = parse_header_name)]
+    legacy_remaining_header: String,
+    /// Name of the `legacy` style's header carrying the seconds until the window frees a slot.
+    #[arg(long, env = "SLUICE_LEGACY_RESET_HEADER", value_name = "NAME", default_value = headers::DEFAULT_RESET_HEADER, value_parser = parse_header_name)]
+    legacy_reset_header: String,
     /// Global shadow mode: every limit is evaluated and reported, but every request is
     /// answered OK overall.
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
@@ -223,12 +328,72 @@ struct ServeArgs {
     /// Longest descriptor entry value accepted, in bytes.
     #[arg(long, env = "SLUICE_MAX_VALUE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_VALUE_BYTES)]
     max_value_bytes: usize,
-    /// Largest hits_addend accepted (request or descriptor level).
+    /// Largest hits_addend accepted (request or descriptor level). A request's hits are one
+    /// log entry whatever their number: this bounds what one request may claim of a limit.
     #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = InputLimits::DEFAULT_MAX_HITS_ADDEND)]
     max_hits_addend: u64,
     /// Largest encoded gRPC request accepted, in bytes (refused before decoding).
     #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
+    /// Connections open at once on the gRPC port; one more is closed at once.
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_GRPC_MAX_CONNECTIONS)]
+    grpc_max_connections: usize,
+    /// Calls (HTTP/2 streams) open at once on one gRPC connection
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM.
+    #[arg(long, env = "SLUICE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = PortLimits::DEFAULT_GRPC_MAX_CONCURRENT_STREAMS)]
+    grpc_max_concurrent_streams: u32,
+    /// Connections open at once on the admin port; one more is closed at once.
+    #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_ADMIN_MAX_CONNECTIONS)]
+    admin_max_connections: usize,
+    /// Milliseconds a client has to send a request: the HTTP/2 preface after connecting and
+    /// each gRPC call until answered; on the admin port the request head, then the body.
+    #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+    request_timeout_ms: u64,
+    /// Milliseconds a connection may stay open with nothing sent by the client (either port).
+    #[arg(long, env = "SLUICE_IDLE_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_IDLE_TIMEOUT.as_millis() as u64)]
+    idle_timeout_ms: u64,
+    #[command(flatten)]
+    config_limits: ConfigLimitArgs,
+    #[command(flatten)]
+    tracing: sluice::otel::TracingArgs,
+}
+
+/// The `serve` arguments that only mean something with a Redis URL.
+const REDIS_ONLY: &[&str] = &[
+    "redis_ca_file",
+    "redis_password_file",
+    "redis_tls_cert",
+    "redis_tls_key",
+    "redis_sentinel_user",
+    "redis_sentinel_password_file",
+    "redis_pool_size",
+    "redis_batch_max",
+    "redis_wait_replicas",
+];
+
+/// The variables that carry Redis secrets (no flag on purpose).
+const REDIS_SECRETS: &[&str] = &["SLUICE_REDIS_PASSWORD", "SLUICE_REDIS_SENTINEL_PASSWORD"];
+
+/// The Redis-only settings given (on the command line or in the environment, not defaults),
+/// as `--flag` or `VARIABLE` names.
+fn redis_settings_given(matches: &ArgMatches) -> Vec<String> {
+    let flags = REDIS_ONLY
+        .iter()
+        .filter(|id| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|id| {
+            let flag = id.replace('_', "-");
+            format!("--{flag} (SLUICE_{})", id.to_ascii_uppercase())
+        });
+    let secrets = REDIS_SECRETS
+        .iter()
+        .filter(|name| std::env::var(name).is_ok_and(|v| !v.is_empty()))
+        .map(|name| name.to_string());
+    flags.chain(secrets).collect()
 }
 
 impl ServeArgs {
@@ -289,21 +454,41 @@ impl ServeArgs {
         Ok(ConfigSource::Files(path.clone()))
     }
 
-    /// The settings these flags describe; reads the Redis password file (or
-    /// `SLUICE_REDIS_PASSWORD`).
-    fn settings(&self) -> Result<Settings, app::StartError> {
-        let load = load_options(self.merge_domain_config, self.response_headers);
+    /// The settings these flags describe; reads the Redis password files (or
+    /// `SLUICE_REDIS_PASSWORD`, `SLUICE_REDIS_SENTINEL_PASSWORD`). `redis_given` names the
+    /// Redis-only settings given, refused without a Redis URL.
+    fn settings(&self, redis_given: &[String]) -> Result<Settings, app::StartError> {
+        let load = load_options(
+            self.merge_domain_config,
+            self.response_headers,
+            self.config_limits.limits(),
+        );
         let redis = match &self.redis_url {
             Some(url) => Some(RedisOptions {
                 ca_file: self.redis_ca_file.clone(),
+                client_cert: app::client_cert(
+                    self.redis_tls_cert.clone(),
+                    self.redis_tls_key.clone(),
+                )?,
                 password: app::redis_password(
                     self.redis_password_file.as_deref(),
                     std::env::var("SLUICE_REDIS_PASSWORD").ok(),
                 )?,
+                sentinel_user: self.redis_sentinel_user.clone(),
+                sentinel_password: app::sentinel_password(
+                    self.redis_sentinel_password_file.as_deref(),
+                    std::env::var("SLUICE_REDIS_SENTINEL_PASSWORD").ok(),
+                )?,
                 pool_size: self.redis_pool_size,
                 batch_max: self.redis_batch_max,
+                wait_replicas: self.redis_wait_replicas,
                 ..RedisOptions::new(url)
             }),
+            None if !redis_given.is_empty() => {
+                return Err(app::StartError::RedisSettingWithoutUrl(
+                    redis_given.join(", "),
+                ))
+            }
             None => None,
         };
         Ok(Settings {
@@ -337,24 +522,81 @@ impl ServeArgs {
             watch_interval: self
                 .watch_config
                 .then(|| Duration::from_millis(self.watch_interval_ms)),
+            ports: PortLimits {
+                grpc_max_connections: self.grpc_max_connections,
+                grpc_max_concurrent_streams: self.grpc_max_concurrent_streams,
+                admin_max_connections: self.admin_max_connections,
+                request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
+                idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
+            },
+            grpc_tls: self.grpc_tls(),
+            tracing: self.tracing.settings(),
+            legacy_names: LegacyNames::new(
+                &self.legacy_limit_header,
+                &self.legacy_remaining_header,
+                &self.legacy_reset_header,
+            )
+            .map_err(app::StartError::LegacyHeaders)?,
         })
     }
+}
+
+impl ServeArgs {
+    /// The gRPC server's TLS, its files checked as often as the config's (even when the config
+    /// is not watched: a rotated Secret must be picked up).
+    fn grpc_tls(&self) -> Option<TlsSettings> {
+        let (cert, key) = (self.grpc_tls_cert.clone()?, self.grpc_tls_key.clone()?);
+        Some(TlsSettings {
+            client_ca: self.grpc_client_ca.clone(),
+            client_san: self.grpc_client_san.clone(),
+            reload_interval: Duration::from_millis(self.watch_interval_ms),
+            ..TlsSettings::new(cert, key)
+        })
+    }
+}
+
+/// The name envoyproxy/ratelimit's image runs its binary under (`/bin/ratelimit`, which Envoy
+/// Gateway's Deployment runs with no arguments).
+const RATELIMIT_NAME: &str = "ratelimit";
+
+/// Started as `ratelimit` with no arguments: serve from the environment, as envoyproxy/ratelimit
+/// does, with its defaults for what the environment leaves unset.
+fn started_as_ratelimit() -> bool {
+    let mut args = std::env::args_os();
+    let name = args.next();
+    let named = name
+        .as_deref()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == RATELIMIT_NAME);
+    named && args.next().is_none()
 }
 
 fn main() -> ExitCode {
     // Before clap reads the environment: envoyproxy/ratelimit's variables become SLUICE_* ones
     // unless those are set. Single-threaded here, so changing the environment is sound.
-    let compat = sluice::compat::translate(&|name| std::env::var(name).ok());
+    let as_ratelimit = started_as_ratelimit();
+    let env = |name: &str| std::env::var(name).ok();
+    let compat = if as_ratelimit {
+        sluice::compat::translate(&sluice::compat::with_ratelimit_defaults(&env))
+    } else {
+        sluice::compat::translate(&env)
+    };
     for (name, value) in &compat.set {
         std::env::set_var(name, value);
     }
-    let cli = Cli::parse();
+    let matches = if as_ratelimit {
+        Cli::command().get_matches_from([RATELIMIT_NAME, "serve"])
+    } else {
+        Cli::command().get_matches()
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::CheckConfig {
             path,
             merge_domain_config,
+            limits,
         } => {
-            let options = load_options(merge_domain_config, HeaderFormat::None);
+            let options = load_options(merge_domain_config, HeaderFormat::None, limits.limits());
             match app::check_config(&path, options) {
                 Ok(summary) => {
                     println!("{summary}");
@@ -388,7 +630,17 @@ fn main() -> ExitCode {
             for note in &compat.notes {
                 tracing::warn!("envoyproxy/ratelimit variable: {note}");
             }
-            match serve(*args) {
+            if !compat.errors.is_empty() {
+                for error in &compat.errors {
+                    tracing::error!("envoyproxy/ratelimit variable: {error}");
+                }
+                return ExitCode::FAILURE;
+            }
+            let redis_given = matches
+                .subcommand_matches("serve")
+                .map(redis_settings_given)
+                .unwrap_or_default();
+            match serve(*args, &redis_given) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!("{err:#}");
@@ -399,18 +651,38 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_options(merge_domains: bool, default_headers: HeaderFormat) -> LoadOptions {
+fn load_options(
+    merge_domains: bool,
+    default_headers: HeaderFormat,
+    limits: ConfigLimits,
+) -> LoadOptions {
     LoadOptions {
         merge_domains,
         default_headers: HeaderPolicy {
             format: default_headers,
             hide_remaining: false,
         },
+        limits,
+    }
+}
+
+/// A YAML nesting limit in 1..=[`ConfigLimits::MAX_YAML_DEPTH`].
+fn parse_depth(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(depth) if (1..=ConfigLimits::MAX_YAML_DEPTH).contains(&depth) => Ok(depth),
+        _ => Err(format!(
+            "{text:?} is not a depth in 1..={}",
+            ConfigLimits::MAX_YAML_DEPTH
+        )),
     }
 }
 
 fn parse_header_format(text: &str) -> Result<HeaderFormat, String> {
     HeaderFormat::parse(text).ok_or_else(|| format!("{text:?} is not one of none, draft, legacy"))
+}
+
+fn parse_header_name(text: &str) -> Result<String, String> {
+    headers::check_header_name(text).map(|()| text.to_owned())
 }
 
 /// A ratio in (0, 1].
@@ -422,24 +694,18 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    sluice::logging::init(matches!(format, LogFormat::Json));
 }
 
 #[tokio::main]
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let settings = args.settings()?;
+async fn serve(args: ServeArgs, redis_given: &[String]) -> anyhow::Result<()> {
+    let settings = args.settings(redis_given)?;
     let server = app::assemble(settings, Some(app::install_metrics()?))?;
     let shutdown = shutdown_signal()?;
-    let listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
+    let mut listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
+    if let Some(addr) = args.metrics_addr {
+        listeners = listeners.with_metrics(addr).await?;
+    }
     run(server, listeners, shutdown).await?;
     Ok(())
 }

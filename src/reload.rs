@@ -7,7 +7,10 @@
 //! changes, and inotify on bind mounts and overlay filesystems misses events in some runtimes.
 //! Reading a few small files once a second costs nothing next to the decisions, sees every
 //! way a file can change (symlink swap, rename, in-place edit, editors' replace-on-save), and
-//! needs no extra dependency or thread.
+//! needs no extra dependency. The polls run on one thread of their own ([`spawn`]), which
+//! nothing waits for at shutdown; files are read as the loader reads them (regular files only,
+//! non-blocking, within `--max-config-bytes`), so a FIFO or a device at the path is an error at
+//! once, never a hung or endless read.
 //!
 //! Why resolve `..data` first: the kubelet may swap it between two file reads, and a directory
 //! read through it file by file could then mix two generations. When the directory has a
@@ -38,6 +41,10 @@ pub struct ReloadSettings {
     pub interval: Duration,
     /// The options the start-up config was loaded with; every reload uses the same.
     pub load_options: LoadOptions,
+    /// [`fingerprint`] of the config taken before the start-up load ([`Reloader::fingerprint`]):
+    /// a change made while sluice starts is then seen by the first poll. `None`: taken when the
+    /// watcher starts.
+    pub loaded: Option<[u8; 32]>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +83,9 @@ pub fn snapshot_source(path: &Path) -> Result<PathBuf, ReloadError> {
 
 /// A digest of what [`Config::load`] would read from `source`: every loaded file's name and
 /// bytes. A change of any file, of the set of files, or of the `..data` target changes it.
-pub fn fingerprint(source: &Path) -> Result<[u8; 32], ReloadError> {
+/// Files are read as the loader reads them (non-blocking, regular files only, at most
+/// `max_bytes` in all): one it refuses enters the digest as its refusal.
+pub fn fingerprint(source: &Path, max_bytes: u64) -> Result<[u8; 32], ReloadError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ReloadError::Io { path, source }
@@ -98,10 +107,13 @@ pub fn fingerprint(source: &Path) -> Result<[u8; 32], ReloadError> {
         files.push((String::new(), source.to_path_buf()));
     }
     let mut hasher = Sha256::new();
+    let mut budget = max_bytes;
     for (name, path) in files {
-        // A dangling link or a directory named x.yaml is skipped by the loader too.
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
+        // The loader skips a dangling link or a directory named x.yaml, and reports a FIFO, a
+        // device or a file over the budget: either way nothing more is read.
+        let bytes = match crate::config::read_config_file(&path, &mut budget, max_bytes) {
+            Ok(bytes) => bytes,
+            Err(refusal) => refusal.into_bytes(),
         };
         hasher.update((name.len() as u64).to_le_bytes());
         hasher.update(name.as_bytes());
@@ -126,31 +138,50 @@ impl Reloader {
     /// `path` is the config the engine was started with; its current content is taken as
     /// already loaded.
     pub fn new(path: PathBuf, engine: Arc<Engine>) -> Self {
-        let last = snapshot_source(&path)
-            .and_then(|source| fingerprint(&source))
-            .ok();
-        Reloader {
+        let mut reloader = Reloader {
             path,
             engine,
             options: LoadOptions::default(),
-            last,
+            last: None,
             last_failure: None,
-        }
+        };
+        reloader.last = reloader.current_print();
+        reloader
     }
 
     /// Loads every generation with `options` (as the start-up config was).
     pub fn with_options(mut self, options: LoadOptions) -> Self {
         self.options = options;
+        self.last = self.current_print();
         self
     }
 
-    /// One poll: blocking file I/O, so callers on a runtime use `spawn_blocking`.
+    /// Takes `loaded` as the fingerprint of what the engine serves (see
+    /// [`ReloadSettings::loaded`]).
+    pub fn with_loaded(mut self, loaded: [u8; 32]) -> Self {
+        self.last = Some(loaded);
+        self
+    }
+
+    fn current_print(&self) -> Option<[u8; 32]> {
+        Self::fingerprint(&self.path, &self.options)
+    }
+
+    /// The fingerprint of the config at `path` now, as a reloader with `options` takes it;
+    /// `None` when it cannot be read.
+    pub fn fingerprint(path: &Path, options: &LoadOptions) -> Option<[u8; 32]> {
+        snapshot_source(path)
+            .and_then(|source| fingerprint(&source, options.limits.max_bytes))
+            .ok()
+    }
+
+    /// One poll: blocking file I/O, never on a runtime's thread (see [`spawn`]).
     pub fn poll(&mut self) -> Poll {
         let source = match snapshot_source(&self.path) {
             Ok(source) => source,
             Err(err) => return self.reject_once(None, err),
         };
-        let print = match fingerprint(&source) {
+        let print = match fingerprint(&source, self.options.limits.max_bytes) {
             Ok(print) => print,
             Err(err) => return self.reject_once(None, err),
         };
@@ -192,38 +223,41 @@ impl Reloader {
     }
 }
 
-/// Runs [`Reloader::poll`] every `interval` until `stop` turns true, logging and counting each
-/// reload or rejection.
-pub async fn run(settings: ReloadSettings, engine: Arc<Engine>, mut stop: watch::Receiver<bool>) {
+/// Runs [`Reloader::poll`] every `interval` on a thread of its own until `stop` turns true,
+/// logging and counting each reload or rejection; returns at once.
+///
+/// Why a plain thread and not a task: a poll is blocking file I/O, and a runtime waits for its
+/// blocking tasks when it shuts down. Nothing waits for this thread: it sees `stop` after its
+/// current sleep or poll and ends, and the process exits without it, so whatever the file
+/// system does to a read can never hold up shutdown.
+pub fn spawn(settings: ReloadSettings, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
+    let started = std::thread::Builder::new()
+        .name("sluice-reload".into())
+        .spawn(move || watch_loop(settings, engine, stop));
+    if let Err(err) = started {
+        metrics::record_config_failed();
+        tracing::error!(error = %err, "cannot start the config watcher; reloads are off");
+    }
+}
+
+fn watch_loop(settings: ReloadSettings, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
     let mut reloader =
         Reloader::new(settings.path.clone(), engine).with_options(settings.load_options);
-    let mut ticker = tokio::time::interval(settings.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    if let Some(loaded) = settings.loaded {
+        reloader = reloader.with_loaded(loaded);
+    }
     tracing::info!(
         path = %settings.path.display(),
         interval_ms = settings.interval.as_millis() as u64,
         "watching the config for changes"
     );
     loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = stop.changed() => return,
+        std::thread::sleep(settings.interval);
+        // A closed channel (the server is gone) stops the watcher too.
+        if *stop.borrow() || stop.has_changed().is_err() {
+            return;
         }
-        let outcome = tokio::task::spawn_blocking(move || {
-            let poll = reloader.poll();
-            (reloader, poll)
-        })
-        .await;
-        let poll;
-        (reloader, poll) = match outcome {
-            Ok(pair) => pair,
-            Err(err) => {
-                tracing::error!(error = %err, "config reload task failed; watching stopped");
-                return;
-            }
-        };
-        report(&settings.path, poll);
+        report(&settings.path, reloader.poll());
     }
 }
 
@@ -266,6 +300,7 @@ mod tests {
     use super::*;
     use crate::limiter::memory::MemoryLimiter;
     use crate::limiter::SystemClock;
+    use crate::logging::tests::Captured;
 
     fn limits(rpu: u32) -> String {
         format!(
@@ -359,20 +394,6 @@ mod tests {
         assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
         assert_eq!(limit_of(&engine), 9);
         assert!(engine.config().has_domain("e"));
-    }
-
-    /// A `tracing` writer into a shared buffer, to read what `report` logs.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
     }
 
     /// A plain file `d.yaml` with `limits(3)`, loaded into an engine a reloader watches.

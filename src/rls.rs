@@ -5,19 +5,23 @@
 //!
 //! Why one module: the gRPC service ([`crate::service`]) and envoyproxy/ratelimit's HTTP face
 //! ([`crate::http_api`], which parses JSON into the same proto types) must mean the same thing
-//! by a request, answer it the same way and show on the same metrics. Both call
-//! [`should_rate_limit`]; neither maps, decides or records on its own.
+//! by a request, answer it the same way and show on the same metrics and traces. Both call
+//! [`Handler::should_rate_limit`]; neither maps, decides or records on its own.
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use opentelemetry::context::FutureExt as _;
 
 use tonic::Status;
 
 use crate::config::Unit;
 use crate::decision::{self, Code, Decision, DecisionError, Engine, InvalidRequest, LimitOverride};
 use crate::descriptor::Entry;
-use crate::headers;
+use crate::headers::{self, LegacyNames};
 use crate::limiter::LimiterError;
 use crate::metrics::Observer;
+use crate::otel::{Face, Tracer};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
@@ -26,26 +30,86 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-/// One ShouldRateLimit call, whichever face received it: maps the request, decides it, records
-/// it on `observer` and maps the answer back.
-pub async fn should_rate_limit(
-    engine: &Engine,
-    observer: &Observer,
-    request: RateLimitRequest,
-) -> Result<RateLimitResponse, Status> {
-    let started = Instant::now();
-    let request = match to_domain(request) {
-        Ok(request) => request,
-        Err(invalid) => {
-            observer.record_unmappable(started.elapsed());
-            return Err(invalid_argument(invalid));
+/// What both faces answer a call with: the engine, the metrics observer, the tracer (off by
+/// default) and the names of the `legacy` response headers.
+pub struct Handler {
+    engine: Arc<Engine>,
+    observer: Arc<Observer>,
+    tracer: Tracer,
+    legacy_names: LegacyNames,
+}
+
+impl Handler {
+    /// Tracing off, the default `legacy` header names.
+    pub fn new(engine: Arc<Engine>, observer: Arc<Observer>) -> Self {
+        Handler {
+            engine,
+            observer,
+            tracer: Tracer::off(),
+            legacy_names: LegacyNames::default(),
         }
-    };
-    let result = engine.decide(&request).await;
-    observer.record_request(&request, result.as_ref(), started.elapsed());
-    match result {
-        Ok(decision) => Ok(to_proto(decision)),
-        Err(err) => Err(to_status(err)),
+    }
+
+    pub fn with_tracer(mut self, tracer: Tracer) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
+    pub fn with_legacy_names(mut self, names: LegacyNames) -> Self {
+        self.legacy_names = names;
+        self
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    pub fn observer(&self) -> &Arc<Observer> {
+        &self.observer
+    }
+
+    /// One ShouldRateLimit call from `face`: maps the request, decides it, records it on the
+    /// observer and, when tracing is on, in a span under the `traceparent` of `headers` (the
+    /// call's gRPC metadata or HTTP headers), and maps the answer back.
+    pub async fn should_rate_limit(
+        &self,
+        face: Face,
+        headers: &http::HeaderMap,
+        request: RateLimitRequest,
+    ) -> Result<RateLimitResponse, Status> {
+        let started = Instant::now();
+        let span = self.tracer.start_decision(face, headers);
+        let request = match to_domain(request) {
+            Ok(request) => request,
+            Err(invalid) => {
+                self.observer.record_unmappable(started.elapsed());
+                let status = invalid_argument(invalid);
+                if let Some(span) = span {
+                    span.end_refused(&status);
+                }
+                return Err(status);
+            }
+        };
+        let result = match &span {
+            None => self.engine.decide(&request).await,
+            Some(span) => {
+                self.engine
+                    .decide(&request)
+                    .with_context(span.context())
+                    .await
+            }
+        };
+        self.observer
+            .record_request(&request, result.as_ref(), started.elapsed());
+        let answer = result.map_err(to_status);
+        if let Some(span) = span {
+            let known_domain = match &answer {
+                Ok(decision) => decision.known_domain,
+                Err(_) => self.engine.config().has_domain(&request.domain),
+            };
+            span.end(known_domain, &request, answer.as_ref());
+        }
+        answer.map(|decision| to_proto(decision, &self.legacy_names))
     }
 }
 
@@ -152,9 +216,9 @@ fn reset_duration(reset_ms: u64) -> prost_types::Duration {
     }
 }
 
-/// Domain decision -> proto response.
-pub fn to_proto(decision: Decision) -> RateLimitResponse {
-    let response_headers_to_add = headers::response_headers(&decision)
+/// Domain decision -> proto response; `legacy` headers take the names in `names`.
+pub fn to_proto(decision: Decision, names: &LegacyNames) -> RateLimitResponse {
+    let response_headers_to_add = headers::response_headers(&decision, names)
         .into_iter()
         .map(|(key, value)| HeaderValue {
             key,

@@ -6,28 +6,32 @@
 //! configured addresses and passes SIGTERM/ctrl-c. [`crate::app::assemble`] builds the
 //! settings.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;
 use crate::decision::{Engine, EngineOptions, FailurePolicy};
+use crate::headers::LegacyNames;
 use crate::http_api;
 use crate::limiter::Limiter;
+use crate::listen::{Acceptor, PortLimits};
 use crate::metrics::{self, MetricsSettings, ObservedLimiter, Observer};
+use crate::otel::{Tracer, TracingError, TracingSettings};
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::reload::{self, ReloadSettings};
+use crate::rls::Handler;
 use crate::service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
+use crate::tls::{self, ServerTls};
 use crate::xds::{self, XdsSource};
 
 /// gRPC health service name for Kubernetes liveness probes: SERVING while the process runs,
@@ -51,15 +55,25 @@ pub struct ServerSettings {
     pub xds: Option<XdsSource>,
     /// What a request gets when the backend fails.
     pub on_backend_error: FailurePolicy,
+    /// Connection and request limits of both ports.
+    pub ports: PortLimits,
+    /// TLS of the gRPC port (reloaded when its files change); `None`: plaintext.
+    pub grpc_tls: Option<Arc<ServerTls>>,
+    /// OpenTelemetry export of a span per decision; `None`: tracing off.
+    pub tracing: Option<TracingSettings>,
+    /// Names of the `legacy` response headers.
+    pub legacy_names: LegacyNames,
 }
 
-/// The two bound sockets `run` serves on.
+/// The bound sockets `run` serves on.
 #[derive(Debug)]
 pub struct Listeners {
     /// gRPC: RLS, health, reflection.
     pub grpc: TcpListener,
     /// Admin HTTP: probes, metrics, envoyproxy/ratelimit's HTTP face.
     pub admin: TcpListener,
+    /// `/metrics` alone, on a port of its own (envoyproxy/ratelimit's `PROMETHEUS_ADDR`).
+    pub metrics: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -73,7 +87,21 @@ impl Listeners {
         Ok(Listeners {
             grpc: bind("gRPC", grpc).await?,
             admin: bind("admin", admin).await?,
+            metrics: None,
         })
+    }
+
+    /// Also serves `/metrics` alone on `addr`.
+    pub async fn with_metrics(mut self, addr: SocketAddr) -> Result<Self, ServerError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|error| ServerError::Bind {
+                what: "metrics",
+                addr,
+                error,
+            })?;
+        self.metrics = Some(listener);
+        Ok(self)
     }
 
     /// Both on ephemeral loopback ports (tests).
@@ -105,10 +133,10 @@ pub enum ServerError {
     LocalAddr(std::io::Error),
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
-    #[error("admin server failed: {0}")]
-    Admin(#[source] std::io::Error),
     #[error("reflection service could not be built: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("tracing: {0}")]
+    Tracing(#[from] TracingError),
 }
 
 /// Serves until `shutdown` completes, then reports NOT_SERVING, stops accepting, lets in-flight
@@ -118,14 +146,24 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
-    tracing::info!(
-        grpc_addr = %listeners.grpc_addr().map_err(ServerError::LocalAddr)?,
-        admin_addr = %listeners.admin_addr().map_err(ServerError::LocalAddr)?,
-        "listening"
-    );
+    let grpc_tls = match &settings.grpc_tls {
+        None => "off",
+        Some(tls) if tls.verifies_clients() => "mutual",
+        Some(_) => "server",
+    };
+    let grpc_addr = listeners.grpc_addr().map_err(ServerError::LocalAddr)?;
+    let admin_addr = listeners.admin_addr().map_err(ServerError::LocalAddr)?;
+    match &listeners.metrics {
+        None => tracing::info!(%grpc_addr, %admin_addr, grpc_tls, "listening"),
+        Some(metrics) => {
+            let metrics_addr = metrics.local_addr().map_err(ServerError::LocalAddr)?;
+            tracing::info!(%grpc_addr, %admin_addr, %metrics_addr, grpc_tls, "listening")
+        }
+    }
     let Listeners {
         grpc: grpc_listener,
         admin: admin_listener,
+        metrics: metrics_listener,
     } = listeners;
     let limiter = settings.limiter.clone();
     let observer = Arc::new(Observer::new(
@@ -133,7 +171,13 @@ pub async fn run(
         settings.limiter.clone(),
     ));
     let max_message_bytes = settings.engine.limits.max_message_bytes;
-    let observed: Arc<dyn Limiter> = Arc::new(ObservedLimiter::new(settings.limiter));
+    // Started here, on the runtime that serves: the exporter's connections run on it.
+    let tracer = match &settings.tracing {
+        Some(tracing) => Tracer::start(tracing)?,
+        None => Tracer::off(),
+    };
+    let observed: Arc<dyn Limiter> =
+        Arc::new(ObservedLimiter::new(tracer.limiter(settings.limiter)));
     let engine = match &settings.xds {
         None => Engine::with_options(settings.config, observed, settings.engine),
         Some(_) => Engine::awaiting_config(observed, settings.engine),
@@ -155,9 +199,9 @@ pub async fn run(
         .await;
     probe_backend(&*limiter, &readiness, &health_reporter, true).await;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let reloader = settings
-        .reload
-        .map(|r| tokio::spawn(reload::run(r, engine.clone(), stop_rx.clone())));
+    if let Some(r) = settings.reload {
+        reload::spawn(r, engine.clone(), stop_rx.clone());
+    }
     let (applied, mut first_config) = watch::channel(settings.xds.is_none());
     let serve_before_config = match &settings.xds {
         Some(source) => source.settings.force_start,
@@ -197,22 +241,39 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    // Decisions are tiny request/response pairs: Nagle would only add latency.
-    let incoming = TcpListenerStream::new(grpc_listener).map(|conn| {
-        conn.inspect(|stream| {
-            let _ = stream.set_nodelay(true);
-        })
-    });
+    let ports = settings.ports;
+    let incoming = Acceptor::new(grpc_listener, ports.grpc(), "grpc").into_stream();
     // A message over the limit is refused by the transport before it is decoded (so before
     // anything is allocated for its fields); the connection and the server carry on.
-    let rls = RateLimitServiceServer::new(RateLimiter::new(engine.clone(), observer.clone()))
+    let handler = Arc::new(
+        Handler::new(engine, observer.clone())
+            .with_tracer(tracer.clone())
+            .with_legacy_names(settings.legacy_names),
+    );
+    let rls = RateLimitServiceServer::new(RateLimiter::new(handler.clone()))
         .max_decoding_message_size(max_message_bytes);
-    let grpc_server = tonic::transport::Server::builder()
+    // A call not answered within the request timeout (its message never sent) is cancelled,
+    // so a held stream costs its memory for a bounded time.
+    let router = tonic::transport::Server::builder()
+        .max_concurrent_streams(ports.grpc_max_concurrent_streams)
+        .timeout(ports.request_timeout)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(rls)
-        .serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone()));
+        .add_service(rls);
+    // Health and reflection share the port, and its TLS, with the RLS.
+    let grpc_server = match settings.grpc_tls {
+        None => Either::Left(
+            router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
+        ),
+        Some(server_tls) => {
+            tokio::spawn(tls::watch(server_tls.clone(), stop_rx.clone()));
+            let incoming = tls::incoming(incoming, server_tls, |s| s.peer_addr().ok());
+            Either::Right(
+                router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
+            )
+        }
+    };
     // Without a config and not forced to start, connections wait in the listen backlog until
     // the first config is applied (or shutdown).
     let gate_stop = stop_rx.clone();
@@ -227,12 +288,25 @@ pub async fn run(
         grpc_server.await
     };
 
-    // Both faces record every call on the one observer.
-    let admin_app = admin::router(readiness.clone(), settings.metrics, observer.clone())
-        .merge(http_api::router(engine, observer));
-    let admin = axum::serve(admin_listener, admin_app)
-        .with_graceful_shutdown(wait_for_stop(stop_rx.clone()))
-        .into_future();
+    // A port of its own for Prometheus, when asked for, within the admin port's limits.
+    let metrics_server = metrics_listener.map(|listener| {
+        let app = admin::metrics_router(settings.metrics.clone(), observer.clone());
+        tokio::spawn(admin::serve(
+            Acceptor::new(listener, ports.admin(), "metrics"),
+            app,
+            ports.request_timeout,
+            wait_for_stop(stop_rx.clone()),
+        ))
+    });
+    // Both faces record every call on the one observer (and tracer).
+    let admin_app = admin::router(readiness.clone(), settings.metrics, observer)
+        .merge(http_api::router(handler));
+    let admin = admin::serve(
+        Acceptor::new(admin_listener, ports.admin(), "admin"),
+        admin_app,
+        ports.request_timeout,
+        wait_for_stop(stop_rx.clone()),
+    );
 
     let drain = async {
         shutdown.await;
@@ -242,16 +316,17 @@ pub async fn run(
         let _ = stop_tx.send(true);
     };
 
-    let (grpc_result, admin_result, ()) = tokio::join!(grpc, admin, drain);
+    let (grpc_result, (), ()) = tokio::join!(grpc, admin, drain);
     prober.abort();
-    if let Some(reloader) = reloader {
-        reloader.abort();
-    }
     if let Some(client) = xds_client {
         client.abort();
     }
+    tracer.shutdown().await;
     grpc_result?;
-    admin_result.map_err(ServerError::Admin)?;
+    if let Some(server) = metrics_server {
+        // It stops with the others; a panic in it is already logged by the runtime.
+        let _ = server.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

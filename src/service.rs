@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::decision::Engine;
-use crate::metrics::Observer;
+use crate::otel::Face;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::rls;
+use crate::rls::Handler;
 
 pub use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
@@ -20,13 +19,12 @@ pub use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
 
 pub struct RateLimiter {
-    engine: Arc<Engine>,
-    observer: Arc<Observer>,
+    handler: Arc<Handler>,
 }
 
 impl RateLimiter {
-    pub fn new(engine: Arc<Engine>, observer: Arc<Observer>) -> Self {
-        RateLimiter { engine, observer }
+    pub fn new(handler: Arc<Handler>) -> Self {
+        RateLimiter { handler }
     }
 }
 
@@ -36,7 +34,10 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        rls::should_rate_limit(&self.engine, &self.observer, request.into_inner())
+        // The metadata carries the caller's `traceparent`; read only when tracing is on.
+        let (metadata, _, request) = request.into_parts();
+        self.handler
+            .should_rate_limit(Face::Grpc, metadata.as_ref(), request)
             .await
             .map(Response::new)
     }

@@ -48,6 +48,7 @@ async fn push_keys(limiter: &dyn Limiter) {
             window_ms: 3_600_000,
             hits: 1,
             kind: HitKind::Consume,
+            over_limit: sluice::limiter::OverLimit::default(),
             algorithm: Algorithm::SlidingLog,
         }];
         // Time moves 1 ms per key: the least recently recorded key is the one evicted.
@@ -97,6 +98,7 @@ async fn a_million_keys_stay_under_the_memory_bound() {
         window_ms: 3_600_000,
         hits: 1,
         kind: HitKind::Consume,
+        over_limit: sluice::limiter::OverLimit::default(),
         algorithm: Algorithm::SlidingLog,
     }];
     let outcome = limiter

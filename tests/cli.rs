@@ -267,3 +267,122 @@ async fn sigterm_drains_the_call_in_flight_and_exits_zero() {
     let log = sluice.log_text();
     assert!(log.contains("stopped"), "{log}");
 }
+
+/// Never a silent fallback, for sluice's own flags: a Redis-only setting without a Redis URL,
+/// or one the URL cannot use, stops start-up naming it (docs/redis.md).
+#[test]
+fn redis_settings_that_cannot_be_honoured_stop_start_up() {
+    let config = limits();
+    let config = config.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty-password");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    let serve = |extra: &[&str], env: &[(&str, &str)]| -> String {
+        let mut args = vec![
+            "serve",
+            "--config",
+            config,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        let out = run_sluice(&args, env);
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{extra:?} {env:?} started:\n{log}");
+        assert!(!log.contains("listening"), "{extra:?} {env:?}:\n{log}");
+        log
+    };
+    type Vars<'a> = &'a [(&'a str, &'a str)];
+    let cases: &[(&[&str], Vars, &str)] = &[
+        (
+            &["--redis-password-file", empty],
+            &[],
+            "--redis-password-file (SLUICE_REDIS_PASSWORD_FILE) given but no Redis URL",
+        ),
+        (
+            &[],
+            &[
+                ("SLUICE_REDIS_POOL_SIZE", "4"),
+                ("SLUICE_REDIS_PASSWORD", "pw"),
+            ],
+            "--redis-pool-size (SLUICE_REDIS_POOL_SIZE), SLUICE_REDIS_PASSWORD given but no \
+             Redis URL",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--redis-password-file",
+                empty,
+            ],
+            &[],
+            "is empty",
+        ),
+        (
+            &[
+                "--redis-url",
+                "rediss://127.0.0.1:1",
+                "--redis-tls-cert",
+                empty,
+            ],
+            &[],
+            "--redis-tls-cert without --redis-tls-key",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--redis-ca-file",
+                empty,
+            ],
+            &[],
+            "--redis-ca-file is given but the Redis URL redis://127.0.0.1:1 does not use TLS",
+        ),
+        (
+            &[
+                "--redis-url",
+                "rediss://127.0.0.1:1",
+                "--redis-ca-file",
+                empty,
+            ],
+            &[],
+            "holds no PEM certificate",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis+cluster://127.0.0.1:1",
+                "--redis-wait-replicas",
+                "1",
+            ],
+            &[],
+            "--redis-wait-replicas applies to one Redis or a Sentinel primary",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--redis-sentinel-user",
+                "s",
+            ],
+            &[],
+            "a sentinel user or password is given but the Redis URL redis://127.0.0.1:1 names \
+             no sentinels",
+        ),
+        (
+            &["--redis-url", "redis+sentinel://127.0.0.1:1"],
+            &[],
+            "the master name is missing",
+        ),
+    ];
+    for (extra, env, message) in cases {
+        let log = serve(extra, env);
+        assert!(
+            log.contains(message),
+            "{extra:?} {env:?}: {message:?} not in:\n{log}"
+        );
+    }
+}

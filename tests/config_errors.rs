@@ -153,6 +153,24 @@ fn unknown_field() {
 }
 
 #[test]
+fn over_limit_invalid() {
+    let msg = single_error("bad/over_limit_invalid.yaml", Some(5), "route_tokens");
+    assert_eq!(
+        msg,
+        "invalid over_limit `drop`: expected refuse, fill or record"
+    );
+}
+
+#[test]
+fn over_limit_without_limit() {
+    let msg = single_error("bad/over_limit_without_limit.yaml", Some(5), "route_tokens");
+    assert_eq!(
+        msg,
+        "`over_limit` applies only to a descriptor with a counted `rate_limit` or `rate_limits`"
+    );
+}
+
+#[test]
 fn share_threshold_without_wildcard() {
     let msg = single_error(
         "bad/share_threshold_without_wildcard.yaml",

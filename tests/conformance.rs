@@ -14,9 +14,9 @@ mod helpers;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use helpers::limiter::{at, c, cluster_limiter, count_at, hit, ko, redis_limiter, with, T};
+use helpers::limiter::{at, c, cluster_limiter, count_at, hit, ko, over, redis_limiter, with, T};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter};
+use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, OverLimit, MAX_COUNT};
 
 async fn admits_up_to_limit_then_rejects(l: Arc<dyn Limiter>) {
     for i in 0..3 {
@@ -62,16 +62,24 @@ async fn hits_addend_counts_each_hit(l: Arc<dyn Limiter>) {
 }
 
 async fn hits_over_limit_rejected_quickly(l: Arc<dyn Limiter>) {
-    let out = at(&l, &[c("k", 10, 11)], T).await;
+    let refuse = |limit, hits| over(OverLimit::Refuse, c("k", limit, hits));
+    let out = at(&l, &[refuse(10, 11)], T).await;
     assert!(!out.admitted);
     assert_eq!(out.items[0], ko(false, 0, 1000));
     let started = Instant::now();
-    let out = at(&l, &[c("k", 10, u64::MAX)], T).await;
+    let out = at(&l, &[refuse(10, u64::MAX)], T).await;
     assert!(!out.admitted);
-    let out = at(&l, &[c("k", u64::MAX - 1, u64::MAX)], T).await;
+    let out = at(&l, &[refuse(u64::MAX - 1, u64::MAX)], T).await;
     assert!(!out.admitted);
-    assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(count_at(&l, "k", 1000, T).await, 0);
+    // Filled or recorded, a huge cost is one entry: as quick, and cut at MAX_COUNT.
+    let out = at(&l, &[c("f", 10, u64::MAX)], T).await;
+    assert_eq!(out.items[0], ko(false, 10, 1000));
+    let out = at(&l, &[over(OverLimit::Record, c("r", 10, u64::MAX))], T).await;
+    assert_eq!(out.items[0], ko(false, MAX_COUNT, 1000));
+    let out = at(&l, &[over(OverLimit::Record, c("r", 10, 5))], T + 1).await;
+    assert_eq!(out.items[0].count, MAX_COUNT);
+    assert!(started.elapsed() < Duration::from_secs(1));
 }
 
 async fn large_hits_are_recorded_exactly(l: Arc<dyn Limiter>) {
@@ -140,24 +148,37 @@ async fn same_key_twice_is_cumulative(l: Arc<dyn Limiter>) {
     assert!(out.admitted);
     assert_eq!(out.items, vec![ko(true, 10, 999), ko(true, 10, 999)]);
     // Room for one, two items of one hit: the second sees the first's hit and fails, so the
-    // whole batch records nothing.
-    let out = at(&l, &[c("j", 1, 1), c("j", 1, 1)], T).await;
+    // batch is rejected. Refused, it records nothing.
+    let refuse = |key| over(OverLimit::Refuse, c(key, 1, 1));
+    let out = at(&l, &[refuse("j"), refuse("j")], T).await;
     assert!(!out.admitted);
     assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 0, 1000)]);
     assert_eq!(count_at(&l, "j", 1000, T).await, 0);
+    // Filled: the first fitted and is dropped with the verdict, so the second's cost fits.
+    let out = at(&l, &[c("i", 1, 1), c("i", 1, 1)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 1, 1000), ko(false, 1, 1000)]);
 }
 
 async fn shadow_never_vetoes(l: Arc<dyn Limiter>) {
     let batch = [
         c("c", 5, 1),
-        hit("s", 1, 1000, 2, HitKind::Shadow),
+        over(OverLimit::Refuse, hit("s", 1, 1000, 2, HitKind::Shadow)),
         hit("p", 5, 1000, 2, HitKind::Shadow),
+        hit("f", 1, 1000, 2, HitKind::Shadow),
     ];
     let out = at(&l, &batch, T).await;
     assert!(out.admitted);
+    // Over its limit, a shadow item records what enforcement would: nothing when refused, its
+    // key filled by default.
     assert_eq!(
         out.items,
-        vec![ko(true, 1, 1000), ko(false, 0, 1000), ko(true, 2, 1000)]
+        vec![
+            ko(true, 1, 1000),
+            ko(false, 0, 1000),
+            ko(true, 2, 1000),
+            ko(false, 1, 1000)
+        ]
     );
     // A shadow item on a rejected batch records nothing even when it passed.
     let out = at(
@@ -291,6 +312,120 @@ async fn concurrent_single_key(l: Arc<dyn Limiter>) {
     assert_eq!(admitted, 10);
 }
 
+/// Weighted entries: an item's hits are one entry, counted exactly whatever their number (and
+/// whatever the window), and a refund takes the newest weight, splitting an entry.
+async fn weights_count_exactly(l: Arc<dyn Limiter>) {
+    let w = |hits, kind| hit("w", 1_000_000, 2500, hits, kind);
+    let consume = |hits| w(hits, HitKind::Consume);
+    let out = at(&l, &[consume(100_000)], T).await;
+    assert_eq!(out.items[0], ko(true, 100_000, 2500));
+    let out = at(&l, &[consume(1)], T + 1000).await;
+    assert_eq!(out.items[0], ko(true, 100_001, 1500));
+    let out = at(&l, &[consume(2000)], T + 2000).await;
+    assert_eq!(out.items[0], ko(true, 102_001, 500));
+    // The newest 2000 and 1 go whole, 500 comes off the entry of T, which stays with 99,500.
+    let out = at(&l, &[w(2501, HitKind::Refund)], T + 2100).await;
+    assert_eq!(out.items[0], ko(true, 99_500, 400));
+    assert_eq!(count_at(&l, "w", 2500, T + 2499).await, 99_500);
+    assert_eq!(count_at(&l, "w", 2500, T + 2500).await, 0);
+    // At the limit exactly, and one past it.
+    let out = at(&l, &[consume(1_000_000)], T + 2500).await;
+    assert_eq!(out.items[0], ko(true, 1_000_000, 2500));
+    let out = at(&l, &[consume(1)], T + 2501).await;
+    assert_eq!(out.items[0], ko(false, 1_000_000, 2499));
+    // Several entries leave at once, some of them more than the two oldest.
+    for i in 0..5 {
+        assert!(at(&l, &[c("many", 100, i + 1)], T + i).await.admitted);
+    }
+    let probe = [c("many", 100, 0)];
+    assert_eq!(at(&l, &probe, T + 1002).await.items[0], ko(true, 9, 1));
+    assert_eq!(at(&l, &probe, T + 1003).await.items[0], ko(true, 5, 1));
+    assert!(at(&l, &[c("many", 100, 1)], T + 1003).await.admitted);
+    assert_eq!(at(&l, &probe, T + 1004).await.items[0], ko(true, 1, 999));
+}
+
+/// The token budget of an AI or Envoy Gateway (a cost charged after the response): each request is checked with 0 hits on the request path, and its cost (4) is
+/// charged when the stream ends, where the answer is ignored. On every algorithm, with a
+/// window of 1.5 s: the third charge does not fit; by default it fills the budget (record:
+/// overdraws it; refuse: drops it), so the fourth check is refused (refuse: admitted, the
+/// budget never runs out), until the window frees room.
+async fn charges_after_the_response_hold_the_budget(l: Arc<dyn Limiter>) {
+    for alg in ALGORITHMS {
+        let alg = match alg {
+            Algorithm::Gcra { .. } => Algorithm::Gcra { burst: 10 },
+            other => other,
+        };
+        for (over_limit, after_third) in [
+            (OverLimit::Fill, 10),
+            (OverLimit::Record, 12),
+            (OverLimit::Refuse, 8),
+        ] {
+            let key = format!("budget-{}-{}", alg.name(), over_limit.name());
+            let item = |hits| {
+                over(
+                    over_limit,
+                    with(alg, hit(&key, 10, 1500, hits, HitKind::Consume)),
+                )
+            };
+            let what = format!("{} {}", alg.name(), over_limit.name());
+            for (i, count) in [(0, 4), (1, 8)] {
+                assert!(
+                    at(&l, &[item(0)], T + i).await.admitted,
+                    "{what}: check {i}"
+                );
+                let out = at(&l, &[item(4)], T + i).await;
+                assert_eq!((out.admitted, out.items[0].count), (true, count), "{what}");
+            }
+            let check = at(&l, &[item(0)], T + 2).await;
+            assert_eq!((check.admitted, check.items[0].count), (true, 8), "{what}");
+            let charge = at(&l, &[item(4)], T + 2).await;
+            assert!(!charge.admitted, "{what}");
+            assert_eq!(charge.items[0].count, after_third, "{what}: third charge");
+            let next = at(&l, &[item(0)], T + 3).await;
+            assert_eq!(
+                next.admitted,
+                over_limit == OverLimit::Refuse,
+                "{what}: fourth"
+            );
+            // One more hit: at the full budget it records nothing (fill) or overdraws it
+            // (record); under refuse it still fits.
+            let one = at(&l, &[item(1)], T + 3).await;
+            let expected = match over_limit {
+                OverLimit::Fill => after_third,
+                OverLimit::Record | OverLimit::Refuse => after_third + 1,
+            };
+            assert_eq!(one.items[0].count, expected, "{what}: one more hit");
+            // Once the window has slid past every charge: admitted again.
+            let later = at(&l, &[item(0)], T + 3000).await;
+            assert_eq!((later.admitted, later.items[0].count), (true, 0), "{what}");
+        }
+    }
+}
+
+/// On a rejected batch, what each setting records: refuse nothing; fill only the item that did
+/// not fit, up to its capacity; record every item's whole cost.
+async fn over_limit_on_a_rejected_batch(l: Arc<dyn Limiter>) {
+    for (over_limit, fitted, filled) in [
+        (OverLimit::Refuse, 0, 8),
+        (OverLimit::Fill, 0, 10),
+        (OverLimit::Record, 1, 12),
+    ] {
+        let item = |key: &str, hits| over(over_limit, hit(key, 10, 60_000, hits, HitKind::Consume));
+        let full = format!("full-{}", over_limit.name());
+        let other = format!("other-{}", over_limit.name());
+        assert!(at(&l, &[item(&full, 8)], T).await.admitted);
+        let out = at(&l, &[item(&other, 1), item(&full, 4)], T + 10).await;
+        assert!(!out.admitted, "{over_limit:?}");
+        assert_eq!(
+            out.items,
+            vec![ko(true, fitted, 60_000), ko(false, filled, 59_990)],
+            "{over_limit:?}"
+        );
+        assert_eq!(count_at(&l, &other, 60_000, T + 11).await, fitted);
+        assert_eq!(count_at(&l, &full, 60_000, T + 11).await, filled);
+    }
+}
+
 const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::SlidingLog,
     Algorithm::QuantizedLog { quantum_ms: 100 },
@@ -339,11 +474,11 @@ async fn algorithms_mix_all_or_nothing(l: Arc<dyn Limiter>) {
     for (alg, o) in ALGORITHMS.iter().zip(&out.items) {
         assert_eq!(o.count, 2, "{}", alg.name());
     }
-    // Capacity 3 everywhere: two more hits are over on every algorithm.
+    // Capacity 3 everywhere: two more hits are over on every algorithm, and fill the key.
     for &alg in &ALGORITHMS {
         let out = at(&l, &[item(alg, 2)], T + 40).await;
         assert!(!out.admitted, "{}", alg.name());
-        assert_eq!(out.items[0].count, 2, "{}", alg.name());
+        assert_eq!(out.items[0].count, 3, "{}", alg.name());
     }
 }
 
@@ -484,7 +619,10 @@ macro_rules! conformance {
                 concurrent_single_key,
                 algorithms_mix_all_or_nothing,
                 algorithm_specifics,
-                edge_table
+                edge_table,
+                weights_count_exactly,
+                charges_after_the_response_hold_the_budget,
+                over_limit_on_a_rejected_batch
             );
         }
     };

@@ -13,7 +13,7 @@ use helpers::raw_connection;
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::cluster::key_slot;
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, SystemClock};
+use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, OverLimit, SystemClock};
 
 /// Each key has one algorithm, as the engine's keys do (the algorithm is part of the key).
 fn algorithm_of(key: &str, burst: u64) -> Algorithm {
@@ -26,7 +26,20 @@ fn algorithm_of(key: &str, burst: u64) -> Algorithm {
     }
 }
 
-/// The keys of the generated traces; see [`algorithm_of`].
+/// Each key has one window, as the engine's keys do (the window is part of the key), and the
+/// windows differ, so that no edge of the script holds for 1,000 ms only.
+fn window_of(key: &str) -> u64 {
+    match key {
+        "b" => 2500,
+        "c" | "f" => 700,
+        "q" => 1500,
+        "s" => 1200,
+        "g" => 900,
+        _ => 1000,
+    }
+}
+
+/// The keys of the generated traces; see [`algorithm_of`] and [`window_of`].
 const KEYS: [&str; 7] = ["a", "b", "c", "q", "s", "g", "f"];
 
 fn arb_hit() -> impl Strategy<Value = Hit> {
@@ -36,17 +49,26 @@ fn arb_hit() -> impl Strategy<Value = Hit> {
         1 => Just(HitKind::Refund),
         2 => Just(HitKind::Quota),
     ];
-    let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 1 => 5u64..2000];
+    // Small limits meet their edges often; large ones take weights of thousands.
+    let limit = prop_oneof![4 => 0u64..6, 1 => 100u64..5000];
+    let hits = prop_oneof![8 => 0u64..4, 1 => Just(u64::MAX), 2 => 5u64..2000];
+    let over_limit = prop_oneof![
+        2 => Just(OverLimit::Fill),
+        1 => Just(OverLimit::Refuse),
+        1 => Just(OverLimit::Record),
+    ];
     (
         prop::sample::select(KEYS.to_vec()),
-        0u64..6,
+        limit,
         hits,
         kind,
         0u64..6,
+        over_limit,
     )
-        .prop_map(|(key, limit, hits, kind, burst)| Hit {
+        .prop_map(|(key, limit, hits, kind, burst, over_limit)| Hit {
             algorithm: algorithm_of(key, burst),
-            ..hit(key, limit, 1000, hits, kind)
+            over_limit,
+            ..hit(key, limit, window_of(key), hits, kind)
         })
 }
 
@@ -80,6 +102,12 @@ type Steps = Vec<(i64, Vec<Hit>)>;
 ///    the refill up to the compensated batch's `now` was applied at that batch's rate, where
 ///    one script applies the next item's rate to the whole interval. Here a trace keeps the
 ///    first rate of its GCRA key (production keys keep their rate until a reload changes it).
+/// 4. In a batch spanning slots, a shadow or quota item over its limit with `fill` (or `record`
+///    cut at `MAX_COUNT`) after an item of the same key that recorded its hits. Its take is
+///    measured after what the earlier item records: the admitted slot recorded both, and the
+///    compensation takes the earlier item's hits back when another slot rejects, where one
+///    script, rejecting, would have measured the take without them (so filled more). Such an
+///    item becomes `refuse`, whose take never depends on the earlier items.
 fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
     arb_steps().prop_map(|steps| {
         let o1 = |h: &Hit| {
@@ -106,6 +134,15 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
             if spans_slots {
                 // Rule 1. Stable: the order among refunds and among the rest is kept.
                 batch.sort_by_key(|h| h.kind == HitKind::Refund);
+                // Rule 4.
+                for i in 0..batch.len() {
+                    let after_a_record = batch[..i].iter().any(|e| {
+                        e.key == batch[i].key && records(e) && e.over_limit != OverLimit::Record
+                    });
+                    if after_a_record && matches!(batch[i].kind, HitKind::Shadow | HitKind::Quota) {
+                        batch[i].over_limit = OverLimit::Refuse;
+                    }
+                }
             }
             for h in batch.iter_mut() {
                 if let (Algorithm::Gcra { .. }, Some(rate)) = (h.algorithm, gcra_rate) {
@@ -128,12 +165,18 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
     })
 }
 
+/// The log keys of the traces: sliding logs and the quantized log.
+const LOG_KEYS: [&str; 4] = ["a", "b", "c", "q"];
+
 /// Feeds each generated trace to a fresh memory limiter and to `backend` (emptied by `flush`
-/// first) at the same virtual times, and requires the same outcome for every batch.
+/// first) at the same virtual times, and requires the same outcome for every batch. With
+/// `stored` (the entries the backend holds for a log key), also the same entries after every
+/// batch: one per recording item for a sliding log, one per bucket for a quantized log.
 fn agrees_with_memory(
     rt: &tokio::runtime::Runtime,
     backend: &Arc<dyn Limiter>,
     flush: impl Fn(),
+    stored: Option<&dyn Fn(&str) -> usize>,
     steps: impl Strategy<Value = Steps>,
     cases: u32,
 ) {
@@ -143,15 +186,51 @@ fn agrees_with_memory(
     };
     proptest!(config, |(steps in steps)| {
         flush();
-        let memory: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
+        let reference = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
+        let memory: Arc<dyn Limiter> = reference.clone();
         let mut now = T;
         for (step, batch) in steps {
             now = now.saturating_add_signed(step);
             let m = rt.block_on(at(&memory, &batch, now));
             let r = rt.block_on(at(backend, &batch, now));
             prop_assert_eq!(m, r, "batch {:?} at {}", batch, now);
+            if let Some(stored) = stored {
+                for key in LOG_KEYS {
+                    prop_assert_eq!(
+                        reference.log_entries(key),
+                        stored(key),
+                        "entries of {} after {:?} at {}", key, batch, now
+                    );
+                }
+            }
         }
     });
+}
+
+/// The entries a standalone Redis holds for a log key of the traces.
+async fn stored_entries(conn: &redis::aio::MultiplexedConnection, key: &str) -> usize {
+    use sluice::limiter::redis::script::LOG_TOTAL_MEMBER;
+    let mut conn = conn.clone();
+    if key == "q" {
+        let buckets: usize = redis::cmd("HLEN")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("hlen");
+        return buckets;
+    }
+    let members: usize = redis::cmd("ZCARD")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .expect("zcard");
+    let total: Option<String> = redis::cmd("ZSCORE")
+        .arg(key)
+        .arg(LOG_TOTAL_MEMBER)
+        .query_async(&mut conn)
+        .await
+        .expect("zscore");
+    members - usize::from(total.is_some())
 }
 
 async fn flushall(conn: &redis::aio::MultiplexedConnection) {
@@ -168,10 +247,11 @@ fn memory_and_redis_agree() {
     let redis_limiter = rt.block_on(redis_limiter(&server));
     let raw = rt.block_on(raw_connection(&server.url()));
     let flush = || rt.block_on(flushall(&raw));
-    agrees_with_memory(&rt, &redis_limiter, flush, arb_steps(), 500);
+    let stored = |key: &str| rt.block_on(stored_entries(&raw, key));
+    agrees_with_memory(&rt, &redis_limiter, flush, Some(&stored), arb_steps(), 500);
 }
 
-/// The six ARGV values of an item, as the Redis limiter sends them (script.rs documents them).
+/// The ARGV values of an item, as the Redis limiter sends them (script.rs documents them).
 fn item_argv(h: &Hit) -> Vec<String> {
     use sluice::limiter::redis::script::{
         KIND_CONSUME, KIND_QUOTA, KIND_REFUND, KIND_SHADOW, MAX_EXACT,
@@ -189,6 +269,7 @@ fn item_argv(h: &Hit) -> Vec<String> {
         kind.to_string(),
         h.algorithm.code().to_string(),
         h.algorithm.param().min(MAX_EXACT - 1).to_string(),
+        h.over_limit.code().to_string(),
     ]
 }
 
@@ -282,5 +363,5 @@ fn memory_and_redis_cluster_agree() {
             }
         })
     };
-    agrees_with_memory(&rt, &limiter, flush, arb_steps_cluster(), 1000);
+    agrees_with_memory(&rt, &limiter, flush, None, arb_steps_cluster(), 1000);
 }

@@ -1,9 +1,17 @@
 //! Response headers end to end: sluice in process over real gRPC, on both backends, with exact
-//! header values for a known sequence of requests.
+//! header values for a known sequence of requests; the `legacy` style's names renamed (flags,
+//! envoyproxy/ratelimit's variables on the binary, through a real Envoy), and names that cannot
+//! be header names refused at start-up.
 
 mod helpers;
 
-use helpers::{descriptor, request, test_settings, RedisServer, TestServer};
+use helpers::envoy_config::{bootstrap, cluster, generic_key, grpc_cluster, http_listener};
+use helpers::envoy_config::{ratelimit_filter, route};
+use helpers::process::run_sluice;
+use helpers::Upstream;
+use helpers::{descriptor, request, test_settings, Envoy, RedisServer, Req, Sluice, TestServer};
+use serde_json::json;
+use sluice::headers::LegacyNames;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 
@@ -154,4 +162,164 @@ async fn exact_headers_memory() {
 async fn exact_headers_redis() {
     let redis = RedisServer::start();
     known_sequence(Some(&redis)).await;
+}
+
+/// envoyproxy/ratelimit's header names, as `LIMIT_RESPONSE_HEADERS_ENABLED` sends them.
+fn envoyproxy_names() -> LegacyNames {
+    LegacyNames::new("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset").unwrap()
+}
+
+fn limits_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hdr.yaml"), LIMITS).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_headers_take_the_configured_names() {
+    let dir = limits_dir();
+    let mut settings = test_settings(dir.path(), None);
+    settings.legacy_names = envoyproxy_names();
+    let sluice = TestServer::start(settings);
+    let partner = || request("hdr", vec![descriptor(&[("endpoint", "partner")])]);
+    let ok = Code::Ok as i32;
+    assert_eq!(
+        call(&sluice, partner()).await,
+        (
+            ok,
+            h(&[
+                ("RateLimit-Limit", "2"),
+                ("RateLimit-Remaining", "1"),
+                ("RateLimit-Reset", "1"),
+            ])
+        )
+    );
+    // Other styles keep their own names.
+    let api = request("hdr", vec![descriptor(&[("endpoint", "api")])]);
+    let (_, headers) = call(&sluice, api).await;
+    assert_eq!(headers[0].0, "RateLimit-Policy");
+}
+
+/// The binary with envoyproxy/ratelimit's variables: headers on, one of them renamed; a config
+/// that says nothing of headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoyproxy_header_variables_on_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("plain.yaml"),
+        "domain: plain\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    let sluice = Sluice::start_with_env(
+        dir.path(),
+        None,
+        &[],
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Window-Reset"),
+        ],
+    );
+    let r = sluice
+        .client()
+        .await
+        .should_rate_limit(request("plain", vec![descriptor(&[("k", "v")])]))
+        .await
+        .expect("ShouldRateLimit")
+        .into_inner();
+    let headers: Vec<(String, String)> = r
+        .response_headers_to_add
+        .into_iter()
+        .map(|h| (h.key, h.value))
+        .collect();
+    assert_eq!(
+        headers,
+        h(&[
+            ("RateLimit-Limit", "5"),
+            ("RateLimit-Remaining", "4"),
+            ("X-Window-Reset", "60"),
+        ])
+    );
+}
+
+#[test]
+fn header_names_that_cannot_be_used_stop_the_start() {
+    let dir = limits_dir();
+    let config = dir.path().to_str().unwrap();
+    let serve = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["serve", "--config", config];
+        args.extend_from_slice(&["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]);
+        args.extend_from_slice(extra);
+        let out = run_sluice(args, env);
+        assert!(!out.status.success(), "started with {extra:?} {env:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = serve(&["--legacy-limit-header", "X Limit"], &[]);
+    assert!(err.contains("--legacy-limit-header"), "{err}");
+    assert!(
+        err.contains(r#""X Limit" is not a valid HTTP header name"#),
+        "{err}"
+    );
+    // From envoyproxy/ratelimit's variable, onto the flag it maps to.
+    let err = serve(
+        &[],
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "Remaining:"),
+        ],
+    );
+    assert!(err.contains("--legacy-remaining-header"), "{err}");
+    assert!(err.contains("not a valid HTTP header name"), "{err}");
+    let err = serve(
+        &[
+            "--legacy-limit-header",
+            "X-Quota",
+            "--legacy-reset-header",
+            "x-quota",
+        ],
+        &[],
+    );
+    assert!(
+        err.contains("legacy response headers: the limit and reset headers have the same name"),
+        "{err}"
+    );
+}
+
+/// Through Envoy: the renamed headers are on the response the client gets, the 429 included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_headers_reach_the_client_through_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("renamed.yaml"),
+        "domain: renamed\nresponse_headers: {format: legacy}\ndescriptors:\n  - key: endpoint\n    \
+         value: partner\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let mut settings = test_settings(dir.path(), None);
+    settings.legacy_names = envoyproxy_names();
+    let sluice = TestServer::start(settings);
+    let upstream = Upstream::start();
+    let rate_limits = json!([{"actions": [generic_key("endpoint", "partner")]}]);
+    let listener = http_listener(
+        "edge",
+        vec![route("/", "app", rate_limits, json!({}))],
+        vec![ratelimit_filter("renamed", "sluice", 1000, true, json!({}))],
+    );
+    let clusters = vec![
+        cluster("app", &[upstream.addr]),
+        grpc_cluster("sluice", &[sluice.grpc_addr]),
+    ];
+    let envoy = Envoy::start_json(&bootstrap(vec![listener], clusters));
+    let edge = envoy.listener("edge");
+    let first = Req::get("/").send(edge).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.header("ratelimit-limit"), Some("2"), "{first:?}");
+    assert_eq!(first.header("ratelimit-remaining"), Some("1"), "{first:?}");
+    assert_eq!(first.header("x-ratelimit-limit"), None, "{first:?}");
+    let _ = Req::get("/").send(edge).await;
+    let third = Req::get("/").send(edge).await;
+    assert_eq!(third.status, 429, "{third:?}");
+    assert_eq!(third.header("ratelimit-limit"), Some("2"), "{third:?}");
+    assert_eq!(third.header("ratelimit-remaining"), Some("0"), "{third:?}");
+    let reset: u64 = third.header("ratelimit-reset").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&reset), "{third:?}");
 }

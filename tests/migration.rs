@@ -9,6 +9,7 @@ mod helpers;
 
 use std::path::PathBuf;
 
+use helpers::process::run_sluice;
 use helpers::RedisServer;
 use helpers::{descriptor, http_get, http_request, request, Sluice};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -196,7 +197,8 @@ fn start(redis: &RedisServer) -> Sluice {
         ("PORT", "0"),
         ("NEAR_LIMIT_RATIO", "0.9"),
         ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
-        ("USE_STATSD", "false"),
+        // envoyproxy/ratelimit's default; `false` would ask for nothing and go unreported.
+        ("USE_STATSD", "true"),
     ])
 }
 
@@ -263,4 +265,105 @@ async fn envoyproxy_config_and_environment_serve_unchanged() {
         "{rules_get}"
     );
     assert!(rules_get.contains("mongo_cps.database_users: unit=SECOND requests_per_unit=500"));
+}
+
+/// envoyproxy/ratelimit's environment (the fixture's config, ephemeral loopback ports) plus
+/// `vars`, run to its exit: sluice must refuse to start, and its log says why.
+fn refused(vars: &[(&str, &str)]) -> String {
+    let root = runtime_root();
+    let mut env = vec![
+        ("RUNTIME_ROOT", root.to_str().expect("utf-8 path")),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+    ];
+    env.extend_from_slice(vars);
+    let out = run_sluice(["serve"], &env);
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{vars:?} started:\n{log}");
+    assert!(!log.contains("listening"), "{vars:?} listened:\n{log}");
+    log
+}
+
+/// Never a silent fallback: every backend setting that cannot be honoured stops start-up with
+/// an error naming it (docs/migration.md). Only the absence of every backend variable selects
+/// the memory backend.
+#[test]
+fn backend_settings_that_cannot_be_honoured_stop_start_up() {
+    type Vars = &'static [(&'static str, &'static str)];
+    let cases: &[(Vars, &[&str])] = &[
+        (
+            &[
+                ("REDIS_TYPE", "replicated"),
+                ("REDIS_URL", "127.0.0.1:6379"),
+            ],
+            &["REDIS_TYPE=replicated is not supported (single, cluster or sentinel)"],
+        ),
+        (
+            &[
+                ("BACKEND_TYPE", "memcache"),
+                ("MEMCACHE_HOST_PORT", "m:11211"),
+            ],
+            &[
+                "BACKEND_TYPE=memcache is not supported",
+                "MEMCACHE_HOST_PORT is set",
+            ],
+        ),
+        (
+            &[("REDIS_AUTH", "pw"), ("REDIS_TLS", "true")],
+            &["REDIS_AUTH, REDIS_TLS set but REDIS_URL is not"],
+        ),
+        (
+            &[("BACKEND_TYPE", "redis")],
+            &["BACKEND_TYPE set but REDIS_URL is not"],
+        ),
+        (
+            &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "127.0.0.1:26379")],
+            &["REDIS_TYPE=sentinel expects REDIS_URL=master-name,host1:port1"],
+        ),
+        (
+            &[("REDIS_URL", "127.0.0.1:notaport")],
+            &["invalid Redis URL redis://127.0.0.1:notaport"],
+        ),
+        (
+            &[
+                ("REDIS_URL", "127.0.0.1:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_CACERT", "/nonexistent/ca.crt"),
+            ],
+            &["reading CA file /nonexistent/ca.crt"],
+        ),
+        (
+            &[
+                ("REDIS_URL", "127.0.0.1:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_CLIENT_CERT", "/nonexistent/client.crt"),
+                ("REDIS_TLS_CLIENT_KEY", "/nonexistent/client.key"),
+            ],
+            &["reading client certificate /nonexistent/client.crt"],
+        ),
+        (
+            &[
+                ("REDIS_URL", "127.0.0.1:6379"),
+                ("REDIS_TLS", "true"),
+                ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+            ],
+            &["REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true is not supported"],
+        ),
+    ];
+    for (vars, messages) in cases {
+        let log = refused(vars);
+        for message in *messages {
+            assert!(
+                log.contains(message),
+                "{vars:?}: {message:?} not in:\n{log}"
+            );
+        }
+        assert!(
+            !log.contains("backend: embedded memory"),
+            "{vars:?}:\n{log}"
+        );
+    }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use helpers::limiter::{at, c, hit, redis_limiter, with, T};
 use helpers::RedisServer;
 use redis::AsyncCommands;
+use sluice::limiter::redis::script::LOG_TOTAL_MEMBER;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Algorithm, HitKind, Limiter, LimiterError};
 
@@ -24,7 +25,7 @@ async fn a_fractional_clock_is_refused_and_writes_nothing() {
         let mut call = script.prepare_invoke();
         call.arg(now)
             .key("clock-key")
-            .arg(&["10", "1000", "1", "c", "l", "0"]);
+            .arg(&["10", "1000", "1", "c", "l", "0", "f"]);
         call
     };
     let refused: redis::RedisResult<redis::Value> =
@@ -87,11 +88,10 @@ async fn batched_calls_decide_each_request_on_its_own() {
     assert_eq!(per_key.iter().sum::<u64>(), 30, "{per_key:?}");
     assert!(per_key.iter().all(|&n| n <= 10), "{per_key:?}");
     let mut conn = server.raw().await;
-    let shared: u64 = conn.zcard("shared").await.expect("zcard");
-    assert_eq!(shared, 30);
+    assert_eq!(log_of(&mut conn, "shared").await, (30, 30));
     for (k, &admitted) in per_key.iter().enumerate() {
-        let n: u64 = conn.zcard(format!("k{k}")).await.expect("zcard");
-        assert_eq!(n, admitted, "k{k}");
+        let (entries, total) = log_of(&mut conn, &format!("k{k}")).await;
+        assert_eq!((entries, total), (admitted, admitted), "k{k}");
     }
     let stats = l.stats().expect("redis stats");
     assert_eq!(stats.script_decisions, 400);
@@ -170,39 +170,103 @@ async fn keys_expire_within_the_window() {
     assert!(!exists);
 }
 
+/// A log key's entries and the total stored beside them (`LOG_TOTAL_MEMBER`'s score, negated).
+async fn log_of(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> (u64, u64) {
+    let members: u64 = conn.zcard(key).await.expect("zcard");
+    let total: Option<i64> = conn.zscore(key, LOG_TOTAL_MEMBER).await.expect("zscore");
+    match total {
+        Some(total) => (members - 1, total.unsigned_abs()),
+        None => (members, 0),
+    }
+}
+
 #[tokio::test]
 async fn members_are_short_increasing_integers() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
     // A tiny explicit clock (tests) and the real TIME (production) give the same shape.
-    assert!(at(&l, &[c("small", 100, 3)], 5).await.admitted);
+    assert!(at(&l, &[c("small", 100, 1)], 5).await.admitted);
     assert!(at(&l, &[c("small", 100, 2)], 5).await.admitted);
+    let real = [hit("real", 100, 60_000, 1, HitKind::Consume)];
+    assert!(l.decide(&real, None).await.expect("decide").admitted);
     let real = [hit("real", 100, 60_000, 2, HitKind::Consume)];
-    for _ in 0..2 {
-        assert!(l.decide(&real, None).await.expect("decide").admitted);
-    }
-    for (key, expected) in [("small", 5), ("real", 4)] {
+    assert!(l.decide(&real, None).await.expect("decide").admitted);
+    for key in ["small", "real"] {
         let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("zrange");
-        assert_eq!(members.len(), expected, "{key}: {members:?}");
-        let numbers: Vec<u64> = members
-            .iter()
-            .map(|m| {
-                assert_eq!(m.len(), 7, "member {m}");
-                m.parse().expect("integer member")
-            })
-            .collect();
-        // A new key starts at the bottom of the 24-bit range, then +1 per hit.
-        let expected_numbers: Vec<u64> = (1_000_000..).take(expected).collect();
-        assert_eq!(numbers, expected_numbers, "{key}");
-        let encoding: String = redis::cmd("OBJECT")
-            .arg("ENCODING")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .expect("object encoding");
-        assert_eq!(encoding, "listpack");
+        // The total first (it sorts below every entry), then one entry per item: a new key
+        // starts at the bottom of the 24-bit range, then +1 per entry; a weight above 1 follows
+        // the number.
+        assert_eq!(members, ["t", "1000000", "10000012"], "{key}");
+        assert_eq!(log_of(&mut conn, key).await, (2, 3), "{key}");
+        assert_eq!(encoding(&mut conn, key).await, "listpack");
     }
+}
+
+/// An item's hits are one member whatever their number: `hits_addend` 100,000 costs what 1
+/// costs (both a member and the total's score), and the total follows expiry and refunds.
+#[tokio::test]
+async fn an_entry_is_one_member_carrying_its_weight() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    let item = |key: &str, hits, kind| hit(key, 1_000_000, 1000, hits, kind);
+    let bytes = |conn: &mut redis::aio::MultiplexedConnection, key: &'static str| {
+        let mut conn = conn.clone();
+        async move {
+            let n: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .expect("memory usage");
+            n
+        }
+    };
+    assert!(
+        at(&l, &[item("one", 1, HitKind::Consume)], T)
+            .await
+            .admitted
+    );
+    assert!(
+        at(&l, &[item("many", 100_000, HitKind::Consume)], T)
+            .await
+            .admitted
+    );
+    assert_eq!(log_of(&mut conn, "one").await, (1, 1));
+    assert_eq!(log_of(&mut conn, "many").await, (1, 100_000));
+    let members: Vec<String> = conn.zrange("many", 0, -1).await.expect("zrange");
+    assert_eq!(members, ["t", "1000000100000"]);
+    let (one, many) = (
+        bytes(&mut conn, "one").await,
+        bytes(&mut conn, "many").await,
+    );
+    // A 64-bit listpack integer instead of a 24-bit one: 5 bytes more, which may cross one
+    // allocator size class (16 bytes).
+    assert!(
+        many <= one + 16,
+        "100,000 hits take {many} bytes, 1 hit {one}"
+    );
+    // A later entry, then a refund that splits it: 100,000 + 5 - 3.
+    assert!(
+        at(&l, &[item("many", 5, HitKind::Consume)], T + 500)
+            .await
+            .admitted
+    );
+    let out = at(&l, &[item("many", 3, HitKind::Refund)], T + 600).await;
+    assert_eq!(out.items[0].count, 100_002);
+    let members: Vec<String> = conn.zrange("many", 0, -1).await.expect("zrange");
+    assert_eq!(members, ["t", "1000000100000", "10000012"]);
+    // The first entry expires: its weight leaves the total, even on a probe.
+    let out = at(&l, &[item("many", 0, HitKind::Consume)], T + 1000).await;
+    assert_eq!(out.items[0].count, 2);
+    assert_eq!(log_of(&mut conn, "many").await, (1, 2));
+    // Everything expired: the probe deletes the key (total and all).
+    at(&l, &[item("many", 0, HitKind::Consume)], T + 1500).await;
+    let exists: bool = conn.exists("many").await.expect("exists");
+    assert!(!exists);
 }
 
 async fn encoding(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
@@ -252,11 +316,13 @@ async fn eval_log(
         .arg(kind)
         .arg("l")
         .arg(0)
+        .arg("f")
         .invoke_async(conn)
         .await
         .map_err(|e| e.to_string())
 }
 
+/// The compensation of one log item, on the clock of `T`.
 async fn undo_log(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
@@ -265,6 +331,7 @@ async fn undo_log(
 ) -> i64 {
     redis::Script::new(sluice::limiter::redis::script::COMPENSATE)
         .key(key)
+        .arg(T)
         .arg("l")
         .arg(token)
         .arg(hits)
@@ -274,66 +341,92 @@ async fn undo_log(
         .expect("compensate")
 }
 
-async fn entries(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<(u64, u64)> {
-    conn.zrange_withscores(key, 0, -1).await.expect("zrange")
+/// A log key's entries with their scores, the total's member left out.
+async fn entries(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<(String, u64)> {
+    let all: Vec<(String, i64)> = conn.zrange_withscores(key, 0, -1).await.expect("zrange");
+    all.into_iter()
+        .filter(|(member, _)| member != LOG_TOTAL_MEMBER)
+        .map(|(member, score)| (member, score.unsigned_abs()))
+        .collect()
 }
 
-/// Members wrap from 8388607 to 1000000 one ms later (so the newest stays on top), cluster
-/// compensation spares entries that reused popped members, and a key whose members would
-/// reach a live one fails before writing.
+/// Writes a log key by hand: its entries and their total.
+async fn write_log(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    log: &[(u64, &str, u64)],
+) {
+    let total: u64 = log.iter().map(|&(_, _, weight)| weight).sum();
+    let mut items: Vec<(i64, String)> = log
+        .iter()
+        .map(|&(score, member, _)| (score as i64, member.to_string()))
+        .collect();
+    items.push((-(total as i64), LOG_TOTAL_MEMBER.to_string()));
+    let _: () = conn.zadd_multiple(key, &items).await.expect("zadd");
+}
+
+fn e(member: &str, score: u64) -> (String, u64) {
+    (member.to_string(), score)
+}
+
+/// Member numbers wrap from 8388607 to 1000000 one ms later (so the newest stays on top),
+/// cluster compensation spares entries that reused removed numbers at a later ms and entries
+/// heavier than what it takes back, and a key whose numbers would reach a live one fails
+/// before writing.
 #[tokio::test]
 async fn log_members_wrap_and_undo_checks_scores() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
 
     let first = eval_log(&mut conn, "k", T, 2, "c").await.expect("add");
-    assert_eq!(
-        entries(&mut conn, "k").await,
-        [(1_000_000, T), (1_000_001, T)]
-    );
+    assert_eq!(entries(&mut conn, "k").await, [e("10000002", T)]);
     assert!(eval_log(&mut conn, "k", T, 2, "r").await.is_ok());
     let second = eval_log(&mut conn, "k", T + 5, 2, "c").await.expect("add");
-    assert_eq!(
-        entries(&mut conn, "k").await,
-        [(1_000_000, T + 5), (1_000_001, T + 5)]
-    );
+    assert_eq!(entries(&mut conn, "k").await, [e("10000002", T + 5)]);
     assert_eq!(undo_log(&mut conn, "k", first[4], 2).await, 0, "not ours");
     assert_eq!(undo_log(&mut conn, "k", second[4], 2).await, 2);
     assert!(entries(&mut conn, "k").await.is_empty());
+    let exists: bool = conn.exists("k").await.expect("exists");
+    assert!(!exists, "the total goes with the last entry");
 
-    let _: () = conn.zadd("w", 8_388_606, T - 5).await.expect("zadd");
+    write_log(&mut conn, "w", &[(T - 5, "8388606", 1)]).await;
     let added = eval_log(&mut conn, "w", T, 3, "c").await.expect("add");
+    let wrapped = eval_log(&mut conn, "w", T, 1, "c").await.expect("add");
     assert_eq!(
         entries(&mut conn, "w").await,
-        [
-            (8_388_606, T - 5),
-            (8_388_607, T),
-            (1_000_000, T + 1),
-            (1_000_001, T + 1)
-        ]
+        [e("8388606", T - 5), e("83886073", T), e("1000000", T + 1)]
     );
     assert!(eval_log(&mut conn, "w", T, 1, "r").await.is_ok());
     let next = eval_log(&mut conn, "w", T + 2, 1, "c").await.expect("add");
-    assert_eq!(entries(&mut conn, "w").await[3], (1_000_001, T + 2));
-    // The first item's undo finds its members across the wrap; 1000001 is the later item's
-    // now (a reuse within the same ms would be indistinguishable, see COMPENSATE).
-    assert_eq!(undo_log(&mut conn, "w", added[4], 3).await, 2);
+    assert_eq!(entries(&mut conn, "w").await[2], e("1000000", T + 2));
+    // The wrapped entry was refunded; its number, reused 1 ms later, is not its own.
+    assert_eq!(undo_log(&mut conn, "w", wrapped[4], 1).await, 0);
     assert_eq!(undo_log(&mut conn, "w", next[4], 1).await, 1);
-    assert_eq!(entries(&mut conn, "w").await, [(8_388_606, T - 5)]);
+    // A refund took part of the first item's entry: the rest goes.
+    let out = eval_log(&mut conn, "w", T + 3, 1, "r")
+        .await
+        .expect("refund");
+    assert_eq!(out[2], 3, "1 + 3 - 1");
+    assert_eq!(entries(&mut conn, "w").await[1], e("83886072", T));
+    assert_eq!(
+        undo_log(&mut conn, "w", added[4], 1).await,
+        0,
+        "heavier than 1: not ours"
+    );
+    assert_eq!(undo_log(&mut conn, "w", added[4], 3).await, 2);
+    assert_eq!(entries(&mut conn, "w").await, [e("8388606", T - 5)]);
+    assert_eq!(log_of(&mut conn, "w").await, (1, 1));
 
-    // Top member 8388607 at the same ms as the new hit: the wrapped one goes 1 ms later.
-    let _: () = conn.zadd("e", 8_388_607, T).await.expect("zadd");
+    // Top number 8388607 at the same ms as the new entry: the wrapped one goes 1 ms later.
+    write_log(&mut conn, "e", &[(T, "8388607", 1)]).await;
     assert!(eval_log(&mut conn, "e", T, 1, "c").await.is_ok());
     assert_eq!(
         entries(&mut conn, "e").await,
-        [(8_388_607, T), (1_000_000, T + 1)]
+        [e("8388607", T), e("1000000", T + 1)]
     );
 
-    // Live members spanning every number: the next one would collide.
-    let _: () = conn
-        .zadd_multiple("full", &[(T, 1_000_000), (T, 8_388_607)])
-        .await
-        .expect("zadd");
+    // Live numbers spanning every number: the next one would collide.
+    write_log(&mut conn, "full", &[(T, "1000000", 1), (T, "8388607", 1)]).await;
     let err = eval_log(&mut conn, "full", T, 1, "c")
         .await
         .expect_err("full");

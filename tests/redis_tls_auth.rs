@@ -10,11 +10,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use helpers::{descriptor, fixture, request, test_settings, RedisServer, Sluice, TestServer};
+use helpers::{
+    descriptor, fixture, http_get, request, test_settings, RedisServer, Sluice, TestServer,
+};
+use sluice::limiter::redis::connect::ClientCert;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Hit, HitKind, Limiter, LimiterError};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tempfile::TempDir;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 fn limits() -> PathBuf {
     fixture("e2e/limits")
@@ -33,71 +39,89 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
-/// A CA and a server certificate for IP 127.0.0.1, signed by it, in a fresh temp dir.
-fn certificates() -> TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let d = dir.path();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    openssl(
-        d,
-        &[
-            &["req", "-x509"][..],
-            &ec,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=sluice test CA",
-            ],
-        ]
-        .concat(),
+/// `openssl req` arguments for a new P-256 key without a passphrase.
+const NEW_EC_KEY: &[&str] = &[
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
+/// A self-signed CA `NAME.crt` / `NAME.key` in `dir`.
+fn ca(dir: &Path, name: &str) {
+    let (key, crt, subj) = (
+        format!("{name}.key"),
+        format!("{name}.crt"),
+        format!("/CN=sluice test {name}"),
     );
-    openssl(
-        d,
-        &[
-            &["req"][..],
-            &ec,
-            &[
-                "-keyout",
-                "server.key",
-                "-out",
-                "server.csr",
-                "-subj",
-                "/CN=127.0.0.1",
-            ],
-        ]
-        .concat(),
+    let out = ["-keyout", &key, "-out", &crt, "-days", "1", "-subj", &subj];
+    openssl(dir, &[&["req", "-x509"][..], NEW_EC_KEY, &out].concat());
+}
+
+/// A key `NAME.key` and a certificate `NAME.crt` for `subj`, signed by the CA `ca`, with the
+/// X.509 extension lines `ext`.
+fn signed(dir: &Path, name: &str, ca: &str, subj: &str, ext: &str) {
+    let (key, csr, crt, extfile) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+        format!("{name}.ext"),
     );
-    std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("write ext");
+    let out = ["-keyout", &key, "-out", &csr, "-subj", subj];
+    openssl(dir, &[&["req"][..], NEW_EC_KEY, &out].concat());
+    std::fs::write(dir.join(&extfile), ext).expect("write ext");
+    let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
     openssl(
-        d,
+        dir,
         &[
             "x509",
             "-req",
             "-in",
-            "server.csr",
+            &csr,
             "-CA",
-            "ca.crt",
+            &ca_crt,
             "-CAkey",
-            "ca.key",
+            &ca_key,
             "-CAcreateserial",
             "-out",
-            "server.crt",
+            &crt,
             "-days",
             "1",
             "-extfile",
-            "san.ext",
+            &extfile,
         ],
+    );
+}
+
+/// In a fresh temp dir: a CA (`ca`), a server certificate for IP 127.0.0.1 (`server`) and a
+/// client certificate (`client`) signed by it, and a client certificate signed by another CA
+/// (`stranger`, by `other-ca`).
+fn certificates() -> TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    ca(d, "ca");
+    signed(
+        d,
+        "server",
+        "ca",
+        "/CN=127.0.0.1",
+        "subjectAltName=IP:127.0.0.1\n",
+    );
+    signed(
+        d,
+        "client",
+        "ca",
+        "/CN=sluice",
+        "extendedKeyUsage=clientAuth\n",
+    );
+    ca(d, "other-ca");
+    signed(
+        d,
+        "stranger",
+        "other-ca",
+        "/CN=sluice",
+        "extendedKeyUsage=clientAuth\n",
     );
     dir
 }
@@ -128,6 +152,7 @@ fn one_hit() -> Vec<Hit> {
         window_ms: 1000,
         hits: 1,
         kind: HitKind::Consume,
+        over_limit: sluice::limiter::OverLimit::default(),
         algorithm: sluice::limiter::Algorithm::SlidingLog,
     }]
 }
@@ -155,7 +180,10 @@ async fn rediss_with_the_ca_file_decides_and_without_it_fails() {
 
     // The test CA is not among the system roots: the certificate must be refused.
     match RedisLimiter::connect(&RedisOptions::new(url)).await {
-        Err(LimiterError::Unavailable(_)) => {}
+        Err(LimiterError::Unavailable(message)) => assert!(
+            message.contains("the Redis server certificate is not trusted"),
+            "{message}"
+        ),
         other => panic!("untrusted certificate accepted: {other:?}"),
     }
     // Plain text to the TLS port is not Redis talking.
@@ -256,4 +284,170 @@ async fn acl_user_with_password_from_a_file_or_the_environment() {
         assert!(!log.contains(PASSWORD), "password in the log:\n{log}");
         assert!(log.contains("backend: redis"), "{log}");
     }
+}
+
+/// A redis-server that serves TLS only (`--port 0`) and requires a client certificate signed
+/// by the test CA (`--tls-auth-clients yes`); killed on drop.
+struct MutualTlsRedis {
+    child: std::process::Child,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl MutualTlsRedis {
+    fn start(certs: &Path) -> MutualTlsRedis {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = |f: &str| certs.join(f).display().to_string();
+        let port = helpers::free_port();
+        let child = helpers::redis_server::spawn_redis_server(
+            Command::new("redis-server")
+                .args(["--port", "0", "--tls-port", &port.to_string()])
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--tls-cert-file", &path("server.crt")])
+                .args(["--tls-key-file", &path("server.key")])
+                .args(["--tls-ca-cert-file", &path("ca.crt")])
+                .args(["--tls-auth-clients", "yes"])
+                .arg("--dir")
+                .arg(dir.path()),
+        );
+        let server = MutualTlsRedis {
+            child,
+            port,
+            _dir: dir,
+        };
+        // Listening is all a TLS-only server can show without a handshake.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not listen on its TLS port {port}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for MutualTlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// TLS options for `server`, trusting the test CA and presenting the certificate `client`
+/// (`client.crt`/`client.key` in `certs`), if any.
+fn mutual_tls(server: &MutualTlsRedis, certs: &Path, client: Option<&str>) -> RedisOptions {
+    RedisOptions {
+        ca_file: Some(certs.join("ca.crt")),
+        client_cert: client.map(|name| ClientCert {
+            cert: certs.join(format!("{name}.crt")),
+            key: certs.join(format!("{name}.key")),
+        }),
+        ..RedisOptions::new(server.url())
+    }
+}
+
+#[tokio::test]
+async fn mutual_tls_decides_with_the_right_client_certificate_only() {
+    let certs = certificates();
+    let server = MutualTlsRedis::start(certs.path());
+    let right = RedisLimiter::connect(&mutual_tls(&server, certs.path(), Some("client")))
+        .await
+        .unwrap_or_else(|e| panic!("mutual TLS connect: {e}"));
+    let out = right.decide(&one_hit(), None).await.expect("decide");
+    assert!(out.admitted);
+    for client in [None, Some("stranger")] {
+        let err = RedisLimiter::connect(&mutual_tls(&server, certs.path(), client))
+            .await
+            .expect_err("a client the server does not trust");
+        let expected = match client {
+            None => "Redis requires a client certificate",
+            Some(_) => "Redis refused the TLS handshake",
+        };
+        assert!(matches!(err, LimiterError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains(expected), "{client:?}: {err}");
+    }
+}
+
+/// The readiness sluice reports on gRPC health (service "").
+async fn health(sluice: &Sluice) -> i32 {
+    HealthClient::new(sluice.channel().await)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health check")
+        .into_inner()
+        .status
+}
+
+/// What an operator sees when Redis refuses sluice's certificate: sluice serves (starting is
+/// not Redis's business) but is not ready, on /readyz and gRPC health, its log says why, and
+/// a decision gets UNAVAILABLE with the same reason. The right certificate makes it ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_certificate_is_reported_and_keeps_sluice_unready() {
+    let certs = certificates();
+    let server = MutualTlsRedis::start(certs.path());
+    let file = |f: &str| certs.path().join(f).display().to_string();
+    let start = |name: &str| {
+        Sluice::start_with(
+            &limits(),
+            Some(&server.url()),
+            &[
+                "--redis-ca-file",
+                &file("ca.crt"),
+                "--redis-tls-cert",
+                &file(&format!("{name}.crt")),
+                "--redis-tls-key",
+                &file(&format!("{name}.key")),
+            ],
+        )
+    };
+    let stranger = start("stranger");
+    // The first probe runs before the listeners are announced: its verdict is already there.
+    assert_eq!(http_get(stranger.admin_addr, "/readyz").0, 503);
+    assert_eq!(health(&stranger).await, ServingStatus::NotServing as i32);
+    let refused = stranger
+        .client()
+        .await
+        .should_rate_limit(request(
+            "edge",
+            vec![descriptor(&[("generic_key", "demo")])],
+        ))
+        .await
+        .expect_err("no decision without a trusted certificate");
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(
+        refused
+            .message()
+            .contains("Redis refused the TLS handshake"),
+        "{refused:?}"
+    );
+    let log = stranger.log_text();
+    assert!(
+        log.contains("backend unreachable: not serving")
+            && log.contains("Redis refused the TLS handshake"),
+        "{log}"
+    );
+
+    let client = start("client");
+    // Ready at the first probe that completes (a loaded machine can make the first one, TLS
+    // handshakes and script load included, miss its 500 ms; the next comes a second later).
+    let ready_by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while http_get(client.admin_addr, "/readyz").0 != 200 {
+        assert!(
+            std::time::Instant::now() < ready_by,
+            "{}",
+            client.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(client.log_text().contains("backend reachable: serving"));
+    assert_eq!(health(&client).await, ServingStatus::Serving as i32);
+    assert_eq!(first_call_code(&client).await, Ok(Code::Ok as i32));
 }

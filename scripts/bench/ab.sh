@@ -3,12 +3,14 @@
 # per variant, variants alternating round after round, each against a fresh sluice on the same
 # redis-server (flushed between runs) and measured together with the no-op server in the same
 # run. Prints per run: decisions/s, the ratio to the no-op server, EVALSHA calls per decision
-# (Redis's own command stats), the CPU of sluice and redis-server per decision, and p99.
+# (Redis's own command stats), the CPU of sluice and redis-server per decision, p99, and the
+# calls that failed (missed the backend deadline or were refused: UNAVAILABLE).
 #
 #   scripts/bench/ab.sh 'old=/tmp/sluice-old' 'new=target/release/sluice'
 #   scripts/bench/ab.sh 'pool-8=target/release/sluice --redis-pool-size 8' \
 #                 'pool-2=target/release/sluice --redis-pool-size 2'
 #   ROUNDS=2 BENCH_SECS=10 RATE=9000 CONC=1024 scripts/bench/ab.sh ...   # open loop at 9,000/s
+#   REPLICAS=1 scripts/bench/ab.sh ...     # the Redis has a replica (scripts/bench/wait-ab.sh)
 #
 # A variant is `label=command`: a sluice binary and any extra `serve` flags (word-split). Keep a
 # build for later comparison with `cp target/release/sluice /tmp/sluice-old`.
@@ -36,8 +38,8 @@ wait_port "$NOOP_PORT"
 load="${CONC:-64} callers"
 [ -n "${RATE:-}" ] && load="open loop at ${RATE}/s, up to ${CONC:-64} in flight"
 echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //'); $load, ${SECS} s per run"
-echo "| round | variant | decisions/s | vs no-op | EVALSHA per decision | sluice µs per decision | redis-server µs per decision | p99 ms |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|"
+echo "| round | variant | decisions/s | vs no-op | EVALSHA per decision | sluice µs per decision | redis-server µs per decision | p99 ms | errors |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
 for round in $(seq 1 "$ROUNDS"); do
   for variant in "$@"; do
     label="${variant%%=*}"
@@ -67,7 +69,8 @@ n = max(target["requests"], 1)
 cpu = lambda name: target["cpu_secs"].get(name, 0.0) * 1e6 / n
 print(f"| {round_} | {label} | {target['decisions_per_sec']:.0f} | "
       f"{target['decisions_per_sec'] / noop['decisions_per_sec']:.2f} | {calls / n:.2f} | "
-      f"{cpu('sluice'):.1f} | {cpu('redis-server'):.1f} | {target['p99_ms']:.2f} |")
+      f"{cpu('sluice'):.1f} | {cpu('redis-server'):.1f} | {target['p99_ms']:.2f} | "
+      f"{target['errors']} |")
 EOF
   done
 done

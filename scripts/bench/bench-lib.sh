@@ -32,13 +32,31 @@ wait_port() { # port
   echo "nothing listens on 127.0.0.1:$1" >&2; return 1
 }
 
-start_redis() { # -> sets REDIS_PORT REDIS_PID; no persistence, loopback only
+start_redis() { # -> sets REDIS_PORT REDIS_PID; no persistence, loopback only. With
+  # REPLICAS=N (default 0), N replicas of it too (REPLICA_PIDS), in sync before it returns.
   REDIS_PORT="$(free_port)"
   redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
     --dir "$WORK" --loglevel warning >"$WORK/redis-$REDIS_PORT.log" 2>&1 &
   REDIS_PID=$!
   PIDS+=("$REDIS_PID")
   wait_port "$REDIS_PORT"
+  REPLICA_PIDS=()
+  local i port
+  for i in $(seq 1 "${REPLICAS:-0}"); do
+    port="$(free_port)"
+    mkdir -p "$WORK/replica-$i"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+      --dir "$WORK/replica-$i" --loglevel warning --replicaof 127.0.0.1 "$REDIS_PORT" \
+      >"$WORK/redis-$port.log" 2>&1 &
+    REPLICA_PIDS+=($!)
+    PIDS+=($!)
+    wait_port "$port"
+  done
+  for _ in $(seq 1 200); do
+    [ "$(redis-cli -p "$REDIS_PORT" INFO replication | grep -c 'state=online')" -ge "${REPLICAS:-0}" ] && return 0
+    sleep 0.05
+  done
+  echo "the replicas of 127.0.0.1:$REDIS_PORT did not get in sync" >&2; return 1
 }
 
 callgrind_per() { # pid divisor: dumps the process's callgrind counters (callgrind started with

@@ -148,7 +148,7 @@ for pipeline in 1 16; do
   echo "== $name" >&2
   python3 - "$REDIS_PID" "$OUT/$name.json" redis-benchmark -p "$REDIS_PORT" -n "$RB_N" \
     -c "$CONC" -P "$pipeline" -r 10000 --csv \
-    EVALSHA "$SHA" 1 "sluice:{bench|user=v__rand_int__|3600000}" "" 1000000 3600000 1 c l 0 <<'EOF'
+    EVALSHA "$SHA" 1 "sluice:{bench|user=v__rand_int__|3600000}" "" 1000000 3600000 1 c l 0 f <<'EOF'
 # Runs redis-benchmark, records its rate and the CPU seconds of it and of redis-server.
 import json, resource, subprocess, sys, csv, io
 redis_pid, out, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]

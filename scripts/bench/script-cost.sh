@@ -6,11 +6,13 @@
 #
 #   scripts/bench/script-cost.sh                  # the current script (from sluice-bench)
 #   scripts/bench/script-cost.sh old.lua new.lua  # A/B of script files
+#   SCENARIOS="log fixed" scripts/bench/script-cost.sh ...   # some scenarios only
+#   WEIGHT=100000 SCENARIOS=log scripts/bench/script-cost.sh    # sliding-log items of 100000 hits
 #
-# Get a version's script with `target/release/sluice-bench --print-lua-script > x.lua`.
+# Get a version's script with `scripts/bench/assemble-script.py [REV] > x.lua` (no build needed).
 # Scenarios, each a fixed sequence of 2,000 EVALSHA calls over 200 keys (TIME clock, limits never
 # reached), replayed once to fill the keys and once under measurement:
-#   log      one sliding-log item per call
+#   log      one sliding-log item per call (of WEIGHT hits, default 1)
 #   batch8   eight one-item requests per call (the batched layout), counted per request
 #   two      two sliding-log items per call (two descriptors)
 #   fixed    one fixed-window item per call
@@ -42,17 +44,21 @@ for _ in $(seq 1 300); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sl
 
 CALLS=2000
 # Writes the RESP-encoded call sequence of a scenario (same seed, same keys every time).
-commands() { # sha scenario
-  python3 - "$1" "$2" "$CALLS" <<'EOF'
+commands() { # sha scenario args-per-item
+  python3 - "$1" "$2" "$CALLS" "$3" "${WEIGHT:-1}" <<'EOF'
 import random, sys
-sha, scenario, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sha, scenario, calls, per_item = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4] or 7)
+weight = sys.argv[5]
 rnd, out = random.Random(7), sys.stdout.buffer
 def send(args):
     out.write(b"*%d\r\n" % len(args))
     for a in args:
         a = a.encode()
         out.write(b"$%d\r\n%s\r\n" % (len(a), a))
-log = ["1000000", "3600000", "1", "c", "l", "0"]
+# An item's arguments, cut to the script's layout (ARGS_PER_ITEM: scripts before the
+# over_limit argument take 6).
+log = ["1000000000000", "3600000", weight, "c", "l", "0", "f"][:per_item]
+fixed = ["1000000", "3600000", "1", "c", "f", "0", "f"][:per_item]
 for _ in range(calls // 8 if scenario == "batch8" else calls):
     key = lambda prefix, n=200: "%s:%d" % (prefix, rnd.randrange(n))
     if scenario in ("log", "empty"):
@@ -60,7 +66,7 @@ for _ in range(calls // 8 if scenario == "batch8" else calls):
     elif scenario == "two":
         send(["EVALSHA", sha, "2", key("e"), key("k"), ""] + log + log)
     elif scenario == "fixed":
-        send(["EVALSHA", sha, "1", key("f"), "", "1000000", "3600000", "1", "c", "f", "0"])
+        send(["EVALSHA", sha, "1", key("f"), ""] + fixed)
     elif scenario == "batch8":
         keys = [key("k", 1600) for _ in range(8)]
         send(["EVALSHA", sha, "8"] + keys + ["b", "", "8"] + ["1"] * 8 + log * 8)
@@ -71,7 +77,8 @@ EOF
 measure() { # file scenario
   local sha
   sha="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$1")")"
-  commands "$sha" "$2" >"$WORK/calls.resp"
+  commands "$sha" "$2" "$(sed -n 's/^local ARGS_PER_ITEM = \([0-9]*\)$/\1/p' "$1" | head -1)" \
+    >"$WORK/calls.resp"
   redis-cli -p "$PORT" FLUSHALL >/dev/null
   redis-cli -p "$PORT" --pipe <"$WORK/calls.resp" >/dev/null
   callgrind_control --zero "$VG_PID" >/dev/null 2>&1
@@ -83,7 +90,7 @@ echo "instructions in redis-server per request ($CALLS requests per scenario)"
 printf '%-28s %10s\n' "floor: return 1" "$(measure "$WORK/return-1.lua" empty)"
 printf '%-28s %10s\n' "floor: TIME only" "$(measure "$WORK/time-only.lua" empty)"
 for file in "$@"; do
-  for scenario in log batch8 two fixed; do
+  for scenario in ${SCENARIOS:-log batch8 two fixed}; do
     printf '%-28s %10s\n' "$(basename "$file") $scenario" "$(measure "$file" "$scenario")"
   done
 done

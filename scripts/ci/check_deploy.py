@@ -18,9 +18,11 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import types
 
 import yaml
 
+import check_envoy_gateway
 import clihelp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,7 +31,9 @@ RLS_SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
 RATELIMIT_FILTER = "envoy.filters.http.ratelimit"
 RATELIMIT_TYPE = "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit"
 HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-CRD_KINDS = {"ServiceMonitor", "EnvoyFilter"}
+CRD_KINDS = {"ServiceMonitor", "EnvoyFilter", "Gateway", "HTTPRoute", "BackendTrafficPolicy"}
+# Envoy Gateway runs the rate limiter as this, with no arguments (src/main.rs).
+RATELIMIT_PATH = "/bin/ratelimit"
 
 errors = []
 checked = []
@@ -507,6 +511,9 @@ def check_dockerfile(defaults, mount_paths):
         if src != f"{workdir}/target/release/sluice":
             fail(where, f"copies {src}, but cargo writes {workdir}/target/release/sluice")
         binary_dst = dst
+        # Envoy Gateway's command: the same binary under envoyproxy/ratelimit's path.
+        if not any(c.split()[2:4] == [src, RATELIMIT_PATH] for c in copies):
+            fail(where, f"the final stage must also copy {src} to {RATELIMIT_PATH} (Envoy Gateway runs it)")
     user = [l.split()[1] for l in lines if l.startswith("USER ")]
     if not user or not re.fullmatch(r"[1-9]\d*(:\d+)?", user[-1]):
         fail(where, "the final stage needs a numeric non-root USER (runAsNonRoot checks it)")
@@ -561,7 +568,30 @@ def check_all(binary, render_dir, tmp):
     check_envoy_bootstrap(os.path.join(ROOT, "deploy/envoy/envoy.yaml"),
                           Limits(binary, base_limits, texts), grpc_port)
     check_dockerfile(defaults, mount_paths)
+    check_envoy_gateway_renders(renders, binary, envs)
     return report()
+
+
+def check_envoy_gateway_renders(renders, binary, envs):
+    """deploy/envoy-gateway: every render with an EnvoyGateway config, then the Helm values
+    against the xDS render's config (scripts/ci/check_envoy_gateway.py says what is checked)."""
+    with open(os.path.join(ROOT, "docs/migration.md"), encoding="utf-8") as f:
+        migration = f.read()
+    ctx = types.SimpleNamespace(
+        fail=fail, ok=ok, envs=envs, binary=binary, migration=migration,
+        check_config_dir=check_config_dir, limits_domains=limits_domains, rule_for=rule_for,
+    )
+    configs = {}
+    for name, docs in renders.items():
+        config = check_envoy_gateway.check_render(name, docs, ctx)
+        if config is not None:
+            configs[name] = config
+    for need in ("envoy-gateway-xds", "envoy-gateway-custom-window"):
+        if need not in configs:
+            fail(need, "no EnvoyGateway config rendered (deploy/envoy-gateway/...)")
+    if "envoy-gateway-xds" in configs:
+        values = os.path.join(ROOT, "deploy/envoy-gateway/values.yaml")
+        check_envoy_gateway.check_helm_values(values, configs["envoy-gateway-xds"], fail, ok)
 
 
 def report():

@@ -146,11 +146,11 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::tests::run;
 
     /// What Envoy Gateway sets on its rate-limit Deployment (the xDS and file parts).
-    const ENVOY_GATEWAY: &[(&str, &str)] = &[
+    pub(in crate::compat) const ENVOY_GATEWAY: &[(&str, &str)] = &[
         ("RUNTIME_ROOT", "/data"),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("RUNTIME_IGNOREDOTFILES", "true"),

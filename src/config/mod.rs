@@ -25,15 +25,19 @@
 //! value.
 
 mod error;
+mod limits;
 mod locate;
 mod raw;
+mod read;
 mod tree;
 mod validate;
 mod xds;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use limits::{ConfigLimits, ALIAS_RATIO_FROM};
 pub use tree::{
-    HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind, Rule,
+    HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind,
+    OverLimitSetting, Rule,
 };
 
 use crate::descriptor::Entry;
@@ -215,8 +219,10 @@ impl Config {
 
         let mut errors = Vec::new();
         let mut sources = Vec::with_capacity(files.len());
+        let limit = options.limits.max_bytes;
+        let mut budget = limit;
         for file in files {
-            match std::fs::read(&file) {
+            match read::read_file(&file, &mut budget, limit) {
                 Ok(bytes) => match String::from_utf8(bytes) {
                     Ok(text) => sources.push((file, text)),
                     Err(e) => errors.push(ConfigError::new(
@@ -226,12 +232,7 @@ impl Config {
                         format!("file is not valid UTF-8: {}", e.utf8_error()),
                     )),
                 },
-                Err(e) => errors.push(ConfigError::new(
-                    &file,
-                    None,
-                    SOURCE_RULE,
-                    format!("cannot read file: {e}"),
-                )),
+                Err(message) => errors.push(ConfigError::new(&file, None, SOURCE_RULE, message)),
             }
         }
         Self::build(
@@ -268,8 +269,13 @@ impl Config {
             let file = file.as_path();
             paths.push(file.to_path_buf());
             let before = errors.len();
-            let compiled =
-                validate::compile_file(file, document, options.default_headers, &mut errors);
+            let compiled = validate::compile_file(
+                file,
+                document,
+                options.default_headers,
+                &options.limits,
+                &mut errors,
+            );
             let Some((name, line)) = compiled.domain else {
                 continue;
             };
@@ -442,6 +448,9 @@ impl Config {
                 if rule.shadow_mode {
                     out.push_str(", shadow_mode=true");
                 }
+                if rule.over_limit != OverLimitSetting::default() {
+                    out.push_str(&format!(", over_limit={}", rule.over_limit.as_str()));
+                }
                 if rule.detailed_metric {
                     out.push_str(", detailed_metric=true");
                 }
@@ -484,6 +493,14 @@ pub struct LoadOptions {
     /// Response headers of domains that set no `response_headers` (`--response-headers`,
     /// envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED`).
     pub default_headers: HeaderPolicy,
+    /// What the files may cost to read: bytes, YAML nodes, nesting, aliases.
+    pub limits: ConfigLimits,
+}
+
+/// Reads the regular file at `path` within the byte budget `budget` (see the `read` module):
+/// a FIFO, a device or a file past `--max-config-bytes` is an error, at once.
+pub fn read_config_file(path: &Path, budget: &mut u64, limit: u64) -> Result<Vec<u8>, String> {
+    read::read_file(path, budget, limit)
 }
 
 /// How [`Config::trace`] walked a descriptor: the rule matched at each entry, in order.

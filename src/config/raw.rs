@@ -10,9 +10,12 @@
 
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
+use serde_saphyr::budget::BudgetBreach;
 use serde_saphyr::{Location, Spanned};
 use std::fmt;
 use std::marker::PhantomData;
+
+use super::limits::ConfigLimits;
 
 /// 1-based line of a location, `None` when serde-saphyr does not know it (line 0).
 pub(crate) fn line_of(location: &Location) -> Option<usize> {
@@ -57,6 +60,8 @@ pub(crate) struct RawDescriptor {
     pub detailed_metric: Option<bool>,
     pub value_to_metric: Option<bool>,
     pub share_threshold: Option<Spanned<bool>>,
+    /// sluice extension: what a request that does not fit records (`refuse`, `fill`, `record`).
+    pub over_limit: Option<Spanned<String>>,
     /// sluice extension: response headers for this descriptor and its children.
     pub response_headers: Option<Spanned<RawHeaders>>,
     pub response_headers_line: Option<usize>,
@@ -200,6 +205,7 @@ impl Fields for RawDescriptor {
             "detailed_metric" => self.detailed_metric = map.next_value()?,
             "value_to_metric" => self.value_to_metric = map.next_value()?,
             "share_threshold" => self.share_threshold = map.next_value()?,
+            "over_limit" => self.over_limit = map.next_value()?,
             // Accepted for compatibility with configs that annotate descriptors; sluice keys
             // and limits do not depend on it.
             "metadata" => {
@@ -306,6 +312,7 @@ pub(crate) const DESCRIPTOR_FIELDS: &[&str] = &[
     "share_threshold",
     "metadata",
     "response_headers",
+    "over_limit",
 ];
 pub(crate) const HEADERS_FIELDS: &[&str] = &["format", "hide_remaining"];
 pub(crate) const RATE_LIMIT_FIELDS: &[&str] = &[
@@ -326,42 +333,59 @@ pub(crate) const REPLACE_FIELDS: &[&str] = &["name"];
 /// their behaviour would mislead.
 pub(crate) const UNSUPPORTED_DESCRIPTOR_FIELDS: &[&str] = &[];
 
-/// Deepest YAML nesting accepted. Deserialization recurses once per level, and in debug builds
-/// a level costs tens of KB of stack: serde-saphyr's default (64) overflows a 2 MiB thread
-/// (tokio's worker default) before its own check fires. 32 keeps a load under about 1 MiB of
-/// stack in debug builds and still allows 14 levels of nested descriptors; envoyproxy configs
-/// rarely use more than 4.
-pub(crate) const MAX_YAML_DEPTH: usize = 32;
-
 /// A parser error: its message without the location suffix, and the location.
 #[derive(Debug)]
 pub(crate) struct ParseFailure {
     pub message: String,
     pub line: Option<usize>,
     pub column: Option<usize>,
+    /// A limit of [`ConfigLimits`] stopped the parser: the file may well be valid YAML.
+    pub limit: bool,
 }
 
-/// Parses one file's text. An empty document (or one holding only `~`/comments) yields a
-/// default, empty root, which validation then reports as missing its domain.
-pub(crate) fn parse(text: &str) -> Result<RawRoot, ParseFailure> {
-    let mut budget = serde_saphyr::Budget::default();
-    budget.max_depth = MAX_YAML_DEPTH;
+/// Parses one file's text under `limits`. An empty document (or one holding only `~`/comments)
+/// yields a default, empty root, which validation then reports as missing its domain.
+pub(crate) fn parse(text: &str, limits: &ConfigLimits) -> Result<RawRoot, ParseFailure> {
+    let Some(stack) = limits.parser_stack_bytes() else {
+        return parse_here(text, limits);
+    };
+    // A nesting limit above the default needs more stack than a tokio thread has.
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("sluice-yaml".into())
+            .stack_size(stack)
+            .spawn_scoped(scope, || parse_here(text, limits))
+            .map_err(|e| e.to_string())
+            .and_then(|parser| parser.join().map_err(|_| "the parser panicked".to_owned()))
+            .unwrap_or_else(|reason| {
+                Err(ParseFailure {
+                    message: format!("cannot run the YAML parser: {reason}"),
+                    line: None,
+                    column: None,
+                    limit: false,
+                })
+            })
+    })
+}
+
+fn parse_here(text: &str, limits: &ConfigLimits) -> Result<RawRoot, ParseFailure> {
     let mut options = serde_saphyr::Options::default();
-    options.budget = Some(budget);
+    options.budget = Some(limits.budget());
     match serde_saphyr::from_str_with_options::<Option<RawRoot>>(text, options) {
         Ok(root) => Ok(root.unwrap_or_default()),
         Err(err) => {
             let location = err.location();
             let line = location.as_ref().and_then(line_of);
             let column = location.and_then(|l| usize::try_from(l.column()).ok().filter(|c| *c > 0));
-            let mut message = err.without_snippet().to_string();
-            if message.starts_with("budget breached: Depth") {
-                message = format!(
-                    "nesting deeper than {MAX_YAML_DEPTH} YAML levels (about {} levels of \
-                     descriptors)",
-                    MAX_YAML_DEPTH / 2 - 2
-                );
+            if let Some(breach) = budget_breach(&err) {
+                return Err(ParseFailure {
+                    message: limits.breach_message(breach),
+                    line,
+                    column,
+                    limit: true,
+                });
             }
+            let mut message = err.without_snippet().to_string();
             // Advice aimed at the library's user, not at whoever edits the config file.
             if let Some(at) = message.find(", set DuplicateKeyPolicy in Options") {
                 if let Some(rest) = message.get(at..) {
@@ -383,7 +407,20 @@ pub(crate) fn parse(text: &str) -> Result<RawRoot, ParseFailure> {
                 message,
                 line,
                 column,
+                limit: false,
             })
+        }
+    }
+}
+
+/// The parser limit an error reports, under its snippet and alias wrappers.
+fn budget_breach(mut err: &serde_saphyr::Error) -> Option<&BudgetBreach> {
+    loop {
+        match err {
+            serde_saphyr::Error::WithSnippet { error, .. }
+            | serde_saphyr::Error::AliasError { error, .. } => err = error,
+            serde_saphyr::Error::Budget { breach, .. } => return Some(breach),
+            _ => return None,
         }
     }
 }

@@ -48,6 +48,43 @@ pub struct Limit {
     pub name: Option<String>,
 }
 
+/// What a request that does not fit records on a rule's limits (sluice extension `over_limit`;
+/// docs/algorithms.md, "Costs charged after the response"). The decision engine maps it onto
+/// the limiter's `OverLimit`, whose doc defines each setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OverLimitSetting {
+    /// Nothing: a refused request costs nothing.
+    Refuse,
+    /// A cost that did not fit fills the window to its limit (the default).
+    #[default]
+    Fill,
+    /// The whole cost, even past the limit.
+    Record,
+}
+
+impl OverLimitSetting {
+    /// The settings by config name.
+    pub const NAMES: [(&'static str, OverLimitSetting); 3] = [
+        ("refuse", OverLimitSetting::Refuse),
+        ("fill", OverLimitSetting::Fill),
+        ("record", OverLimitSetting::Record),
+    ];
+
+    pub fn parse(name: &str) -> Option<OverLimitSetting> {
+        Self::NAMES
+            .into_iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, s)| s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES
+            .into_iter()
+            .find(|&(_, s)| s == self)
+            .map_or("fill", |(n, _)| n)
+    }
+}
+
 /// Which rate-limit response headers a rule asks for (sluice extension `response_headers`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum HeaderFormat {
@@ -105,6 +142,8 @@ pub struct Rule {
     pub detailed_metric: bool,
     /// `value_to_metric`: metrics name this rule with the request's values, not the config's.
     pub value_to_metric: bool,
+    /// `over_limit` (sluice extension): what a request that does not fit records.
+    pub over_limit: OverLimitSetting,
     /// Entries (by depth) matched by a `share_threshold` wildcard, with the wildcard: every
     /// value matching it shares one counter, so the limiter key uses the wildcard, not the value.
     pub shared_values: Vec<(usize, String)>,

@@ -9,9 +9,11 @@
 
 use std::collections::HashSet;
 
-use crate::config::{Config, HeaderPolicy, LimitAlgorithm, LimitSpec, Lookup, Rule};
+use crate::config::{
+    Config, HeaderPolicy, LimitAlgorithm, LimitSpec, Lookup, OverLimitSetting, Rule,
+};
 use crate::descriptor::limiter_key_tagged;
-use crate::limiter::{Algorithm, Hit, HitKind};
+use crate::limiter::{Algorithm, Hit, HitKind, OverLimit};
 
 use super::types::{CurrentLimit, Descriptor, EngineOptions, Outcome, Request, Verdict};
 
@@ -76,6 +78,7 @@ fn resolve_descriptor<'c>(
         HitKind::Shadow | HitKind::Refund => HeaderPolicy::default(),
     };
     let hits = descriptor.hits_addend.unwrap_or(request_hits(request));
+    let over_limit = over_limit_of(rule.map_or_else(OverLimitSetting::default, |r| r.over_limit));
     let mut parts = limits
         .into_iter()
         .enumerate()
@@ -94,6 +97,7 @@ fn resolve_descriptor<'c>(
                 window_ms: limit.window_ms,
                 hits,
                 kind,
+                over_limit,
                 algorithm,
             };
             (limit, hit)
@@ -180,6 +184,15 @@ fn hit_kind(descriptor: &Descriptor, rule: Option<&Rule>, options: &EngineOption
         HitKind::Quota
     } else {
         HitKind::Consume
+    }
+}
+
+/// The limiter's over-limit setting for a configured one.
+fn over_limit_of(setting: OverLimitSetting) -> OverLimit {
+    match setting {
+        OverLimitSetting::Refuse => OverLimit::Refuse,
+        OverLimitSetting::Fill => OverLimit::Fill,
+        OverLimitSetting::Record => OverLimit::Record,
     }
 }
 
@@ -298,6 +311,37 @@ mod tests {
         assert_eq!(batches[0][0].key, "sluice:{d|path=/api/*|60000}");
         assert_eq!(batches[1][0].key, batches[0][0].key);
         assert_ne!(batches[3][0].key, batches[4][0].key);
+    }
+
+    #[tokio::test]
+    async fn over_limit_reaches_every_limit_of_its_rule() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: a
+    over_limit: record
+    rate_limits: [{unit: minute, requests_per_unit: 2}, {unit: hour, requests_per_unit: 9}]
+  - key: b
+    over_limit: Refuse
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: c
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+        let backend = Arc::new(crate::decision::test_support::Recording::new());
+        let engine = Engine::new(config(yaml), backend.clone());
+        let request = req(&[&[("a", "x")], &[("b", "x")], &[("c", "x")]]);
+        engine.decide(&request).await.unwrap();
+        let batches = backend.batches.lock().unwrap();
+        let settings: Vec<OverLimit> = batches[0].iter().map(|h| h.over_limit).collect();
+        assert_eq!(
+            settings,
+            [
+                OverLimit::Record,
+                OverLimit::Record,
+                OverLimit::Refuse,
+                OverLimit::Fill
+            ]
+        );
     }
 
     #[tokio::test]

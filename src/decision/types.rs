@@ -65,8 +65,9 @@ pub struct InputLimits {
     pub max_key_bytes: usize,
     /// Bytes in an entry's `value`.
     pub max_value_bytes: usize,
-    /// `hits_addend` of the request or of a descriptor. The Redis backend records one member
-    /// per admitted hit, so this also bounds the work one admitted item can cost Redis.
+    /// `hits_addend` of the request or of a descriptor. A request's hits are one log entry
+    /// carrying them as its weight on every backend, so this bounds a claim on a limit, not the
+    /// work a decision costs.
     pub max_hits_addend: u64,
     /// Bytes of one encoded gRPC message (tonic's decoding limit: larger messages are refused
     /// before they are decoded, with the transport's own status).

@@ -8,10 +8,13 @@
 //! One key holds one [`State`]; its transition for one batch item is
 //! `settle(now)` (evict / rotate / decay: a pure function of time, idempotent at one `now`),
 //! then the check `count + earlier + hits <= capacity` (shared by every algorithm, see
-//! [`super::window::check`]), then on an admitted batch `record` or `refund`, and finally the
-//! report `count` / `reset_ms`.
+//! [`super::window::check`]), then `record` of what the verdict records (see
+//! [`super::OverLimit`]) or, on an admitted batch, `refund`, and finally the report `count` /
+//! `reset_ms`. Every state counts weights exactly: recording `h` hits adds exactly `h` to the
+//! count, in one step, whatever `h` is.
 //!
-//! - [`Algorithm::SlidingLog`]: one entry per hit, counted while `now - t < window`. Exact.
+//! - [`Algorithm::SlidingLog`]: one entry per recording item, carrying its hits as its weight,
+//!   counted while `now - t < window`. Exact.
 //! - [`Algorithm::QuantizedLog`]: hits counted per quantum-aligned bucket (recorded at
 //!   `floor(now / q) * q`); a bucket counts while `start + q + window > now`, so every hit counts
 //!   for at least the window (never more admitted than the limit in any window) and at most one
@@ -290,13 +293,14 @@ impl State {
         }
     }
 
-    /// Records `hits` admitted hits at `now` (after [`State::settle`]).
+    /// Records `hits` hits at `now` (after [`State::settle`]): for the sliding log one entry of
+    /// that weight.
     pub fn record(&mut self, hit: &Hit, now: u64, hits: u64) {
         let w = hit.window_ms.max(1);
         match (self, hit.algorithm) {
             (State::Log(log), Algorithm::QuantizedLog { quantum_ms }) => {
                 let q = quantum_ms.max(1);
-                log.record(now / q * q, hits)
+                log.add_to_bucket(now / q * q, hits)
             }
             (State::Log(log), _) => log.record(now, hits),
             (State::Fixed { count, .. }, _) => *count = count.saturating_add(hits),
@@ -362,6 +366,7 @@ mod tests {
             window_ms,
             hits: 1,
             kind: HitKind::Consume,
+            over_limit: crate::limiter::OverLimit::default(),
             algorithm,
         }
     }

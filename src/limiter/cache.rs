@@ -10,9 +10,14 @@
 //!
 //! What makes a local answer safe:
 //! - only a certain rejection is answered locally: some `Consume` item whose key has a live
-//!   entry (same window) with `count + hits > limit` (`count >= limit` for a `hits = 0` probe).
-//!   A rejected batch records nothing on any backend, so answering it here changes nothing;
+//!   entry (same window) with `count + hits > limit` (`count >= limit` for a `hits = 0` probe);
 //!   everything else goes to the backend. Shadow items never veto, so they never trigger it;
+//! - and only a rejection that would record nothing on the backend ([`super::OverLimit`]), so
+//!   that answering it here changes nothing: every item is a probe, `refuse`, or `fill` with
+//!   nothing to fill: its key cached as full, or a single hit on a key no other item of the
+//!   batch records on (a single hit that does not fit means its key is full). A `record` item
+//!   with hits, or a `fill` item that might fill, sends the request to the backend, which
+//!   records it (a charge after the response must hold the budget);
 //! - the entry's deadline is `now before the call + reset_ms`: the backend computed `reset_ms`
 //!   after that instant, so the local deadline is never later than the real one;
 //! - refunds are the one way a key's count drops early. A refund sent through this instance
@@ -45,7 +50,9 @@ use crate::sync::lock;
 
 use async_trait::async_trait;
 
-use super::{AnsweredBy, BatchOutcome, Clock, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use super::{
+    AnsweredBy, BatchOutcome, Clock, Hit, HitKind, KeyOutcome, Limiter, LimiterError, OverLimit,
+};
 
 /// Default number of cached keys.
 pub const DEFAULT_CAPACITY: usize = 10_000;
@@ -129,7 +136,31 @@ impl RejectionCache {
                 }
             })
             .collect();
-        rejected.then_some(BatchOutcome {
+        let records_nothing = batch.iter().all(|hit| {
+            let full = || {
+                entries.get(&hit.key).is_some_and(|e| {
+                    e.window_ms == hit.window_ms
+                        && now < e.until_ms
+                        && hit.algorithm.rejection_is_stable()
+                        && e.count >= hit.capacity()
+                })
+            };
+            let alone = || {
+                batch
+                    .iter()
+                    .filter(|h| h.key == hit.key && h.kind != HitKind::Refund)
+                    .count()
+                    == 1
+            };
+            hit.kind == HitKind::Refund
+                || hit.hits == 0
+                || match hit.over_limit {
+                    OverLimit::Refuse => true,
+                    OverLimit::Fill => full() || (hit.hits == 1 && alone()),
+                    OverLimit::Record => false,
+                }
+        });
+        (rejected && records_nothing).then_some(BatchOutcome {
             admitted: false,
             items,
             answered_by: AnsweredBy::LocalCache,
@@ -286,6 +317,7 @@ mod tests {
             window_ms: 1000,
             hits,
             kind,
+            over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
         }
     }
@@ -402,6 +434,43 @@ mod tests {
         );
     }
 
+    /// A rejection that records something (a fill with room left, a `record` item) goes to the
+    /// backend, which records it; one that records nothing is answered here.
+    #[tokio::test]
+    async fn rejections_that_record_reach_the_backend() {
+        let (cache, inner) = setup(100);
+        let calls = || inner.calls.load(Ordering::Relaxed);
+        let refuse = |hits| Hit {
+            over_limit: OverLimit::Refuse,
+            ..hit("k", 10, hits, HitKind::Consume)
+        };
+        cache.decide(&[refuse(8)], Some(T)).await.unwrap();
+        // 8 + 3 > 10 under refuse: rejected and cached at 8 of 10, then answered here (refuse
+        // records nothing).
+        for now in [T + 1, T + 2] {
+            let out = cache.decide(&[refuse(3)], Some(now)).await.unwrap();
+            assert_eq!((out.admitted, calls()), (false, 2));
+        }
+        let record = Hit {
+            over_limit: OverLimit::Record,
+            ..hit("k", 10, 1, HitKind::Consume)
+        };
+        // Certainly rejected, but 2 of room would be filled: the backend fills it.
+        let out = cache
+            .decide(&[hit("k", 10, 4, HitKind::Consume)], Some(T + 3))
+            .await
+            .unwrap();
+        assert_eq!((out.admitted, out.items[0].count, calls()), (false, 10, 3));
+        // Full now: a fill and a probe record nothing, a record item records.
+        let out = cache
+            .decide(&[hit("k", 10, 4, HitKind::Consume)], Some(T + 4))
+            .await
+            .unwrap();
+        assert_eq!((out.answered_by, calls()), (AnsweredBy::LocalCache, 3));
+        let out = cache.decide(&[record], Some(T + 5)).await.unwrap();
+        assert_eq!((out.items[0].count, calls()), (11, 4));
+    }
+
     #[tokio::test]
     async fn a_refund_through_this_instance_drops_the_entry() {
         let (cache, inner) = setup(100);
@@ -437,14 +506,21 @@ mod tests {
     }
 
     fn arb_batch() -> impl Strategy<Value = Vec<Hit>> {
-        let item = (0..3usize, 1..4u64, 0..3u64, 0..10u8).prop_map(|(k, limit, hits, kind)| {
-            let kind = match kind {
-                0 => HitKind::Shadow,
-                1 => HitKind::Refund,
-                _ => HitKind::Consume,
-            };
-            hit(["a", "b", "c"][k], limit, hits, kind)
-        });
+        let item = (0..3usize, 1..4u64, 0..3u64, 0..10u8, 0..3u8).prop_map(
+            |(k, limit, hits, kind, over_limit)| {
+                let kind = match kind {
+                    0 => HitKind::Shadow,
+                    1 => HitKind::Refund,
+                    _ => HitKind::Consume,
+                };
+                let over_limit = [OverLimit::Fill, OverLimit::Refuse, OverLimit::Record]
+                    [usize::from(over_limit)];
+                Hit {
+                    over_limit,
+                    ..hit(["a", "b", "c"][k], limit, hits, kind)
+                }
+            },
+        );
         prop::collection::vec(item, 1..4)
     }
 
@@ -465,6 +541,11 @@ mod tests {
                 let a = rt.block_on(bare.decide(&batch, Some(now))).unwrap();
                 let b = rt.block_on(cache.decide(&batch, Some(now))).unwrap();
                 prop_assert_eq!(a.admitted, b.admitted, "batch {:?} at {}", batch, now);
+                if b.answered_by == AnsweredBy::Backend {
+                    // What the backend answered, counts included: a local answer recorded
+                    // exactly what the backend would have (nothing).
+                    prop_assert_eq!(&a.items, &b.items, "batch {:?} at {}", batch, now);
+                }
             }
         }
     }

@@ -176,6 +176,7 @@ mod tests {
             window_ms: 1000,
             hits: 1,
             kind: HitKind::Consume,
+            over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
         }]
     }

@@ -8,14 +8,16 @@
 
 use std::collections::VecDeque;
 
-/// One key's log of hits, oldest first.
+/// One key's log, oldest entry first: `(timestamp, weight)` pairs and their total.
 ///
-/// Run-length encoded (`(timestamp, hits)` runs) rather than one slot per hit: a single item
-/// with a large `hits` (a large limit is legal) then costs one run, so memory is bounded by the
-/// number of recording decisions still in the window, not by the size of the limit.
+/// Exactly what the Redis script stores for the key (`redis/lua/decide.lua`): the sliding log
+/// keeps one entry per recording item, whatever its weight ([`Log::record`]), so memory grows
+/// with the requests in the window, not with their hits; the quantized log keeps one entry per
+/// bucket, which every hit of the bucket adds to ([`Log::add_to_bucket`], the script's hash
+/// field). The total is kept beside the entries, as the script keeps it beside its set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Log {
-    runs: VecDeque<(u64, u64)>,
+    entries: VecDeque<(u64, u64)>,
     total: u64,
 }
 
@@ -26,67 +28,85 @@ impl Log {
 
     /// Drops the entries that have left the window at `now`.
     pub fn evict(&mut self, now: u64, window_ms: u64) {
-        while let Some(&(t, n)) = self.runs.front() {
+        while let Some(&(t, weight)) = self.entries.front() {
             if t.saturating_add(window_ms) > now {
                 break;
             }
-            self.total = self.total.saturating_sub(n);
-            self.runs.pop_front();
+            self.total = self.total.saturating_sub(weight);
+            self.entries.pop_front();
         }
     }
 
-    /// Entries in the log (call [`Log::evict`] first to get the count in the window).
+    /// The sum of the entries' weights (call [`Log::evict`] first to get the count in the
+    /// window).
     pub fn count(&self) -> u64 {
         self.total
     }
 
-    /// Runs held: the log's memory grows with this, not with the hits it counts.
-    pub fn runs(&self) -> usize {
-        self.runs.len()
+    /// Entries held: the log's memory grows with this, not with the hits it counts.
+    pub fn entries(&self) -> usize {
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.total == 0
+        self.entries.is_empty()
     }
 
     /// Timestamp of the newest entry, which decides when the whole key may be forgotten.
     pub fn newest(&self) -> Option<u64> {
-        self.runs.back().map(|&(t, _)| t)
+        self.entries.back().map(|&(t, _)| t)
     }
 
     /// Milliseconds until the oldest entry leaves the window; `window_ms` when empty.
     pub fn reset_ms(&self, now: u64, window_ms: u64) -> u64 {
-        match self.runs.front() {
+        match self.entries.front() {
             Some(&(t, _)) => t.saturating_add(window_ms).saturating_sub(now),
             None => window_ms,
         }
     }
 
-    /// Records `hits` entries at `max(now, newest)`.
-    pub fn record(&mut self, now: u64, hits: u64) {
+    /// The time a new entry goes to: `max(now, newest)`, so timestamps never decrease.
+    fn next_time(&self, now: u64) -> u64 {
+        self.newest().map_or(now, |newest| newest.max(now))
+    }
+
+    /// Records one entry of `weight` at `max(now, newest)` (nothing for a weight of 0).
+    pub fn record(&mut self, now: u64, weight: u64) {
+        if weight == 0 {
+            return;
+        }
+        let t = self.next_time(now);
+        self.entries.push_back((t, weight));
+        self.total = self.total.saturating_add(weight);
+    }
+
+    /// Adds `hits` to the bucket starting at `max(start, newest)`, a new entry unless the newest
+    /// bucket is that one.
+    pub fn add_to_bucket(&mut self, start: u64, hits: u64) {
         if hits == 0 {
             return;
         }
-        let t = self.newest().map_or(now, |newest| newest.max(now));
-        match self.runs.back_mut() {
-            Some(run) if run.0 == t => run.1 = run.1.saturating_add(hits),
-            _ => self.runs.push_back((t, hits)),
+        let t = self.next_time(start);
+        match self.entries.back_mut() {
+            Some(entry) if entry.0 == t => entry.1 = entry.1.saturating_add(hits),
+            _ => self.entries.push_back((t, hits)),
         }
         self.total = self.total.saturating_add(hits);
     }
 
-    /// Removes up to `n` of the newest entries.
+    /// Removes up to `n` of the newest weight: whole entries, newest first, and part of the
+    /// last one reached.
     pub fn refund(&mut self, mut n: u64) {
         while n > 0 {
-            let Some(run) = self.runs.back_mut() else {
+            let Some(entry) = self.entries.back_mut() else {
                 break;
             };
-            let take = run.1.min(n);
-            run.1 -= take;
+            let take = entry.1.min(n);
+            entry.1 -= take;
             n -= take;
             self.total -= take;
-            if run.1 == 0 {
-                self.runs.pop_back();
+            if entry.1 == 0 {
+                self.entries.pop_back();
             }
         }
     }
@@ -115,7 +135,7 @@ mod tests {
         log.record(500, 1);
         log.record(400, 1);
         assert_eq!(log.newest(), Some(500));
-        assert_eq!(log.runs.len(), 1);
+        assert_eq!(log.entries(), 2, "one entry per record, also at one time");
         log.evict(1499, 1000);
         assert_eq!(log.count(), 2);
         log.evict(1500, 1000);
@@ -123,12 +143,38 @@ mod tests {
     }
 
     #[test]
-    fn refund_removes_newest_across_runs() {
+    fn one_entry_per_record_whatever_its_weight() {
+        let mut log = Log::new();
+        log.record(100, 100_000);
+        log.record(100, 1);
+        assert_eq!((log.entries(), log.count()), (2, 100_001));
+        log.record(100, 0);
+        assert_eq!(log.entries(), 2, "a weight of 0 is no entry");
+    }
+
+    #[test]
+    fn buckets_merge() {
+        let mut log = Log::new();
+        log.add_to_bucket(100, 2);
+        log.add_to_bucket(100, 3);
+        log.add_to_bucket(50, 1);
+        assert_eq!(
+            (log.entries(), log.count()),
+            (1, 6),
+            "an older start joins the newest"
+        );
+        log.add_to_bucket(200, 1);
+        assert_eq!(log.entries(), 2);
+    }
+
+    #[test]
+    fn refund_removes_newest_and_splits_an_entry() {
         let mut log = Log::new();
         log.record(100, 2);
         log.record(200, 3);
         log.refund(4);
         assert_eq!(log.count(), 1);
+        assert_eq!(log.entries(), 1);
         assert_eq!(log.newest(), Some(100));
         log.refund(10);
         assert!(log.is_empty());

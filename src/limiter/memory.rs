@@ -7,10 +7,13 @@
 //!   unrelated keys rarely contend. A batch locks the shards it touches in ascending index
 //!   order (deduplicated), which makes multi-key batches atomic without deadlock. Nothing here
 //!   awaits, so holding a std mutex is fine (and cheaper than an async one).
-//! - Memory is bounded: a log key holds at most `limit` entries (run-length encoded, see
-//!   [`Log`](super::log::Log)), a quantized log one run per quantum, other algorithms O(1); expired entries are evicted whenever a key is touched and a key whose log becomes
-//!   empty is removed; every [`SWEEP_EVERY`] decisions one shard is swept (at the `now` of that
-//!   decision) so keys nobody touches again are reclaimed too.
+//! - Memory is bounded: a sliding-log key holds one entry per recording item in its window,
+//!   whatever its weight (at most `limit` entries while items record within the limit; with
+//!   `over_limit: record`, one per recorded request), a quantized log one per quantum, other
+//!   algorithms O(1) (see [`Log`](super::log::Log)); expired entries are evicted whenever a key
+//!   is touched and a key whose log becomes empty is removed; every [`SWEEP_EVERY`] decisions
+//!   one shard is swept (at the `now` of that decision) so keys nobody touches again are
+//!   reclaimed too.
 //! - At most `max_keys` keys: the cap is split evenly across shards and enforced per shard, so
 //!   it is checked under the one lock we already hold. When a new key meets a full shard, the
 //!   shard is swept; if that left the shard more than 7/8 full, the keys whose newest entry is
@@ -91,6 +94,19 @@ impl MemoryLimiter {
     /// Keys currently held (including ones whose entries expired but were not yet swept).
     pub fn key_count(&self) -> usize {
         self.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// Entries a log key holds (sliding-log entries or quantized-log buckets; 0 for an unknown
+    /// key or another algorithm): what the Redis script stores for it, which the differential
+    /// tests compare.
+    pub fn log_entries(&self, key: &str) -> usize {
+        match lock(&self.shards[self.shard_of(key)]).get(key) {
+            Some(Entry {
+                state: State::Log(log),
+                ..
+            }) => log.entries(),
+            _ => 0,
+        }
     }
 
     fn shard_of(&self, key: &str) -> usize {
@@ -256,6 +272,7 @@ mod tests {
             window_ms: 1000,
             hits,
             kind: HitKind::Consume,
+            over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
         }
     }

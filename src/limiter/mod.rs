@@ -10,20 +10,43 @@
 //! Semantics shared by every backend, for one call with a batch of [`Hit`]s (described for the
 //! default sliding log; each [`Algorithm`] defines its own `count` and `reset_ms`, see
 //! [`algorithms`], and everything else below holds for all of them):
-//! - An entry recorded at time `t` counts while `now - t < window_ms`.
-//! - A `Consume` hit with `hits > 0` passes when `count + hits <= capacity` (the limit, or the
-//!   GCRA burst; hits of earlier items of the same batch on the same key count too). `hits == 0`
-//!   is a check-only probe: it passes when `count < capacity` and never records anything.
-//! - The batch is all-or-nothing: it is admitted when every `Consume` item passes and, if it has
-//!   `Quota` items, at least one of them passes; only then are the hits recorded (one entry per
-//!   hit) and refunds applied. A rejected batch changes nothing.
+//! - An entry recorded at time `t` counts while `now - t < window_ms`. An entry carries a
+//!   weight, the hits one item recorded: a request with `hits_addend: 2000` is one entry of
+//!   weight 2000, and a key's `count` is the sum of the weights in its window. Memory and time
+//!   grow with the entries (recording requests), never with the hits.
+//! - Check, per item in batch order: `seen` is the key's count plus what the batch's earlier
+//!   items on the same key record if the batch is admitted. A `Consume`, `Shadow` or `Quota`
+//!   item passes when `seen + hits <= capacity` (the limit, or the GCRA burst). `hits == 0` is a
+//!   check-only probe: it passes when `seen < capacity` and never records anything.
+//! - The batch is all-or-nothing as a verdict: it is admitted when every `Consume` item passes
+//!   and, if it has `Quota` items, at least one of them passes.
+//! - What an item records (its take), in batch order, after the verdict:
+//!   - admitted batch: a `Consume` item, and a `Shadow` or `Quota` item that passed, records
+//!     its `hits`; `Refund` items remove up to `hits` of the key's newest weight (splitting an
+//!     entry when they take only part of it). A `Shadow` or `Quota` item that did not pass
+//!     records what its [`OverLimit`] says (below);
+//!   - rejected batch: every non-refund item records what its [`OverLimit`] says, refunds
+//!     nothing. With [`OverLimit::Fill`] (the default) that is: each item that did not fit
+//!     fills its key to capacity, and nothing else is recorded;
+//!   - [`OverLimit::Refuse`]: nothing (sluice's classic "a rejected request records nothing");
+//!     [`OverLimit::Fill`]: an item that did not pass records as much of its cost as fits,
+//!     `min(hits, capacity - seen')`, `seen'` counting the earlier items as this verdict records
+//!     them (a 1-hit rejection records 0: its key was full); one that passed records nothing;
+//!     [`OverLimit::Record`]: its whole cost, even past the limit (exact accounting, as
+//!     envoyproxy/ratelimit, which records every hit);
+//!   - no key ever counts more than [`MAX_COUNT`]: a take that would pass it is cut there.
+//!
+//!   So a charge sent after the response (Envoy's `apply_on_stream_done`, whose answer Envoy
+//!   ignores) holds the budget: it is refused, but the window it overdrew is full (fill) or
+//!   overdrawn (record), and the next check is refused until the window frees room. The
+//!   over-consumption bound: per check admitted while the budget had room and still in flight,
+//!   at most one request's cost past the limit.
 //! - `Quota` items (envoyproxy/ratelimit's `quota_mode`) are checked like `Consume`; one over its
-//!   limit fails the batch only when every `Quota` item of the batch is over. On an admitted batch
-//!   they record their hits only if they passed themselves.
-//! - `Shadow` items are checked like `Consume` but never veto the batch; on an admitted batch they
-//!   record their hits only if they passed themselves, so their log is what enforcement would keep.
-//! - `Refund` items never reject; on an admitted batch they remove up to `hits` of the key's newest
-//!   entries.
+//!   limit fails the batch only when every `Quota` item of the batch is over.
+//! - `Shadow` items are checked like `Consume` but never veto the batch; what they record is
+//!   what an enforced item would: their hits if they passed on an admitted batch, else their
+//!   [`OverLimit`]'s take, so their log is what enforcement would keep.
+//! - `Refund` items never reject and ignore [`OverLimit`].
 //! - The clock: Redis uses its own `TIME` (instances with skewed clocks agree); the memory backend
 //!   uses the [`Clock`] it was built with. Both also accept an explicit `now` for tests.
 
@@ -49,6 +72,47 @@ pub enum HitKind {
     Quota,
 }
 
+/// What a non-refund item records when it is not recorded as admitted: on a rejected batch, or
+/// a `Shadow`/`Quota` item that did not pass on an admitted one (the module doc has the rule).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum OverLimit {
+    /// Nothing: right for costs known on the request path, which a refusal stops.
+    Refuse,
+    /// An item that did not fit fills its key up to capacity; one that fit records nothing.
+    /// The default, with no sluice-specific configuration: a charge for work already done
+    /// (Envoy's `apply_on_stream_done`) then holds the budget.
+    #[default]
+    Fill,
+    /// The whole cost, even past the limit (exact accounting, envoyproxy/ratelimit-like).
+    Record,
+}
+
+impl OverLimit {
+    /// The config name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OverLimit::Refuse => "refuse",
+            OverLimit::Fill => "fill",
+            OverLimit::Record => "record",
+        }
+    }
+
+    /// The code the Redis script dispatches on (its `OVER_LIMIT_*` constants, which a test
+    /// holds equal to these).
+    pub const fn code(self) -> &'static str {
+        match self {
+            OverLimit::Refuse => "n",
+            OverLimit::Fill => "f",
+            OverLimit::Record => "a",
+        }
+    }
+}
+
+/// No key counts more than this (2^52): what an item records is cut so that its key's count
+/// stays at or below it. The Redis script computes in doubles, exact below 2^53, and no real
+/// limit comes near it; only [`OverLimit::Record`] can reach it at all.
+pub const MAX_COUNT: u64 = 1 << 52;
+
 /// One limiter key's share of a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hit {
@@ -58,6 +122,9 @@ pub struct Hit {
     pub window_ms: u64,
     pub hits: u64,
     pub kind: HitKind,
+    /// What the item records when it is not recorded as admitted (rejected batch, or a shadow
+    /// or quota item over its limit).
+    pub over_limit: OverLimit,
     /// How the key counts ([`algorithms`]); one batch may mix algorithms and stays
     /// all-or-nothing. For GCRA, `limit` is the rate per window and the burst the capacity.
     pub algorithm: Algorithm,
@@ -75,7 +142,8 @@ impl Hit {
 pub struct KeyOutcome {
     /// This item's own check passed (always true for `Refund`).
     pub passed: bool,
-    /// Entries in the key's window after the decision.
+    /// What counts in the key's window after the decision (for a log, the sum of its entries'
+    /// weights).
     pub count: u64,
     /// Milliseconds until the oldest entry in the window leaves it (when a slot frees);
     /// `window_ms` when the window is empty.
@@ -84,7 +152,7 @@ pub struct KeyOutcome {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchOutcome {
-    /// Every `Consume` item passed and the batch was recorded.
+    /// Every `Consume` item passed (and, with quota items, one of them): the batch's verdict.
     pub admitted: bool,
     pub items: Vec<KeyOutcome>,
     /// Who answered: the backend, or a wrapper in front of it without calling it. Wrappers
@@ -106,7 +174,7 @@ impl BatchOutcome {
 /// Who answered a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AnsweredBy {
-    /// The backend decided (and recorded, when admitted).
+    /// The backend decided (and recorded what the verdict records).
     #[default]
     Backend,
     /// The local rejection cache ([`cache`]) knew the batch is rejected and answered without
@@ -144,6 +212,10 @@ pub enum LimiterError {
     Timeout(u64),
     #[error("backend replied with something unexpected: {0}")]
     Protocol(String),
+    /// The backend refused this request alone, for something in its own keys (a Redis key
+    /// holding another type of value: `WRONGTYPE`); requests sharing its call are unaffected.
+    #[error("backend refused the request: {0}")]
+    Refused(String),
     /// Too many backend calls in flight: refused without waiting, so no queue builds up.
     #[error("backend overloaded: too many calls in flight")]
     Overloaded,

@@ -15,7 +15,7 @@
 //! - a key is assumed to be used with one window (the window is part of the limiter key).
 
 use super::algorithms::State;
-use super::{BatchOutcome, Hit, HitKind, KeyOutcome};
+use super::{BatchOutcome, Hit, HitKind, KeyOutcome, OverLimit, MAX_COUNT};
 
 /// Whether a `Consume`/`Shadow` item passes, given the key's count in the window and the hits
 /// earlier items of the same batch would record on the same key. Checked arithmetic: `hits` may
@@ -31,22 +31,46 @@ pub fn check(count: u64, earlier: u64, hits: u64, limit: u64) -> bool {
     }
 }
 
+/// What an item records when it is not recorded as admitted, by its [`OverLimit`]: nothing; as
+/// much of its cost as fits after `seen` if it did not pass; or its whole cost. Never past
+/// [`MAX_COUNT`].
+pub fn over_limit_take(hit: &Hit, passed: bool, seen: u64, capacity: u64) -> u64 {
+    match hit.over_limit {
+        OverLimit::Record => hit.hits.min(MAX_COUNT.saturating_sub(seen)),
+        OverLimit::Fill if !passed => hit.hits.min(capacity.saturating_sub(seen)),
+        OverLimit::Fill | OverLimit::Refuse => 0,
+    }
+}
+
+/// One item's check, and what it records under either verdict.
+#[derive(Debug, Clone, Copy, Default)]
+struct Plan {
+    passed: bool,
+    /// Its take if the batch is admitted (a refund: what it gives back).
+    if_admitted: u64,
+    /// Its take if the batch is rejected (0 for a refund).
+    if_rejected: u64,
+}
+
 /// Decides `batch` at `now` over `states`, mutating them only as the decision requires.
 ///
 /// `slots[i]` is the index in `states` of item `i`'s key; items with the same key must share a
 /// slot (that is how "the same key twice in one batch" is cumulative). A state that does not
 /// belong to its item's algorithm is started afresh. Steps:
 /// 1. for each item in order: settle its key at `now` (evict, rotate, decay; see
-///    [`State::settle`]); `Refund` passes; `Consume`/`Shadow` pass by [`check`] against the
-///    item's capacity with the hits that earlier items on the key would record (`Consume` always
-///    counts, since an admitted batch records all of them; `Shadow` only if it passed);
-/// 2. admitted iff every `Consume` passed; only then, in batch order, `Consume` and passed
-///    `Shadow` items record their hits and `Refund` items give hits back;
+///    [`State::settle`]); `Refund` passes; `Consume`/`Shadow`/`Quota` pass by [`check`] against
+///    the item's capacity with what earlier items on the key record if the batch is admitted
+///    (`Consume` always its hits, `Shadow`/`Quota` their hits if they passed, else their
+///    [`over_limit_take`]); each item's take under either verdict is fixed here, a rejected
+///    verdict's against what earlier items record if it is rejected;
+/// 2. the verdict: admitted iff every `Consume` passed (and some `Quota`, if any); then, in batch
+///    order, every item records its take for that verdict, and on an admitted batch `Refund`
+///    items give hits back;
 /// 3. every item reports its key's count and reset after the decision.
 ///
 /// What is kept: a log keeps its evictions (the Redis script evicts in its first phase too);
-/// any other state is written back only when an item wrote to it, so a rejected batch changes
-/// nothing observable, not even after a later call with an earlier clock.
+/// any other state is written back only when an item wrote to it, so a verdict that records
+/// nothing changes nothing observable, not even after a later call with an earlier clock.
 pub fn decide_batch(
     batch: &[Hit],
     slots: &[usize],
@@ -55,8 +79,10 @@ pub fn decide_batch(
 ) -> BatchOutcome {
     let mut work: Vec<State> = states.to_vec();
     let mut dirty = vec![false; states.len()];
-    let mut earlier = vec![0u64; states.len()];
-    let mut passed = Vec::with_capacity(batch.len());
+    // Per key: what earlier items record if the batch is admitted, and if it is rejected.
+    let mut if_admitted = vec![0u64; states.len()];
+    let mut if_rejected = vec![0u64; states.len()];
+    let mut plans = Vec::with_capacity(batch.len());
     let mut admitted = true;
     let (mut any_quota, mut quota_passed) = (false, false);
 
@@ -67,52 +93,71 @@ pub fn decide_batch(
             dirty[slot] = true;
         }
         state.settle(hit, now);
-        let ok = match hit.kind {
-            HitKind::Refund => true,
-            HitKind::Consume | HitKind::Shadow | HitKind::Quota => check(
-                state.count(hit, now),
-                earlier[slot],
-                hit.hits,
-                hit.capacity(),
-            ),
+        if hit.kind == HitKind::Refund {
+            plans.push(Plan {
+                passed: true,
+                if_admitted: hit.hits,
+                if_rejected: 0,
+            });
+            continue;
+        }
+        let count = state.count(hit, now);
+        let capacity = hit.capacity();
+        let passed = check(count, if_admitted[slot], hit.hits, capacity);
+        let admitted_take = if passed || hit.kind == HitKind::Consume {
+            hit.hits
+        } else {
+            over_limit_take(
+                hit,
+                false,
+                count.saturating_add(if_admitted[slot]),
+                capacity,
+            )
         };
-        let records = match hit.kind {
-            HitKind::Consume => {
-                admitted &= ok;
-                true
-            }
-            HitKind::Shadow => ok,
+        let rejected_take = over_limit_take(
+            hit,
+            passed,
+            count.saturating_add(if_rejected[slot]),
+            capacity,
+        );
+        if_admitted[slot] = if_admitted[slot].saturating_add(admitted_take);
+        if_rejected[slot] = if_rejected[slot].saturating_add(rejected_take);
+        match hit.kind {
+            HitKind::Consume => admitted &= passed,
             HitKind::Quota => {
                 any_quota = true;
-                quota_passed |= ok;
-                ok
+                quota_passed |= passed;
             }
-            HitKind::Refund => false,
-        };
-        if records {
-            earlier[slot] = earlier[slot].saturating_add(hit.hits);
+            HitKind::Shadow | HitKind::Refund => {}
         }
-        passed.push(ok);
+        plans.push(Plan {
+            passed,
+            if_admitted: admitted_take,
+            if_rejected: rejected_take,
+        });
     }
 
     // quota_mode: an over-limit quota item fails the batch only when every quota item is over.
     admitted &= !any_quota || quota_passed;
 
-    if admitted {
-        for ((hit, &slot), &ok) in batch.iter().zip(slots).zip(&passed) {
-            let state = &mut work[slot];
-            match hit.kind {
-                HitKind::Consume | HitKind::Shadow | HitKind::Quota
-                    if hit.hits > 0 && (ok || hit.kind == HitKind::Consume) =>
-                {
-                    state.record(hit, now, hit.hits);
+    for ((hit, &slot), plan) in batch.iter().zip(slots).zip(&plans) {
+        let state = &mut work[slot];
+        match hit.kind {
+            HitKind::Refund if admitted && plan.if_admitted > 0 => {
+                state.refund(hit, now, plan.if_admitted);
+                dirty[slot] = true;
+            }
+            HitKind::Refund => {}
+            _ => {
+                let take = if admitted {
+                    plan.if_admitted
+                } else {
+                    plan.if_rejected
+                };
+                if take > 0 {
+                    state.record(hit, now, take);
                     dirty[slot] = true;
                 }
-                HitKind::Refund if hit.hits > 0 => {
-                    state.refund(hit, now, hit.hits);
-                    dirty[slot] = true;
-                }
-                _ => {}
             }
         }
     }
@@ -120,9 +165,9 @@ pub fn decide_batch(
     let items = batch
         .iter()
         .zip(slots)
-        .zip(passed)
-        .map(|((hit, &slot), passed)| KeyOutcome {
-            passed,
+        .zip(plans)
+        .map(|((hit, &slot), plan)| KeyOutcome {
+            passed: plan.passed,
             count: work[slot].count(hit, now),
             reset_ms: work[slot].reset_ms(hit, now),
         })
@@ -166,8 +211,13 @@ mod tests {
             window_ms: 1000,
             hits,
             kind,
+            over_limit: OverLimit::Refuse,
             algorithm: crate::limiter::Algorithm::SlidingLog,
         }
+    }
+
+    fn with(over_limit: OverLimit, h: Hit) -> Hit {
+        Hit { over_limit, ..h }
     }
 
     /// Keeps logs by key across batches, like the memory backend does.
@@ -313,6 +363,68 @@ mod tests {
         );
         assert!(out.admitted);
         assert_eq!(out.items[0].count, u64::MAX);
-        assert!(matches!(&logs["k"], State::Log(l) if l.runs() == 1));
+        assert!(matches!(&logs["k"], State::Log(l) if l.entries() == 1));
+    }
+
+    #[test]
+    fn fill_fills_what_did_not_fit_and_nothing_else() {
+        let mut logs = std::collections::HashMap::new();
+        let fill =
+            |key: &str, limit, hits| with(OverLimit::Fill, hit(key, limit, hits, HitKind::Consume));
+        run(&[fill("k", 10, 8)], &mut logs, 0);
+        // 8 + 4 > 10: rejected, the key filled to 10; the other key fitted and records nothing.
+        let out = run(&[fill("other", 10, 1), fill("k", 10, 4)], &mut logs, 1);
+        assert!(!out.admitted);
+        assert_eq!(out.items[0].count, 0);
+        assert_eq!(out.items[1].count, 10);
+        // A full key: a 1-hit rejection and a probe record nothing.
+        let out = run(&[fill("k", 10, 1), fill("k", 10, 0)], &mut logs, 2);
+        assert!(!out.admitted);
+        assert_eq!(out.items[1].count, 10);
+        assert!(matches!(&logs["k"], State::Log(l) if l.entries() == 2));
+        // Same key twice: the first fits and is dropped with the verdict, so the second's whole
+        // cost fits.
+        let out = run(&[fill("j", 12, 1), fill("j", 12, 12)], &mut logs, 3);
+        assert!(!out.admitted);
+        assert_eq!(out.items[1].count, 12);
+    }
+
+    #[test]
+    fn record_records_the_whole_cost_past_the_limit() {
+        let mut logs = std::collections::HashMap::new();
+        let record = |key: &str, limit, hits| {
+            with(OverLimit::Record, hit(key, limit, hits, HitKind::Consume))
+        };
+        run(&[record("k", 10, 8)], &mut logs, 0);
+        let out = run(&[record("other", 10, 1), record("k", 10, 4)], &mut logs, 1);
+        assert!(!out.admitted);
+        assert_eq!((out.items[0].count, out.items[1].count), (1, 12));
+        // Even a huge cost is one entry, cut at MAX_COUNT.
+        let out = run(&[record("k", 10, u64::MAX)], &mut logs, 2);
+        assert_eq!(out.items[0].count, crate::limiter::MAX_COUNT);
+        assert!(matches!(&logs["k"], State::Log(l) if l.entries() == 3));
+    }
+
+    #[test]
+    fn shadow_over_its_limit_on_an_admitted_batch_follows_its_setting() {
+        for (over_limit, expected) in [
+            (OverLimit::Refuse, 4),
+            (OverLimit::Fill, 5),
+            (OverLimit::Record, 7),
+        ] {
+            let mut logs = std::collections::HashMap::new();
+            run(&[hit("s", 5, 4, HitKind::Shadow)], &mut logs, 0);
+            let out = run(
+                &[
+                    hit("c", 5, 1, HitKind::Consume),
+                    with(over_limit, hit("s", 5, 3, HitKind::Shadow)),
+                ],
+                &mut logs,
+                1,
+            );
+            assert!(out.admitted);
+            assert!(!out.items[1].passed);
+            assert_eq!(out.items[1].count, expected, "{over_limit:?}");
+        }
     }
 }

@@ -12,7 +12,7 @@ use crate::decision::{Code, DecisionError, Outcome};
 use crate::limiter::LimiterError;
 
 /// `sluice_requests_total{code}`.
-pub(super) const fn code_label(code: Code) -> &'static str {
+pub const fn code_label(code: Code) -> &'static str {
     match code {
         Code::Ok => "ok",
         Code::OverLimit => "over_limit",
@@ -53,11 +53,12 @@ impl From<&DecisionError> for RequestError {
 }
 
 /// `sluice_backend_errors_total{kind}`.
-pub(super) const fn backend_error_label(err: &LimiterError) -> &'static str {
+pub const fn backend_error_label(err: &LimiterError) -> &'static str {
     match err {
         LimiterError::Unavailable(_) => "unavailable",
         LimiterError::Timeout(_) => "timeout",
         LimiterError::Protocol(_) => "protocol",
+        LimiterError::Refused(_) => "refused",
         LimiterError::Overloaded => "overloaded",
     }
 }

@@ -35,8 +35,9 @@ mod xds;
 
 pub use backend::{record_backend_up, ObservedLimiter};
 pub use config::{record_config_failed, record_config_loaded};
+pub use labels::{backend_error_label, code_label};
 pub use names::*;
-pub use observer::{Observer, DETAILED_SERIES_MAX};
+pub use observer::{Observer, DETAILED_SERIES_MAX, UNKNOWN_DOMAIN};
 pub use windows::{RECENT_INTERVAL, TRACKED_KEYS_MAX};
 pub use xds::{
     record_xds_applied, record_xds_connected, record_xds_rejected, record_xds_stream_failure,

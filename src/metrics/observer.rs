@@ -28,8 +28,9 @@ use crate::descriptor::Entry;
 use crate::limiter::Limiter;
 use crate::sync::lock;
 
-/// Label used for domains the config does not know, so client-chosen names cannot add series.
-const OTHER: &str = "_unknown";
+/// Label used for domains the config does not know, so client-chosen names cannot add series
+/// (traces export the same).
+pub const UNKNOWN_DOMAIN: &str = "_unknown";
 
 /// Distinct `detailed_metric` label values per process; later ones fold into `<rule>|_overflow`.
 /// Once registered a series lives as long as the process, so this is a lifetime cap.
@@ -137,7 +138,7 @@ impl Observer {
         let domain = if decision.known_domain {
             request.domain.as_str()
         } else {
-            OTHER
+            UNKNOWN_DOMAIN
         };
         let handles = cached(&self.handles, domain, DomainHandles::default);
         handles

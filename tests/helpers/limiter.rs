@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sluice::limiter::redis::cluster::ClusterLimiter;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter};
+use sluice::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, OverLimit};
 
 use super::redis_server::{RedisCluster, RedisServer};
 
@@ -13,7 +13,7 @@ use super::redis_server::{RedisCluster, RedisServer};
 /// shape as in production.
 pub const T: u64 = 1_700_000_000_000;
 
-/// A sliding-log hit.
+/// A sliding-log hit, with the default `over_limit` (fill).
 pub fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
     Hit {
         key: key.to_string(),
@@ -21,6 +21,7 @@ pub fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> H
         window_ms,
         hits,
         kind,
+        over_limit: OverLimit::default(),
         algorithm: Algorithm::SlidingLog,
     }
 }
@@ -42,6 +43,11 @@ pub fn with(alg: Algorithm, h: Hit) -> Hit {
         algorithm: alg,
         ..h
     }
+}
+
+/// `h` with `over_limit` set.
+pub fn over(over_limit: OverLimit, h: Hit) -> Hit {
+    Hit { over_limit, ..h }
 }
 
 pub fn ko(passed: bool, count: u64, reset_ms: u64) -> KeyOutcome {

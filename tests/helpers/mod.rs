@@ -2,6 +2,7 @@
 //! needs (the rest is compiled and unused, hence `dead_code` allowed here).
 //!
 //! - [`redis_server`]: throwaway `redis-server` processes and 3-primary clusters.
+//! - [`sentinel`]: a primary, its replicas and three sentinels, for failover tests.
 //! - [`in_process`]: sluice itself, in the test process, on port 0 ([`TestServer`]): the
 //!   production stack built by `sluice::app`, served by `sluice::run`. Most suites use this.
 //! - [`process`]: the built `sluice` binary as a child process ([`Sluice`]), for the black-box
@@ -12,11 +13,14 @@
 //!   configs it runs, shipped ones rendered with only addresses changed, or built by a test;
 //!   [`istio`]: the EnvoyFilters of `deploy/istio/` applied to istiod-shaped configs;
 //!   [`edge_limits`]: what `deploy/base/limits` promises a client through them.
+//! - [`otlp`]: an OTLP trace receiver (gRPC or HTTP) standing in for an OpenTelemetry collector.
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
 //! - [`xds_server`]: a test double of an xDS management server (plaintext or mutual TLS 1.3);
-//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen).
+//!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
+//!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it;
+//!   [`gateway`]: Envoy Gateway's certificates, rate-limit cluster, route shapes and limits.
 #![allow(dead_code, unused_imports)]
 
 pub mod certs;
@@ -24,13 +28,17 @@ pub mod edge_limits;
 pub mod envoy;
 pub mod envoy_config;
 pub mod fuzz_harness;
+pub mod gateway;
 pub mod http;
 pub mod in_process;
 pub mod istio;
 pub mod limiter;
+pub mod otlp;
 pub mod process;
 pub mod redis_server;
 pub mod rpc;
+pub mod secret;
+pub mod sentinel;
 pub mod xds_server;
 
 pub use envoy::{Envoy, Upstream};

@@ -81,6 +81,16 @@ impl Sluice {
         Self::launch(cmd)
     }
 
+    /// Runs `cmd` as it is (its program, arguments and environment: e.g. the binary under
+    /// another name, in a sandbox, with nothing but a Deployment's variables), stdin closed,
+    /// stderr read into the log; returns once it logs "listening".
+    pub fn start_command(mut cmd: Command) -> Sluice {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        Self::launch(cmd)
+    }
+
     fn launch(mut cmd: Command) -> Sluice {
         let mut child = cmd.spawn().expect("spawn sluice binary");
         let stderr = child.stderr.take().expect("stderr piped");
@@ -195,18 +205,40 @@ impl Drop for Sluice {
     }
 }
 
+/// Longest a command run by [`run_sluice`] may take: one that should have exited (a start-up
+/// error) but serves instead is killed, and the test fails on its exit status, not by hanging.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Runs `sluice ARGS` to completion (no Redis URL from the caller's environment) and returns
-/// its output: for commands that exit by themselves, and start-up errors.
+/// its output: for commands that exit by themselves, and start-up errors. Killed after
+/// [`RUN_TIMEOUT`].
 pub fn run_sluice<I, S>(args: I, env: &[(&str, &str)]) -> std::process::Output
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(args)
         .env_remove("SLUICE_REDIS_URL")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
-        .output()
-        .expect("run the sluice binary")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the sluice binary");
+    let pid = child.id();
+    let (done, finished) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished.recv_timeout(RUN_TIMEOUT).is_err() {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    });
+    let output = child
+        .wait_with_output()
+        .expect("wait for the sluice binary");
+    let _ = done.send(());
+    let _ = watchdog.join();
+    output
 }

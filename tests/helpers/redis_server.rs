@@ -142,24 +142,16 @@ pub fn free_port() -> u16 {
 
 /// Spawns redis-server on `port` and waits until it answers PING.
 fn spawn(port: u16, dir: &TempDir, extra: &[String]) -> Result<Child, String> {
-    let mut child = match Command::new("redis-server")
-        .args(["--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1"])
-        .args(["--save", ""])
-        .args(["--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir.path())
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            panic!("redis-server not found: run scripts/test.sh, which installs it")
-        }
-        Err(e) => panic!("could not spawn redis-server: {e}"),
-    };
+    let mut child = spawn_redis_server(
+        Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra),
+    );
     let deadline = Instant::now() + STARTUP_TIMEOUT;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
@@ -179,7 +171,19 @@ fn spawn(port: u16, dir: &TempDir, extra: &[String]) -> Result<Child, String> {
     }
 }
 
-fn answers_ping(port: u16) -> bool {
+/// Spawns `redis-server` as `cmd` says, output discarded; a missing binary is a hard failure.
+pub fn spawn_redis_server(cmd: &mut Command) -> Child {
+    match cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn() {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!("redis-server not found: run scripts/test.sh, which installs it")
+        }
+        Err(e) => panic!("could not spawn redis-server: {e}"),
+    }
+}
+
+/// Whether something on loopback `port` answers `PING` with `PONG` (a Redis or a sentinel).
+pub fn answers_ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) else {
         return false;
     };

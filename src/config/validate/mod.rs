@@ -12,11 +12,12 @@
 mod rate_limit;
 
 use super::error::{ConfigError, DOMAIN_RULE};
+use super::limits::ConfigLimits;
 use super::raw::{
     self, line_of, Extra, RawDescriptor, RawHeaders, RawRoot, DESCRIPTOR_FIELDS, HEADERS_FIELDS,
     ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
 };
-use super::tree::{HeaderFormat, HeaderPolicy, Level, Node, Rule};
+use super::tree::{HeaderFormat, HeaderPolicy, Level, Node, OverLimitSetting, Rule};
 use serde_saphyr::Spanned;
 use std::collections::HashMap;
 use std::path::Path;
@@ -42,14 +43,19 @@ pub(crate) fn compile_file(
     file: &Path,
     document: Document<'_>,
     default_headers: HeaderPolicy,
+    limits: &ConfigLimits,
     errors: &mut Vec<ConfigError>,
 ) -> CompiledFile {
     let root = match document {
         Document::Raw(root) => *root,
-        Document::Yaml(text) => match raw::parse(text) {
+        Document::Yaml(text) => match raw::parse(text, limits) {
             Ok(root) => root,
             Err(failure) => {
-                let mut message = format!("malformed YAML: {}", failure.message);
+                let mut message = if failure.limit {
+                    failure.message
+                } else {
+                    format!("malformed YAML: {}", failure.message)
+                };
                 if let Some(column) = failure.column {
                     message.push_str(&format!(" (column {column})"));
                 }
@@ -163,6 +169,40 @@ impl Checker<'_> {
         policy
     }
 
+    /// `over_limit: refuse | fill | record` (default fill), only on a descriptor that counts
+    /// (`uncounted`: no `rate_limit`, or `unlimited: true`).
+    fn over_limit(
+        &mut self,
+        raw: Option<&Spanned<String>>,
+        uncounted: bool,
+        rule: &str,
+    ) -> OverLimitSetting {
+        let Some(raw) = raw else {
+            return OverLimitSetting::default();
+        };
+        let line = line_of(&raw.referenced);
+        let Some(setting) = OverLimitSetting::parse(raw.value.trim()) else {
+            self.error(
+                line,
+                rule,
+                format!(
+                    "invalid over_limit `{}`: expected refuse, fill or record",
+                    raw.value
+                ),
+            );
+            return OverLimitSetting::default();
+        };
+        if uncounted {
+            self.error(
+                line,
+                rule,
+                "`over_limit` applies only to a descriptor with a counted `rate_limit` or \
+                 `rate_limits`",
+            );
+        }
+        setting
+    }
+
     /// `depth` is this level's entry index in a request; `shared` lists the ancestors'
     /// `share_threshold` wildcards by depth.
     fn level(
@@ -234,6 +274,7 @@ impl Checker<'_> {
                 (None, Some(stacked)) => self.stacked(stacked, d.rate_limits_line, &path),
                 (None, None) => (None, Vec::new(), None, Vec::new()),
             };
+            let over_limit = self.over_limit(d.over_limit.as_ref(), limits.is_empty(), &path);
             let mut shared_here = shared.to_vec();
             // `share_threshold: false` is the default, wherever it is written (renderings of
             // envoyproxy/ratelimit's structs write it on every descriptor).
@@ -289,6 +330,7 @@ impl Checker<'_> {
                     quota_mode: d.quota_mode.unwrap_or(false),
                     detailed_metric: d.detailed_metric.unwrap_or(false),
                     value_to_metric: d.value_to_metric.unwrap_or(false),
+                    over_limit,
                     shared_values: shared_here,
                     headers,
                 },

@@ -17,7 +17,10 @@
 //! dropped before it is sent.
 //!
 //! Failures: a call that fails fails every request in it with the same error (they were sent
-//! together, so none of them is known to have been recorded or not, as for a single call).
+//! together, so none of them is known to have been recorded or not, as for a single call). A
+//! request the script refuses on its own (malformed arguments, a key holding another type of
+//! value) is an error element of the reply: that request fails alone, having recorded nothing,
+//! and the others get their outcomes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

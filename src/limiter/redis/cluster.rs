@@ -42,7 +42,7 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions, SettingError};
 use super::script::{
-    decode_reply_with_added, invocation, undo_args, COMPENSATE, MAX_EXACT, SCRIPT,
+    decode_reply_with_added, invocation, now_arg, undo_args, COMPENSATE, MAX_EXACT, SCRIPT,
 };
 use super::slot::{probe_within_timeout, Slot};
 use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
@@ -263,8 +263,10 @@ impl ClusterLimiter {
         conn: &ClusterConnection,
         batch: &[Hit],
         part: &Part,
+        now: Option<u64>,
     ) -> Result<(), LimiterError> {
         let mut invocation = self.compensate.prepare_invoke();
+        invocation.arg(now_arg(now));
         let mut any = false;
         for (k, &i) in part.indices.iter().enumerate() {
             if part.added[k] > 0 {
@@ -358,7 +360,11 @@ impl ClusterLimiter {
                 .filter(only_refunds)
                 .map(|g| self.eval(&conn, batch, g.clone(), now, Mode::Check));
             let (undone, probed) = futures_util::future::join(
-                join_all(admitted_parts.iter().map(|p| self.undo(&conn, batch, p))),
+                join_all(
+                    admitted_parts
+                        .iter()
+                        .map(|p| self.undo(&conn, batch, p, now)),
+                ),
                 join_all(probes),
             )
             .await;
@@ -446,6 +452,7 @@ mod tests {
             window_ms: 1,
             hits: 1,
             kind: HitKind::Consume,
+            over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
         };
         let batch = [hit("sluice:{a}"), hit("sluice:{b}"), hit("sluice:{a}")];

@@ -1,27 +1,36 @@
-//! Turning the Redis setting into redis-rs clients: standalone or cluster, TLS, credentials.
+//! Turning the Redis setting into redis-rs clients: standalone, cluster or Sentinel, TLS,
+//! credentials.
 //!
-//! Why one place: the URL forms, the CA file and where the password comes from are the same for
-//! the standalone and the cluster limiter, and getting TLS or a secret wrong must not depend on
-//! which one is used.
+//! Why one place: the URL forms, the certificates and where the password comes from are the same
+//! for every topology, and getting TLS or a secret wrong must not depend on which one is used.
 //!
 //! Forms of the setting:
 //! - `redis://[user[:password]@]host:port[/db]`, `rediss://...` for TLS: one Redis.
 //! - `redis+cluster://[user[:password]@]host1:port1,host2:port2,...` (`rediss+cluster://` for
 //!   TLS): a Redis Cluster, given by any of its nodes (seeds); the rest is discovered.
+//! - `redis+sentinel://[user[:password]@]host1:port1,host2:port2,.../master-name[/db]`
+//!   (`rediss+sentinel://` for TLS to the sentinels and the primary): the primary that the
+//!   sentinels name `master-name`, asked again at every reconnect ([`super::sentinel`]). The
+//!   credentials in the URL are the primary's; the sentinels' own are
+//!   [`RedisOptions::sentinel_user`] and [`RedisOptions::sentinel_password`].
 //!
 //! Secrets: a password in the URL works, but puts the secret on a command line or in a
 //! manifest; [`RedisOptions::password`] (from `--redis-password-file` or `SLUICE_REDIS_PASSWORD`,
 //! read by [`crate::app::redis_password`]) overrides it. The user name (not a secret) stays in
 //! the URL.
 //! TLS: `rediss` verifies the server against the system roots, or only against the PEM
-//! certificates of [`RedisOptions::ca_file`] when given.
+//! certificates of [`RedisOptions::ca_file`] when given; [`RedisOptions::client_cert`] presents
+//! a client certificate (mutual TLS). Every file is read, and its PEM checked, when the backend
+//! is built: a missing or malformed one stops start-up instead of failing each connect.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::io::tcp::TcpSettings;
-use redis::{Client, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+use redis::{Client, ClientTlsConfig, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::{DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
 use crate::limiter::LimiterError;
@@ -31,18 +40,44 @@ use crate::limiter::LimiterError;
 /// and their `connect` forms).
 #[derive(Clone)]
 pub struct RedisOptions {
-    /// One of the forms in this module's documentation; a `+cluster` scheme means a cluster.
+    /// One of the forms in this module's documentation; the scheme says the topology.
     pub url: String,
     /// PEM file of the CA(s) that sign the server certificate (`rediss` only).
     pub ca_file: Option<PathBuf>,
+    /// Client certificate presented to Redis, for servers that verify clients (`rediss` only).
+    pub client_cert: Option<ClientCert>,
     /// Overrides the URL's password.
     pub password: Option<String>,
+    /// ACL user the sentinels are asked as (`+sentinel` only; none: the default user).
+    pub sentinel_user: Option<String>,
+    /// Password of the sentinels themselves (`+sentinel` only; none: no `AUTH` to them).
+    pub sentinel_password: Option<String>,
     /// Connections kept open, multiplexed and used round-robin (at least 1). Standalone only:
     /// the cluster connection keeps one per node itself.
     pub pool_size: usize,
     /// Concurrent decisions sent in one script call at most; 0 or 1 sends each in a call of its
     /// own, from the caller's task. Standalone only.
     pub batch_max: usize,
+    /// Replicas that must acknowledge a script call's writes (`WAIT`) before its decisions are
+    /// answered; 0 sends no `WAIT`. Standalone and Sentinel only (see `super::durability`).
+    pub wait_replicas: u32,
+    /// `WAIT`'s own timeout; sluice sets it to the decision deadline.
+    pub wait_timeout: Duration,
+}
+
+/// A client certificate chain and its private key, both PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The deployment a Redis setting names, by its scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    Standalone,
+    Cluster,
+    Sentinel,
 }
 
 impl RedisOptions {
@@ -52,26 +87,57 @@ impl RedisOptions {
         RedisOptions {
             url: url.into(),
             ca_file: None,
+            client_cert: None,
             password: None,
+            sentinel_user: None,
+            sentinel_password: None,
             pool_size: DEFAULT_POOL_SIZE,
             batch_max: DEFAULT_BATCH_MAX,
+            wait_replicas: 0,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
         }
     }
 
     /// Whether the URL names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
     pub fn is_cluster(&self) -> bool {
-        cluster_nodes(&self.url).is_some()
+        self.topology() == Topology::Cluster
+    }
+
+    /// The topology the URL's scheme names (a URL without a `+` scheme is one Redis).
+    pub fn topology(&self) -> Topology {
+        let scheme = self.url.split_once("://").map_or("", |(scheme, _)| scheme);
+        match scheme {
+            "redis+cluster" | "rediss+cluster" => Topology::Cluster,
+            "redis+sentinel" | "rediss+sentinel" => Topology::Sentinel,
+            _ => Topology::Standalone,
+        }
+    }
+
+    /// Whether the URL asks for TLS (`rediss`, `rediss+...`).
+    pub fn is_tls(&self) -> bool {
+        self.url.starts_with("rediss")
     }
 }
+
+/// `WAIT`'s timeout when none is set: the default decision deadline.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = crate::limiter::guard::DEFAULT_DEADLINE;
 
 impl std::fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisOptions")
             .field("url", &redact_url(&self.url))
             .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("sentinel_user", &self.sentinel_user)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
             .field("pool_size", &self.pool_size)
             .field("batch_max", &self.batch_max)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout", &self.wait_timeout)
             .finish()
     }
 }
@@ -80,7 +146,7 @@ impl std::fmt::Debug for RedisOptions {
 /// CA file. Found when the backend is built, before any connection is tried.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
-pub struct SettingError(String);
+pub struct SettingError(pub(super) String);
 
 impl From<SettingError> for LimiterError {
     fn from(e: SettingError) -> Self {
@@ -90,7 +156,9 @@ impl From<SettingError> for LimiterError {
 
 /// The URL forms accepted, as error messages show them.
 pub const URL_FORMS: &str = "redis://[user[:password]@]host:port[/db], rediss://... (TLS), \
-     redis+cluster://[user[:password]@]host1:port1,host2:port2 or rediss+cluster://... (TLS)";
+     redis+cluster://[user[:password]@]host1:port1,host2:port2 or rediss+cluster://... (TLS), \
+     redis+sentinel://[user[:password]@]host1:port1,host2:port2/master-name or \
+     rediss+sentinel://... (TLS)";
 
 /// Attempts redis-rs makes for one cluster command (redirects and reconnects included).
 pub const CLUSTER_RETRIES: u32 = 8;
@@ -135,7 +203,7 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-fn invalid(url: &str, e: impl std::fmt::Display) -> SettingError {
+pub(super) fn invalid(url: &str, e: impl std::fmt::Display) -> SettingError {
     SettingError(format!(
         "invalid Redis URL {}: {e}; accepted forms: {URL_FORMS}",
         redact_url(url)
@@ -144,7 +212,7 @@ fn invalid(url: &str, e: impl std::fmt::Display) -> SettingError {
 
 /// Refuses a URL without a scheme (`localhost:6379`) with a message that says so: redis-rs
 /// would only say that it did not parse.
-fn require_scheme(url: &str) -> Result<(), SettingError> {
+pub(super) fn require_scheme(url: &str) -> Result<(), SettingError> {
     if url.contains("://") {
         return Ok(());
     }
@@ -156,19 +224,80 @@ fn require_scheme(url: &str) -> Result<(), SettingError> {
 
 /// rustls needs a process-wide crypto provider before any TLS config is built; installing it
 /// twice is harmless (the second attempt is refused and ignored).
-fn ensure_crypto_provider() {
+pub(super) fn ensure_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn read_ca(options: &RedisOptions) -> Result<Option<Vec<u8>>, SettingError> {
-    options
-        .ca_file
-        .as_ref()
-        .map(|path| {
-            std::fs::read(path)
-                .map_err(|e| SettingError(format!("reading CA file {}: {e}", path.display())))
-        })
-        .transpose()
+fn read_file(what: &str, path: &Path) -> Result<Vec<u8>, SettingError> {
+    std::fs::read(path).map_err(|e| SettingError(format!("reading {what} {}: {e}", path.display())))
+}
+
+/// The certificates of the TLS connections `options` ask for: the CA file and the client
+/// certificate, read and checked now. `None` when neither is given (system roots, no client
+/// certificate). Refused for a URL without TLS, where they would be ignored.
+pub(super) fn tls_certificates(
+    options: &RedisOptions,
+) -> Result<Option<TlsCertificates>, SettingError> {
+    if options.ca_file.is_none() && options.client_cert.is_none() {
+        return Ok(None);
+    }
+    if !options.is_tls() {
+        let what = if options.ca_file.is_some() {
+            "--redis-ca-file"
+        } else {
+            "--redis-tls-cert"
+        };
+        return Err(SettingError(format!(
+            "{what} is given but the Redis URL {} does not use TLS (write rediss://, \
+             rediss+cluster:// or rediss+sentinel://)",
+            redact_url(&options.url)
+        )));
+    }
+    let root_cert = match &options.ca_file {
+        Some(path) => {
+            let pem = read_file("CA file", path)?;
+            let certs = CertificateDer::pem_slice_iter(&pem).count();
+            if certs == 0 || CertificateDer::pem_slice_iter(&pem).any(|c| c.is_err()) {
+                return Err(SettingError(format!(
+                    "CA file {} holds no PEM certificate",
+                    path.display()
+                )));
+            }
+            Some(pem)
+        }
+        None => None,
+    };
+    let client_tls = match &options.client_cert {
+        Some(ClientCert { cert, key }) => {
+            let client_cert = read_file("client certificate", cert)?;
+            if CertificateDer::pem_slice_iter(&client_cert)
+                .next()
+                .is_none()
+                || CertificateDer::pem_slice_iter(&client_cert).any(|c| c.is_err())
+            {
+                return Err(SettingError(format!(
+                    "client certificate {} holds no PEM certificate",
+                    cert.display()
+                )));
+            }
+            let client_key = read_file("client key", key)?;
+            if let Err(e) = PrivateKeyDer::from_pem_slice(&client_key) {
+                return Err(SettingError(format!(
+                    "client key {} holds no PEM private key: {e}",
+                    key.display()
+                )));
+            }
+            Some(ClientTlsConfig {
+                client_cert,
+                client_key,
+            })
+        }
+        None => None,
+    };
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 fn with_password(info: ConnectionInfo, options: &RedisOptions) -> ConnectionInfo {
@@ -181,34 +310,58 @@ fn with_password(info: ConnectionInfo, options: &RedisOptions) -> ConnectionInfo
     }
 }
 
+/// `message` (of a failed connect or call), with what to check when it is a TLS handshake
+/// failure: rustls names the TLS alert or the verification error, not the setting behind it.
+pub(super) fn with_tls_hint(message: String) -> String {
+    let hint = if message.contains("received fatal alert: CertificateRequired") {
+        "Redis requires a client certificate: give --redis-tls-cert and --redis-tls-key"
+    } else if message.contains("received fatal alert") {
+        "Redis refused the TLS handshake: check that --redis-tls-cert is signed by a CA that Redis \
+         trusts (its tls-ca-cert-file)"
+    } else if message.contains("invalid peer certificate") {
+        "the Redis server certificate is not trusted or does not name the host: check \
+         --redis-ca-file and the URL's host"
+    } else {
+        return message;
+    };
+    format!("{message} ({hint})")
+}
+
 /// TCP settings of every connection to Redis: `TCP_NODELAY` on. redis-rs leaves Nagle's
 /// algorithm on by default, and Nagle holds a small write back while an earlier small one on
 /// the same connection is unacknowledged: where several calls share a connection at once (the
 /// cluster connection pipelines them), a call would wait up to a network round trip for the
 /// previous call's ACK. Every call is one complete command written at once, so there is nothing
 /// for Nagle to coalesce.
-fn tcp_settings() -> TcpSettings {
+pub(super) fn tcp_settings() -> TcpSettings {
     TcpSettings::default().set_nodelay(true)
+}
+
+/// Refuses the sentinels' credentials for a URL that names no sentinel: they would be ignored.
+fn refuse_sentinel_settings(options: &RedisOptions) -> Result<(), SettingError> {
+    if options.sentinel_user.is_none() && options.sentinel_password.is_none() {
+        return Ok(());
+    }
+    Err(SettingError(format!(
+        "a sentinel user or password is given but the Redis URL {} names no sentinels \
+         (write redis+sentinel://host1:port1,host2:port2/master-name)",
+        redact_url(&options.url)
+    )))
 }
 
 /// A standalone client for `options.url` (not a cluster setting).
 pub fn standalone_client(options: &RedisOptions) -> Result<Client, SettingError> {
     let url = options.url.as_str();
     require_scheme(url)?;
+    refuse_sentinel_settings(options)?;
     ensure_crypto_provider();
     let info = with_password(
         url.into_connection_info().map_err(|e| invalid(url, e))?,
         options,
     )
     .set_tcp_settings(tcp_settings());
-    match read_ca(options)? {
-        Some(root_cert) => Client::build_with_tls(
-            info,
-            TlsCertificates {
-                client_tls: None,
-                root_cert: Some(root_cert),
-            },
-        ),
+    match tls_certificates(options)? {
+        Some(certificates) => Client::build_with_tls(info, certificates),
         None => Client::open(info),
     }
     .map_err(|e| invalid(url, e))
@@ -222,7 +375,15 @@ pub fn cluster_client(
 ) -> Result<ClusterClient, SettingError> {
     let url = options.url.as_str();
     require_scheme(url)?;
+    refuse_sentinel_settings(options)?;
     ensure_crypto_provider();
+    if options.wait_replicas > 0 {
+        return Err(SettingError(
+            "--redis-wait-replicas applies to one Redis or a Sentinel primary, not to a cluster \
+             (each primary replicates on its own)"
+                .into(),
+        ));
+    }
     let nodes = cluster_nodes(url)
         .ok_or_else(|| invalid(url, "not a redis+cluster:// or rediss+cluster:// URL"))?;
     if nodes.is_empty() {
@@ -246,11 +407,8 @@ pub fn cluster_client(
     if let Some(password) = &options.password {
         builder = builder.password(password);
     }
-    if let Some(root_cert) = read_ca(options)? {
-        builder = builder.certs(TlsCertificates {
-            client_tls: None,
-            root_cert: Some(root_cert),
-        });
+    if let Some(certificates) = tls_certificates(options)? {
+        builder = builder.certs(certificates);
     }
     builder.build().map_err(|e| invalid(url, e))
 }

@@ -17,21 +17,28 @@
 //! request on that slot; while Redis is unreachable, reconnects of a slot are spaced by
 //! [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
 //! A failed decision is never retried here: the script may have run before the connection broke.
+//! Where a connection goes is the [`sentinel::Target`]: the one Redis of the URL, or, for a
+//! `redis+sentinel://` URL, the primary the sentinels name at that moment, which is how a
+//! failover is followed. With `--redis-wait-replicas`, every script call is followed by `WAIT`
+//! (the `durability` module).
 //!
 //! Batching (the `batch` module): concurrent decisions are coalesced into one `EVALSHA` per
 //! connection, so Redis pays the script call and the socket round trip once for several
 //! decisions.
 //!
-//! Cost: the sliding log stores one member per hit, so an admitted item costs O(hits) inside the
-//! script (Redis is blocked meanwhile); the other algorithms cost O(1) per item (the quantized
-//! log O(window / quantum)). Limits, which bound the hits an item can record, must
-//! therefore stay reasonable (config validation's job); the memory backend has no such cost.
+//! Cost: an item costs O(1) inside the script whatever its hits (the sliding log stores one
+//! member per recording item, carrying its hits as its weight, and keeps the key's total beside
+//! the members), plus the entries that left the window since the key was last touched; the
+//! quantized log costs O(window / quantum). Redis memory grows with the requests in a window,
+//! never with their hits (docs/algorithms.md, "Weights").
 
 mod batch;
 pub mod cluster;
 pub mod connect;
+mod durability;
 pub mod footprint;
 pub mod script;
+pub mod sentinel;
 mod slot;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -41,9 +48,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::{
-    self, AsyncConnectionConfig, Client, ErrorKind, RedisError, Script, ServerErrorKind, Value,
-};
+use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::{BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
@@ -70,7 +75,10 @@ pub struct RedisLimiter {
 
 /// What the limiter and its per-slot flush tasks share.
 pub(super) struct Shared {
-    client: Client,
+    /// One Redis, or the primary Sentinel names.
+    target: sentinel::Target,
+    /// The `WAIT` after each script call, if any.
+    durability: durability::Durability,
     slots: Box<[Slot]>,
     script: Script,
     /// Script calls sent, and the decisions they carried (their ratio is the mean batch).
@@ -103,7 +111,7 @@ impl Drop for Gauge<'_> {
 impl std::fmt::Debug for RedisLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisLimiter")
-            .field("addr", &self.shared.client.get_connection_info().addr())
+            .field("target", &self.shared.target)
             .field("connections", &self.shared.slots.len())
             .field("batching", &!self.queues.is_empty())
             .finish_non_exhaustive()
@@ -122,7 +130,7 @@ impl RedisLimiter {
     /// Builds the limiter; it connects on first use, so a sidecar can start (and report
     /// not-ready) while Redis is still down. Fails only on an invalid setting.
     pub fn open(options: &RedisOptions) -> Result<Self, SettingError> {
-        let client = connect::standalone_client(options)?;
+        let target = sentinel::Target::open(options)?;
         let slots: Box<[Slot]> = (0..options.pool_size.max(1))
             .map(|_| Slot::default())
             .collect();
@@ -136,7 +144,8 @@ impl RedisLimiter {
         };
         Ok(RedisLimiter {
             shared: Arc::new(Shared {
-                client,
+                target,
+                durability: durability::Durability::new(options),
                 slots,
                 script: Script::new(SCRIPT),
                 script_calls: AtomicU64::new(0),
@@ -218,7 +227,7 @@ impl Shared {
         let _in_flight = Gauge::enter(&self.in_flight);
         // EVALSHA sent by hand rather than through `Script::invoke_async`, so a NOSCRIPT reload
         // (after a Redis restart or SCRIPT FLUSH) is seen and counted.
-        match cmd.query_async(&mut conn).await {
+        match self.durability.query(&mut conn, cmd).await {
             Ok(reply) => Ok(reply),
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script_loads.fetch_add(1, Ordering::Relaxed);
@@ -226,7 +235,8 @@ impl Shared {
                     .load_async(&mut conn)
                     .await
                     .map_err(|e| self.fail(slot, &e))?;
-                cmd.query_async(&mut conn)
+                self.durability
+                    .query(&mut conn, cmd)
                     .await
                     .map_err(|e| self.fail(slot, &e))
             }
@@ -257,11 +267,7 @@ impl Shared {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
                 .set_response_timeout(Some(RESPONSE_TIMEOUT));
-            async move {
-                self.client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-            }
+            async move { self.target.connect(&config).await }
         })
         .await
     }
@@ -269,9 +275,12 @@ impl Shared {
     /// Maps a request error and drops connections that cannot be used again. A dropped or
     /// broken connection almost always means the server went away (restart, failover), and then
     /// every slot's connection is dead too: they are all dropped at once, so one failed call,
-    /// not one per slot, pays for the restart.
+    /// not one per slot, pays for the restart. `READONLY` means the node was demoted to a
+    /// replica (a failover): every connection goes too, and the next ones are made to the
+    /// primary (for Sentinel, the one the sentinels name then).
     fn fail(&self, slot: &Slot, e: &RedisError) -> LimiterError {
-        if e.is_connection_dropped() || e.is_io_error() {
+        let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        if e.is_connection_dropped() || e.is_io_error() || demoted {
             for other in self.slots.iter() {
                 other.disconnect();
             }
@@ -286,6 +295,15 @@ pub(crate) fn map_error(e: &RedisError) -> LimiterError {
     if e.is_timeout() {
         return LimiterError::Timeout(RESPONSE_TIMEOUT.as_millis() as u64);
     }
+    if let Some(code @ "WRONGTYPE") = e.code() {
+        return script::refusal(code, e.detail());
+    }
+    // A Redis before 7.0 cannot compile the scripts' declaration line (`#!lua`).
+    if e.detail()
+        .is_some_and(|d| d.contains("Error compiling script"))
+    {
+        return LimiterError::Protocol(format!("{e} (sluice's scripts need Redis 7.0 or later)"));
+    }
     match e.kind() {
         // The server answered, but not with what the script promises: a bug, not an outage.
         ErrorKind::Parse
@@ -297,7 +315,7 @@ pub(crate) fn map_error(e: &RedisError) -> LimiterError {
             LimiterError::Protocol(e.to_string())
         }
         // I/O, loading, read-only replica, OOM, busy script, ...: Redis cannot serve us now.
-        _ => LimiterError::Unavailable(e.to_string()),
+        _ => LimiterError::Unavailable(connect::with_tls_hint(e.to_string())),
     }
 }
 
@@ -358,5 +376,35 @@ impl Limiter for RedisLimiter {
             script_calls: shared.script_calls.load(Ordering::Relaxed),
             script_decisions: shared.script_decisions.load(Ordering::Relaxed),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(reply: &[u8]) -> RedisError {
+        match redis::parse_redis_value(reply).expect("an error reply parses") {
+            Value::ServerError(e) => e.into(),
+            other => panic!("not an error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn script_errors_say_whose_fault_they_are() {
+        let wrong_type =
+            server_error(b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n");
+        assert!(
+            matches!(map_error(&wrong_type), LimiterError::Refused(m) if m.starts_with("WRONGTYPE"))
+        );
+        let oom = server_error(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n");
+        assert!(matches!(map_error(&oom), LimiterError::Unavailable(_)));
+        // What Redis 6 answers to SCRIPT LOAD of a declared script.
+        let old = server_error(
+            b"-ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'\r\n",
+        );
+        assert!(
+            matches!(map_error(&old), LimiterError::Protocol(m) if m.contains("Redis 7.0 or later"))
+        );
     }
 }

@@ -38,7 +38,7 @@ macro_rules! shared_with_lua {
 
 shared_with_lua! {
     /// Arguments per batch item in a [`SCRIPT`] call (see its layout).
-    ARGS_PER_ITEM: usize = 6;
+    ARGS_PER_ITEM: usize = 7;
     /// Arguments per key in a [`COMPENSATE`] call.
     UNDO_ARGS_PER_KEY: usize = 4;
     /// Largest number sent to the scripts, 2^52. Lua numbers are doubles, exact up to 2^53;
@@ -46,11 +46,17 @@ shared_with_lua! {
     /// `MAX_EXACT - 1` (no real limit is near it, and Redis could not hold that many members
     /// anyway), so a capped `hits` still exceeds every limit, exactly like the original value.
     MAX_EXACT: u64 = 4503599627370496;
-    /// The sliding log's members are the integers `LOG_MEMBER_FIRST..=LOG_MEMBER_LAST`, assigned
-    /// cyclically per key: 7 digits, which a listpack stores as 24-bit integers (5 bytes).
+    /// A sliding-log entry's member starts with its number, one of the integers
+    /// `LOG_MEMBER_FIRST..=LOG_MEMBER_LAST` assigned cyclically per key: 7 digits, which a
+    /// listpack stores as a 24-bit integer (5 bytes) when the entry's weight is 1. A heavier
+    /// entry's member is the number followed by its weight in decimal (`1000003` weighs 1,
+    /// `10000032000` 2000): see "Log entries" in `lua/decide.lua`.
     LOG_MEMBER_FIRST: u64 = 1000000;
     /// See [`LOG_MEMBER_FIRST`].
     LOG_MEMBER_LAST: u64 = 8388607;
+    /// The member of a sliding-log key that holds the key's total (the sum of its entries'
+    /// weights) as its score, negated, so that it sorts below every entry.
+    LOG_TOTAL_MEMBER: &str = "t";
     /// `ARGV[1]` of a batched call (several requests in one call).
     BATCHED: &str = "b";
     /// Item kinds in `ARGV` (see [`crate::limiter::HitKind`]).
@@ -71,10 +77,30 @@ shared_with_lua! {
     ALGORITHM_GCRA: &str = "g";
     /// See [`ALGORITHM_SLIDING_LOG`].
     ALGORITHM_FIXED_WINDOW: &str = "f";
+    /// [`crate::limiter::OverLimit`] codes in `ARGV` ([`crate::limiter::OverLimit::code`]; a
+    /// test holds them equal).
+    OVER_LIMIT_REFUSE: &str = "n";
+    /// See [`OVER_LIMIT_REFUSE`].
+    OVER_LIMIT_FILL: &str = "f";
+    /// See [`OVER_LIMIT_REFUSE`].
+    OVER_LIMIT_RECORD: &str = "a";
 }
 
-const _: () = assert!(MAX_EXACT == 1 << 52);
+const _: () = assert!(MAX_EXACT == 1 << 52 && MAX_EXACT == crate::limiter::MAX_COUNT);
 const _: () = assert!(LOG_MEMBER_FIRST == 1_000_000 && LOG_MEMBER_LAST == (1 << 23) - 1);
+
+/// The declaration lines of the scripts, as literals for `concat!` ([`SCRIPT_SHEBANG`],
+/// [`COMPENSATE_SHEBANG`]).
+macro_rules! script_shebang {
+    () => {
+        "#!lua"
+    };
+}
+macro_rules! compensate_shebang {
+    () => {
+        "#!lua flags=allow-oom"
+    };
+}
 
 /// The first lines of every script: each constant above as a Lua local of the same name.
 pub const LUA_HEADER: &str = lua_header!();
@@ -92,9 +118,10 @@ pub const LUA_HEADER: &str = lua_header!();
 /// - then [`ARGS_PER_ITEM`] per item `i` (1-based), from `ARGV[2 + ARGS_PER_ITEM × (i - 1)]`:
 ///   `limit`, `window_ms`, `hits`, `kind` ([`KIND_CONSUME`], [`KIND_SHADOW`], [`KIND_REFUND`],
 ///   [`KIND_QUOTA`]), `algorithm` ([`crate::limiter::Algorithm::code`]: [`ALGORITHM_SLIDING_LOG`]
-///   and the other `ALGORITHM_*`) and its parameter (the quantized log's quantum in ms, GCRA's
-///   burst; else 0). Decimal integers, each at most [`MAX_EXACT`] (limits and bursts at most
-///   `MAX_EXACT - 1`).
+///   and the other `ALGORITHM_*`), its parameter (the quantized log's quantum in ms, GCRA's
+///   burst; else 0) and `over_limit` ([`OVER_LIMIT_REFUSE`], [`OVER_LIMIT_FILL`],
+///   [`OVER_LIMIT_RECORD`]). Numbers are decimal integers, each at most [`MAX_EXACT`] (limits
+///   and bursts at most `MAX_EXACT - 1`).
 ///
 /// Reply: a flat array of integers, `1 + 4n` long:
 /// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n, undo_1, ...,
@@ -112,12 +139,24 @@ pub const LUA_HEADER: &str = lua_header!();
 /// ([`ARGS_PER_ITEM`] arguments each) in order; `KEYS` are every request's keys in the same
 /// order. The requests are decided one after the other, each exactly as a call of its own would
 /// be (all sharing one `now`), and the reply is an array of `G` replies as above (an error
-/// element for a request whose arguments are malformed, the others unaffected).
+/// element for a request whose arguments are malformed or whose keys hold another type of value,
+/// `WRONGTYPE`; that request records nothing and the others are unaffected).
 ///
 /// What the script does with them is written in its files: the steps, the sliding log's data and
 /// members and what each step costs at the top of `lua/decide.lua`, the other algorithms' data
 /// in `lua/models.lua`.
+///
+/// Its first line declares it the Redis 7 way (`#!lua`, [`SCRIPT_SHEBANG`]) with no flags, so
+/// the server checks it before running it: an out-of-memory Redis (`maxmemory` reached under
+/// `noeviction`) refuses the whole call with `OOM` before a command of it runs, where a script
+/// without the line was refused only until its first write command (the eviction of phase 1), and
+/// then grew Redis past `maxmemory`. Nothing else changes for this script: its keys are all in
+/// `KEYS` already (in a cluster, a declared script may only touch its own slot, as each call of
+/// the cluster backend does), `TIME` is allowed (Redis 7 replicates a script's effects, not the
+/// script), and it is not run on read-only replicas. Needs Redis 7.0 or later.
 pub const SCRIPT: &str = concat!(
+    script_shebang!(),
+    "\n",
     lua_header!(),
     include_str!("lua/shared.lua"),
     include_str!("lua/models.lua"),
@@ -125,16 +164,28 @@ pub const SCRIPT: &str = concat!(
 );
 
 /// Takes back exactly what earlier [`SCRIPT`] calls recorded (the cluster backend's
-/// compensation). `KEYS`: the keys; `ARGV`: [`UNDO_ARGS_PER_KEY`] per key, in order: the
-/// `algorithm` code, the item's `undo` token from that call's reply (non-zero), its `hits` and
-/// its `window_ms` (each at most [`MAX_EXACT`]). Reply: the hits taken back (for the log, the
-/// members removed); malformed arguments give an error reply starting with `sluice:` before any
-/// key is touched. How each algorithm's hits are found again: `lua/compensate.lua`.
+/// compensation). `KEYS`: the keys; `ARGV[1]`: the clock argument the [`SCRIPT`] call was sent
+/// with (see [`SCRIPT`]; a log entry's time is found again near it), then [`UNDO_ARGS_PER_KEY`]
+/// per key, in order: the `algorithm` code, the item's `undo` token from that call's reply
+/// (non-zero), its `hits` and its `window_ms` (each at most [`MAX_EXACT`]). Reply: the hits
+/// taken back; malformed arguments give an error reply starting with `sluice:` before any key
+/// is touched. How each algorithm's hits are found again: `lua/compensate.lua`.
+///
+/// Declared with `allow-oom` ([`COMPENSATE_SHEBANG`]): it only takes back what [`SCRIPT`]
+/// recorded, so it must run exactly when Redis is full too (a script without the declaration is
+/// refused at its first `SET`/`HINCRBY` under OOM, leaving the entries it should remove).
 pub const COMPENSATE: &str = concat!(
+    compensate_shebang!(),
+    "\n",
     lua_header!(),
     include_str!("lua/shared.lua"),
     include_str!("lua/compensate.lua")
 );
+
+/// The first line of [`SCRIPT`]: declared, no flags (so no `allow-oom`).
+pub const SCRIPT_SHEBANG: &str = script_shebang!();
+/// The first line of [`COMPENSATE`].
+pub const COMPENSATE_SHEBANG: &str = compensate_shebang!();
 
 /// The clock argument (`ARGV[1]`, in a batched call `ARGV[2]`): the explicit clock in ms, or
 /// empty for Redis `TIME`.
@@ -143,8 +194,8 @@ pub(super) fn now_arg(now: Option<u64>) -> String {
 }
 
 /// One item's [`ARGS_PER_ITEM`] `ARGV` values, in order: limit, window_ms, hits, kind,
-/// algorithm code, parameter.
-pub(super) type ItemArgs = (u64, u64, u64, &'static str, &'static str, u64);
+/// algorithm code, parameter, over_limit code.
+pub(super) type ItemArgs = (u64, u64, u64, &'static str, &'static str, u64, &'static str);
 
 /// The `ARGV` values of `hit` (see [`SCRIPT`]).
 pub(super) fn item_args(hit: &Hit) -> ItemArgs {
@@ -164,20 +215,22 @@ pub(super) fn item_args(hit: &Hit) -> ItemArgs {
         kind,
         hit.algorithm.code(),
         hit.algorithm.param().min(MAX_EXACT - 1),
+        hit.over_limit.code(),
     )
 }
 
 /// Appends one item's `ARGV` values to a hand-built `EVALSHA`.
 pub(super) fn push_item_args(
     cmd: &mut redis::Cmd,
-    (limit, window_ms, hits, kind, algorithm, param): ItemArgs,
+    (limit, window_ms, hits, kind, algorithm, param, over_limit): ItemArgs,
 ) {
     cmd.arg(limit)
         .arg(window_ms)
         .arg(hits)
         .arg(kind)
         .arg(algorithm)
-        .arg(param);
+        .arg(param)
+        .arg(over_limit);
 }
 
 /// The unbatched call of [`SCRIPT`] for `batch`.
@@ -189,7 +242,7 @@ pub(super) fn invocation<'s>(
     let mut invocation = script.prepare_invoke();
     invocation.arg(now_arg(now));
     for hit in batch {
-        let (limit, window_ms, hits, kind, algorithm, param) = item_args(hit);
+        let (limit, window_ms, hits, kind, algorithm, param, over_limit) = item_args(hit);
         invocation
             .key(hit.key.as_str())
             .arg(limit)
@@ -197,13 +250,14 @@ pub(super) fn invocation<'s>(
             .arg(hits)
             .arg(kind)
             .arg(algorithm)
-            .arg(param);
+            .arg(param)
+            .arg(over_limit);
     }
     invocation
 }
 
 /// The `ARGV` values of a [`COMPENSATE`] call for `hit`, whose [`SCRIPT`] call returned undo
-/// token `undo`.
+/// token `undo` (after the clock argument, [`now_arg`]).
 pub(super) fn undo_args(hit: &Hit, undo: u64) -> [String; UNDO_ARGS_PER_KEY] {
     [
         hit.algorithm.code().to_string(),
@@ -236,10 +290,26 @@ pub fn decode_batched_reply(
         .iter()
         .zip(sizes)
         .map(|(group, &items)| match group {
-            Value::ServerError(e) => Err(LimiterError::Protocol(format!("script refused: {e}"))),
+            Value::ServerError(e) => Err(refusal(e.code(), e.details())),
             other => decode_reply(other, items),
         })
         .collect())
+}
+
+/// The error of a request Redis refused with error `code` (its first word) and `detail`: a
+/// request of a batched call (an error element of the reply), or a call of its own.
+/// `WRONGTYPE` is the request's own keys' fault ([`LimiterError::Refused`]); `OOM` and `BUSY`
+/// mean Redis cannot serve now ([`LimiterError::Unavailable`]); anything else is unexpected.
+pub fn refusal(code: &str, detail: Option<&str>) -> LimiterError {
+    let detail = detail.unwrap_or_default();
+    match code {
+        "WRONGTYPE" => LimiterError::Refused(format!(
+            "WRONGTYPE: a limiter key of this request holds a value of another type, not one \
+             sluice wrote ({detail})"
+        )),
+        "OOM" | "BUSY" => LimiterError::Unavailable(format!("{code} {detail}")),
+        _ => LimiterError::Protocol(format!("script refused: {code} {detail}")),
+    }
 }
 
 /// Decodes the script's reply for a batch of `items` items (layout documented on [`SCRIPT`]).
@@ -367,6 +437,23 @@ mod tests {
         assert_eq!(distinct.len(), all.len());
     }
 
+    /// The codes Rust sends ([`OverLimit::code`]) are the ones the Lua compares with.
+    #[test]
+    fn over_limit_codes_are_the_header_constants() {
+        use crate::limiter::OverLimit;
+        let all = [OverLimit::Refuse, OverLimit::Fill, OverLimit::Record];
+        for over_limit in all {
+            let constant = match over_limit {
+                OverLimit::Refuse => OVER_LIMIT_REFUSE,
+                OverLimit::Fill => OVER_LIMIT_FILL,
+                OverLimit::Record => OVER_LIMIT_RECORD,
+            };
+            assert_eq!(over_limit.code(), constant, "{over_limit:?}");
+        }
+        let distinct: BTreeSet<_> = all.iter().map(|o| o.code()).collect();
+        assert_eq!(distinct.len(), all.len());
+    }
+
     /// An item takes [`ARGS_PER_ITEM`] arguments however it is sent.
     #[test]
     fn an_item_is_args_per_item_arguments() {
@@ -376,6 +463,7 @@ mod tests {
             window_ms: 60_000,
             hits: 1,
             kind: crate::limiter::HitKind::Quota,
+            over_limit: crate::limiter::OverLimit::Record,
             algorithm: Algorithm::Gcra { burst: 3 },
         };
         let mut cmd = redis::cmd("EVALSHA");
@@ -391,8 +479,24 @@ mod tests {
         let limit = (MAX_EXACT - 1).to_string();
         assert_eq!(
             args[1..],
-            [&limit, "60000", "1", KIND_QUOTA, ALGORITHM_GCRA, "3"]
+            [
+                &limit,
+                "60000",
+                "1",
+                KIND_QUOTA,
+                ALGORITHM_GCRA,
+                "3",
+                OVER_LIMIT_RECORD
+            ]
         );
+    }
+
+    /// Each script starts with its declaration line, exactly (Redis reads the flags from it).
+    #[test]
+    fn scripts_start_with_their_declaration() {
+        assert_eq!(SCRIPT.lines().next(), Some(SCRIPT_SHEBANG));
+        assert_eq!(COMPENSATE.lines().next(), Some(COMPENSATE_SHEBANG));
+        assert!(!SCRIPT_SHEBANG.contains("allow-oom"));
     }
 
     /// luacheck reads each .lua file alone, so .luacheckrc lists the header's names; this keeps

@@ -20,8 +20,8 @@ use crate::sync::lock;
 
 pub(super) struct Slot<C> {
     conn: Mutex<Option<C>>,
-    /// When connecting last failed, while it has not succeeded since.
-    failed_at: Mutex<Option<Instant>>,
+    /// When connecting last failed, and why, while it has not succeeded since.
+    failed_at: Mutex<Option<(Instant, String)>>,
     /// Serializes reconnects of this slot so a burst of requests makes one attempt, not many.
     connecting: tokio::sync::Mutex<()>,
     /// Calls waiting for this slot's (re)connect.
@@ -61,10 +61,10 @@ impl<C: Clone> Slot<C> {
         if let Some(conn) = lock(&self.conn).clone() {
             return Ok(conn);
         }
-        if let Some(at) = *lock(&self.failed_at) {
+        if let Some((at, why)) = &*lock(&self.failed_at) {
             if at.elapsed() < RECONNECT_BACKOFF {
                 return Err(LimiterError::Unavailable(format!(
-                    "{backend} unreachable (reconnect backing off)"
+                    "{backend} unreachable (reconnect backing off; last attempt: {why})"
                 )));
             }
         }
@@ -75,8 +75,13 @@ impl<C: Clone> Slot<C> {
                 Ok(conn)
             }
             Err(e) => {
-                *lock(&self.failed_at) = Some(Instant::now());
-                Err(map_error(&e))
+                let err = map_error(&e);
+                let why = match &err {
+                    LimiterError::Unavailable(why) => why.clone(),
+                    other => other.to_string(),
+                };
+                *lock(&self.failed_at) = Some((Instant::now(), why));
+                Err(err)
             }
         }
     }

@@ -4,46 +4,40 @@
 --
 -- Counts never go below zero: a refund may have taken hits back meanwhile.
 
--- Removes the `hits` log entries of undo token `token` (see shared.lua): the members from the
--- token's first one on, cyclically, each only if its score is still the token's (one more for
--- members after a wrap, which went 1 ms later). A refund may have popped them and another request
--- reused the numbers since, at a later ms, and those entries stay; only a pop and reuse within the
--- same ms is indistinguishable (then the other request's entries go instead of the popped ones:
--- the count is as low as if the refund had taken those). Returns the members removed.
+-- The clock the decisions were made on (the first argument, as decide.lua reads it): log
+-- entries are found again near it.
+local now_ms = read_clock(ARGV[1])
+if not now_ms then
+  return redis.error_reply('sluice: bad now')
+end
+
+-- Removes the log entry of undo token `token` (see decide.lua), which recorded `hits`: the
+-- entry with the token's number at the token's score (the time congruent to it modulo
+-- TOKEN_SCORE that is nearest to the clock), if it still weighs at most `hits` (a refund may
+-- have taken part of it since). A refund may have removed it and another request reused the
+-- number since, at a later ms, and that entry stays; only a removal and reuse within the same ms
+-- is indistinguishable (then the other request's entry goes instead, if it is not heavier: the
+-- count is as low as if the refund had taken it). Returns the weight removed.
 local function undo_log(key, token, hits)
   local offset = token - 1
-  local first_member = LOG_MEMBER_FIRST + offset % TOKEN_MEMBER
-  local score = math.floor(offset / TOKEN_MEMBER)
-  local removed, done = 0, 0
-  hits = math.min(hits, LOG_MEMBERS)
-  while done < hits do
-    local members, wrapped = {}, {}
-    while #members < MEMBERS_PER_COMMAND and done < hits do
-      local member = first_member + done
-      local j = #members + 1
-      wrapped[j] = member > LOG_MEMBER_LAST
-      if wrapped[j] then
-        member = member - LOG_MEMBERS
-      end
-      members[j] = format_integer(member)
-      done = done + 1
-    end
-    local scores = redis.call('ZMSCORE', key, unpack(members))
-    local ours = {}
-    for j = 1, #members do
-      local found = tonumber(scores[j])
-      if found then
-        found = math.floor(found) % TOKEN_SCORE
-        if found == score or (wrapped[j] and found == (score + 1) % TOKEN_SCORE) then
-          ours[#ours + 1] = members[j]
-        end
-      end
-    end
-    if #ours > 0 then
-      removed = removed + redis.call('ZREM', key, unpack(ours))
+  local number = LOG_MEMBER_FIRST + offset % TOKEN_MEMBER
+  local score = math.floor(offset / TOKEN_MEMBER) + now_ms - now_ms % TOKEN_SCORE
+  if score > now_ms + TOKEN_SCORE / 2 then
+    score = score - TOKEN_SCORE
+  elseif score < now_ms - TOKEN_SCORE / 2 then
+    score = score + TOKEN_SCORE
+  end
+  local at = redis.call('ZRANGE', key, format_integer(score), format_integer(score), 'BYSCORE')
+  for j = 1, #at do
+    local found, weight = parse_log_member(at[j])
+    if found == number and weight <= hits then
+      redis.call('ZREM', key, at[j])
+      local total = redis.call('ZSCORE', key, LOG_TOTAL_MEMBER)
+      store_log_total(key, math.max(-(total or 0) - weight, 0))
+      return weight
     end
   end
-  return removed
+  return 0
 end
 
 -- Takes `hits` from the quantized log's bucket that started at `token - 1`, deleting it at zero.
@@ -116,12 +110,12 @@ local function undo_window(key, algorithm, token, hits, window)
   return before - current - previous
 end
 
-if #ARGV ~= UNDO_ARGS_PER_KEY * #KEYS then
-  return redis.error_reply('sluice: expected ' .. UNDO_ARGS_PER_KEY .. ' * #KEYS arguments')
+if #ARGV ~= 1 + UNDO_ARGS_PER_KEY * #KEYS then
+  return redis.error_reply('sluice: expected 1 + ' .. UNDO_ARGS_PER_KEY .. ' * #KEYS arguments')
 end
 local undo = {}
 for i = 1, #KEYS do
-  local at = UNDO_ARGS_PER_KEY * (i - 1)
+  local at = 1 + UNDO_ARGS_PER_KEY * (i - 1)
   local entry = {
     algorithm = ARGV[at + 1],
     token = tonumber(ARGV[at + 2]),

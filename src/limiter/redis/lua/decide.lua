@@ -1,124 +1,144 @@
 -- Decides one request (or, in a batched call, several one after the other) atomically inside
--- Redis: every key of a request is read, checked and then written all or nothing, in one round
--- trip, so concurrent sidecars can never interleave between check and record.
+-- Redis: every key of a request is read, checked and then written as its verdict says, in one
+-- round trip, so concurrent sidecars can never interleave between check and record.
 --
 -- KEYS, ARGV and the reply: the doc of `SCRIPT` in src/limiter/redis/script.rs, which assembles
 -- the script: the layout header it generates, shared.lua, models.lua, then this file.
 --
 -- The steps are a transcription of `decide_batch` (src/limiter/window.rs) over the per-algorithm
 -- models of src/limiter/algorithms.rs, which are the reference (a property test holds the two to
--- the same outcomes on random traces):
--- - phase 1, per item in order: bring the key to now (sliding log: ZREMRANGEBYSCORE of entries
---   at or before now - window; the other algorithms: settle a copy in Lua), then check
---   `count + earlier + hits <= capacity` (`< capacity` for a probe of 0 hits), `earlier` being
---   the hits earlier items of the request record on the same key (consume always, shadow and
---   quota only if they passed), the capacity the limit or GCRA's burst. Refunds pass. If the
---   request has quota items, at least one must pass;
--- - phase 2, only if every consume item passed: in request order, consume items and passed
---   shadow and quota items record their hits, refunds take back up to theirs, newest first; then
---   every written key gets its TTL, so idle keys vanish on their own. A rejected request writes
---   nothing but phase 1's evictions;
+-- the same outcomes on random traces); what each item records is defined once, in the doc of
+-- src/limiter/mod.rs:
+-- - phase 1, per item in order: bring the key to now (sliding log: read the total, and the
+--   entries at or before now - window, whose weight comes off it; the other algorithms: settle
+--   a copy in Lua), then check `count + earlier + hits <= capacity` (`< capacity` for a probe of
+--   0 hits), `earlier` being what earlier items of the request record on the same key if it is
+--   admitted, the capacity the limit or GCRA's burst. Refunds pass. If the request has quota
+--   items, at least one must pass. Each item's take under either verdict is fixed here
+--   (`over_limit`). Phase 1 writes nothing to a sliding log (a quantized log drops its expired
+--   buckets), so a command failing in it (a key of another type) leaves the log as it was;
+-- - phase 2, in request order: the sliding logs' expired entries go, then each item records its
+--   take for the verdict (admitted: consume items and passed shadow and quota items their hits;
+--   otherwise what `over_limit` says), and on an admitted request refunds take back up to
+--   theirs, newest first; then every written key gets its TTL, so idle keys vanish on their
+--   own. A verdict whose takes are all 0 (a rejected request of `refuse` items, or of `fill`
+--   items that fit or found their key full) writes nothing but the evictions;
 -- - every item reports its key's count and reset after the decision.
 --
--- Data layout of the sliding log (the other algorithms': models.lua): a sorted set, one member
--- per hit, scored with the ms it was recorded. TTL: until the newest entry leaves the window, so
--- that idle keys vanish on their own.
+-- Data layout of the sliding log (the other algorithms': models.lua): one sorted set per key,
+-- one member per entry (an item that recorded, whatever its weight), scored with the ms it was
+-- recorded, and the member LOG_TOTAL_MEMBER scored with minus the key's total (the sum of the
+-- entries' weights), below every entry (store_log_total in shared.lua). Phase 1 reads the total
+-- with the oldest entry (ZRANGE 0 1), and what left the window only when that entry has; the
+-- newest is read when an entry is added. The total is stored again with the request's first
+-- write to the key (one ZADD with the new entry), or on its own when only evictions changed it.
+-- So a request never reads more than the entries it evicts. TTL: until the newest entry leaves
+-- the window, so that idle keys vanish on their own.
 --
--- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 when the item added
--- nothing; for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER + (first member -
--- LOG_MEMBER_FIRST) + 1, the item having added `hits` consecutive members, cyclically, from there
--- at that score (one ms later after a wrap); for the quantized log the bucket start + 1; for the
--- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1).
+-- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 unless the item
+-- recorded its hits only because the request was admitted (it passed, and its over_limit is not
+-- record); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER + (member number -
+-- LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the fixed window and
+-- the sliding counter the window start + 1; for GCRA its rate max(limit, 1).
 --
--- Log members must be unique per key and short: a listpack stores an integer member of
+-- Log entries must be unique per key and short: a listpack stores an integer member of
 -- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (1000000..8388607) in 5 bytes (a 24-bit integer; a UUID
--- costs 37). So members are 7-digit integers assigned cyclically per key: a new key starts at
--- LOG_MEMBER_FIRST, then member = newest member + 1 per hit, wrapping from the last to the
--- first. Scores never decrease: score = max(now, newest score). Why this is safe across
+-- costs 37). So an entry's member is a 7-digit number, assigned cyclically per key, followed by
+-- its weight in decimal unless that is 1 (log_member in shared.lua): `1000041` weighs 1,
+-- `10000412000` 2000 (an integer still: 9 bytes up to a weight of about 900 billion). A new key
+-- starts at LOG_MEMBER_FIRST, then number = newest number + 1 per entry, wrapping from the last
+-- to the first. Scores never decrease: score = max(now, newest score). Why this is safe across
 -- instances and clock steps:
--- - with one width, Redis's tie-break between equal scores (lexicographic) is numeric order,
---   and with non-decreasing scores the newest entry is the last one: ZPOPMAX removes the newest
---   entries, and the next member follows the newest. At a wrap the new member would sort below
---   the newest at an equal score, so it and the rest of its item go 1 ms later: such an entry
---   counts 1 ms longer than the memory backend's would (conservative), once per 7.4 million;
--- - entries leave from the bottom (expiry) and the top (refunds), so the live members are one
---   cyclic range; a new member collides with a live one (ZADD would update it instead of adding
---   one: over-admission) only if the range's span plus the hits exceed the LOG_MEMBERS numbers.
---   The span is checked before anything is written, and the call fails with a `sluice:` error;
+-- - members of equal score sort lexicographically, and every member starts with a number of one
+--   width, so they sort by number: with non-decreasing scores the newest entry is the last one
+--   (refunds take from there, and the next number follows it). At a wrap the new number would
+--   sort below the newest at an equal score, so the entry goes 1 ms later: it counts 1 ms longer
+--   than the memory backend's would (conservative), once per 7.4 million entries;
+-- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
+--   cyclic range; a new number collides with a live one only if the range's span plus the
+--   request's new entries exceed the LOG_MEMBERS numbers. The span is checked before anything
+--   is written, and the call fails with a `sluice:` error (it takes 7.4 million live entries,
+--   i.e. requests, in one window);
 -- - a score never goes back in time, so a step back of the clock cannot make a new entry expire
 --   before the one before it (the memory backend records at max(now, newest) too).
 --
 -- Cost (instructions per request: docs/performance.md, scripts/bench/script-cost.sh): a log
--- key's count is read once (ZCARD after the eviction) and its newest and oldest entry at most
--- once each, then kept up to date through the request's own adds and pops: an admitted single-hit
--- item costs ZREMRANGEBYSCORE, ZCARD, two ZRANGEs (none on an empty key), ZADD and PEXPIRE.
--- Every closure costs an allocation per call, so the other algorithms' models are only made
--- when a call has an item that needs them, and the per-request state is one table per item and
--- one per key. Every request shape takes the same path: a second copy for requests of
--- sliding-log items only would save about 3% of the instructions, not worth a second decision
--- (docs/performance.md).
+-- key's total and ends are read once per request, then kept up to date through the request's
+-- own adds and refunds: an admitted item costs two ZRANGEs (one on a new key, or on a key of one
+-- entry), one ZADD (the entry and the total) and PEXPIRE, whatever its weight, plus a ZRANGE of
+-- what left the window and a ZREMRANGEBYSCORE when something did. Redis 7.0 prints every score
+-- it returns with '%.17g', which costs about as much as a command, so scores are only asked for
+-- where needed. Every closure costs an allocation per call, so the other algorithms' models are
+-- only made when a call has an item that needs them, and the per-request state is one table per
+-- item and one per key. Every request shape takes the same path (docs/performance.md).
 
 -- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
 -- less than a global per access.
 local KEYS, ARGV = KEYS, ARGV
 
--- The call's clock: Redis TIME (every sidecar then uses the same clock, however skewed their
--- hosts are), or an explicit whole number of ms (tests).
+-- The call's clock (read_clock in shared.lua).
 local batched = ARGV[1] == BATCHED
 local clock = ARGV[1]
 if batched then
   clock = ARGV[2]
 end
-local now_ms
-if clock == '' then
-  local time = redis.call('TIME')
-  now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-else
-  now_ms = tonumber(clock)
-  if not now_ms or now_ms % 1 ~= 0 then
-    return redis.error_reply('sluice: bad now')
+local now_ms = read_clock(clock)
+if not now_ms then
+  return redis.error_reply('sluice: bad now')
+end
+
+-- Entries a refund reads per ZRANGE, newest first.
+local REFUND_READ = 64
+
+-- ZRANGE indices of a log key's newest entry and oldest entry (the total's member is first).
+local NEWEST, OLDEST = '-1', '1'
+
+-- Remembers a log key's entry, read as `member` and `score` (a ZRANGE reply's strings), as its
+-- newest or oldest; an entry that holds the whole total is both.
+local function note_entry(state, member, score, newest)
+  local number, weight = parse_log_member(member)
+  -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
+  score = score + 0
+  local alone = weight == state.total
+  if newest or alone then
+    state.newest_member, state.newest_score = number, score
+  end
+  if not newest or alone then
+    state.oldest_member, state.oldest_score = number, score
   end
 end
 
--- A sliding-log key's entry at ZRANGE index `at`: '-1' the newest, '0' the oldest. Returns its
--- member and score, nil when the key is empty. Each end is read at most once per request (one
--- read serves both while the key holds one entry), then kept up to date by the request's own adds
--- and pops.
+-- A sliding-log key's entry at `at`, NEWEST or OLDEST: its number and score, nil when the key
+-- is empty. Each end is read at most once per request (phase 1 reads the oldest), then kept up
+-- to date by the request's own adds and refunds.
 local function log_entry(key, state, at)
-  if state.card == 0 then
+  if state.total == 0 then
     return nil
   end
-  local newest = at == '-1'
-  if newest and state.newest_score then
+  local newest = at == NEWEST
+  if newest and not state.newest_score or not newest and not state.oldest_score then
+    local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+    note_entry(state, entry[1], entry[2], newest)
+  end
+  if newest then
     return state.newest_member, state.newest_score
-  elseif not newest and state.oldest_score then
-    return state.oldest_member, state.oldest_score
   end
-  local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
-  -- A score Redis printed is always a number: `+ 0` parses it once, `tonumber` twice.
-  local member, score = tonumber(entry[1]), entry[2] + 0
-  if newest or state.card == 1 then
-    state.newest_member, state.newest_score = member, score
-  end
-  if not newest or state.card == 1 then
-    state.oldest_member, state.oldest_score = member, score
-  end
-  return member, score
+  return state.oldest_member, state.oldest_score
 end
 
 -- How many member numbers the key's live entries span, oldest to newest, cyclically (cluster
 -- compensation may leave holes, hence the span rather than the count).
 local function log_span(key, state)
-  local newest = log_entry(key, state, '-1')
+  local newest = log_entry(key, state, NEWEST)
   if not newest then
     return 0
   end
-  return (newest - log_entry(key, state, '0')) % LOG_MEMBERS + 1
+  return (newest - log_entry(key, state, OLDEST)) % LOG_MEMBERS + 1
 end
 
--- Adds `hits` entries to a log key; returns their undo token (see shared.lua).
-local function log_add(key, state, hits)
-  local newest_member, newest_score = log_entry(key, state, '-1')
+-- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token.
+local function log_add(key, state, weight)
+  local newest_member, newest_score = log_entry(key, state, NEWEST)
   local score, member = now_ms, LOG_MEMBER_FIRST
   if newest_member then
     if newest_score > score then
@@ -127,78 +147,143 @@ local function log_add(key, state, hits)
     if newest_member < LOG_MEMBER_LAST then
       member = newest_member + 1
     elseif score <= newest_score then
-      -- A wrap: the new member sorts below the newest at an equal score, so it goes 1 ms later
+      -- A wrap: the new number sorts below the newest at an equal score, so it goes 1 ms later
       -- to stay the newest.
       score = newest_score + 1
     end
   end
-  local token = (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
-  if state.card == 0 then
+  if state.total == 0 then
     state.oldest_member, state.oldest_score = member, score
   end
-  state.card = state.card + hits
-  if hits == 1 then
-    -- The usual single hit, without the argument table.
-    state.newest_member, state.newest_score = member, score
-    redis.call('ZADD', key, format_integer(score), format_integer(member))
-    return token
-  end
-  while hits > 0 do
-    local chunk = math.min(hits, MEMBERS_PER_COMMAND)
-    local args = {}
-    local printed_score = format_integer(score)
-    for j = 1, chunk do
-      args[2 * j - 1] = printed_score
-      args[2 * j] = format_integer(member)
-      state.newest_member, state.newest_score = member, score
-      member = member + 1
-      if member > LOG_MEMBER_LAST then
-        -- The same at a wrap inside this item.
-        member = LOG_MEMBER_FIRST
-        score = score + 1
-        printed_score = format_integer(score)
-      end
-    end
-    redis.call('ZADD', key, unpack(args))
-    hits = hits - chunk
-  end
-  return token
+  state.total = state.total + weight
+  state.newest_member, state.newest_score = member, score
+  state.stale = false
+  redis.call('ZADD', key, format_integer(-state.total), LOG_TOTAL_MEMBER, format_integer(score),
+    log_member(member, weight))
+  return (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
 end
 
--- Phase 1 for a sliding-log item: evicts what left the window and returns the key's count.
-local function log_settle(item, state)
-  local removed = redis.call('ZREMRANGEBYSCORE', item.key, '-inf',
-    format_integer(now_ms - item.window))
-  if not state.card then
-    state.card = redis.call('ZCARD', item.key)
-  elseif removed > 0 then
-    -- The key again, with a shorter window than an earlier item's.
-    state.card = state.card - removed
-    state.newest_score, state.oldest_score = false, false
-  end
-  return state.card
-end
-
--- Phase 2 for a sliding-log item: records its hits or takes back its refund; whether it wrote.
-local function log_write(item, state)
-  if item.kind ~= KIND_REFUND then
-    item.undo = log_add(item.key, state, item.hits)
-    return true
-  end
-  local take = math.min(item.hits, state.card)
+-- Takes up to `hits` of a log key's newest weight: whole entries, newest first, and part of the
+-- last one reached (its member then carries the weight left). Returns whether it wrote.
+local function log_refund(key, state, hits)
+  local take = math.min(hits, state.total)
   if take == 0 then
     return false
   end
-  redis.call('ZPOPMAX', item.key, format_number(take))
-  state.card = state.card - take
+  state.stale = false
+  if take == state.total then
+    redis.call('DEL', key)
+    state.total, state.newest_score, state.oldest_score = 0, false, false
+    return true
+  end
+  -- The entries hold more than `take`, so the loop ends before the oldest entry is gone.
+  local left = take
   state.newest_score = false
+  while left > 0 do
+    local read = redis.call('ZRANGE', key, format_integer(-math.min(left, REFUND_READ)), '-1',
+      'WITHSCORES')
+    local gone = {}
+    for j = #read - 1, 1, -2 do
+      if read[j] == LOG_TOTAL_MEMBER then
+        break
+      end
+      local member, weight = parse_log_member(read[j])
+      gone[#gone + 1] = read[j]
+      if weight > left then
+        redis.call('ZADD', key, read[j + 1], log_member(member, weight - left))
+        state.newest_member, state.newest_score = member, read[j + 1] + 0
+        left = 0
+        break
+      end
+      left = left - weight
+      if left == 0 then
+        break
+      end
+    end
+    if #gone == 0 then
+      -- No entry left: a total out of step with the entries (never written so).
+      break
+    end
+    redis.call('ZREM', key, unpack(gone))
+  end
+  state.total = state.total - take
+  store_log_total(key, state.total)
+  return true
+end
+
+-- Phase 1 for a sliding-log item: the key's count at now. The first item of a key reads its
+-- total and oldest entry in one ZRANGE (the total's member is first); only when that entry has
+-- left the window is what left read (members only, by score). A later item of the key with a
+-- shorter window reads only what it adds. The entries that left are removed in phase 2
+-- (log_evict), so that phase 1 writes nothing.
+local function log_settle(item, state)
+  local key, cutoff = item.key, now_ms - item.window
+  local from
+  if state.total then
+    if cutoff <= state.cutoff or state.total == 0 then
+      return state.total
+    end
+    -- Entries score 0 or more, the total's member less.
+    from = '(' .. format_integer(math.max(state.cutoff, -1))
+  else
+    state.total = 0
+    local bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+    if bottom[1] == LOG_TOTAL_MEMBER then
+      state.total = -bottom[2]
+      if bottom[3] then
+        note_entry(state, bottom[3], bottom[4], false)
+      else
+        -- The total's member alone (never written so): the key is empty.
+        state.total, state.stale = 0, true
+      end
+    end
+    if state.total == 0 or state.oldest_score > cutoff then
+      state.cutoff = cutoff
+      return state.total
+    end
+    from = '0'
+  end
+  state.cutoff = cutoff
+  local read = redis.call('ZRANGE', key, from, format_integer(cutoff), 'BYSCORE')
+  local expired = 0
+  for j = 1, #read do
+    local _, weight = parse_log_member(read[j])
+    expired = expired + weight
+  end
+  if expired > 0 then
+    state.total, state.evict, state.oldest_score = math.max(state.total - expired, 0), true, false
+    if state.total == 0 then
+      state.newest_score = false
+    end
+  end
+  return state.total
+end
+
+-- Phase 2, first step for a log key: removes the entries phase 1 found expired; the total is
+-- stored with the key's next write, or on its own (store_stale_totals).
+local function log_evict(key, state)
+  if state.evict then
+    redis.call('ZREMRANGEBYSCORE', key, '0', format_integer(state.cutoff))
+    state.evict, state.stale = false, true
+  end
+end
+
+-- Phase 2 for a sliding-log item: records its take or takes back its refund; whether it wrote.
+local function log_write(item, state)
+  if item.kind == KIND_REFUND then
+    return log_refund(item.key, state, item.take)
+  end
+  local token = log_add(item.key, state, item.take)
+  if item.undoable then
+    item.undo = token
+  end
   return true
 end
 
 -- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
 -- that wrote it.
 local function log_store(writer, state)
-  local _, newest_score = log_entry(writer.key, state, '-1')
+  local _, newest_score = log_entry(writer.key, state, NEWEST)
   if newest_score then
     local ttl = newest_score + writer.window - now_ms
     if ttl < 1 then
@@ -210,7 +295,7 @@ end
 
 -- A log item's reset: until its key's oldest entry leaves the window; the window when empty.
 local function log_reset_ms(item, state)
-  local _, oldest_score = log_entry(item.key, state, '0')
+  local _, oldest_score = log_entry(item.key, state, OLDEST)
   if not oldest_score then
     return item.window
   end
@@ -240,8 +325,10 @@ local function read_items(first_key, first_arg, n)
     local limit, window, hits = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
       tonumber(ARGV[at + 3])
     local kind, algorithm, param = ARGV[at + 4], ARGV[at + 5], tonumber(ARGV[at + 6])
-    -- Whole windows and hits: times and members are printed as integers.
-    if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0 then
+    local over_limit = ARGV[at + 7]
+    -- Whole windows and hits: times and weights are printed as integers.
+    if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
+        or hits < 0 then
       return nil, 'sluice: bad number in item ' .. i
     end
     if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
@@ -253,6 +340,10 @@ local function read_items(first_key, first_arg, n)
         and algorithm ~= ALGORITHM_FIXED_WINDOW then
       return nil, 'sluice: bad algorithm in item ' .. i
     end
+    if over_limit ~= OVER_LIMIT_FILL and over_limit ~= OVER_LIMIT_REFUSE
+        and over_limit ~= OVER_LIMIT_RECORD then
+      return nil, 'sluice: bad over_limit in item ' .. i
+    end
     -- The state of an earlier item's key, else a new one. A linear scan: requests carry a
     -- handful of items, and a table of keys would cost more than the scan.
     local state
@@ -263,31 +354,49 @@ local function read_items(first_key, first_arg, n)
       end
     end
     if not state then
-      -- A key's state during the request, shared by its items: `earlier`, the hits earlier
-      -- items record on it; `writer`, the item whose write decides its TTL (false: not
-      -- written); for a sliding log its count (false: not read yet) and its newest and oldest
-      -- entry (log_entry); for the other algorithms what models().load reads.
+      -- A key's state during the request, shared by its items: `earlier` and `rejected`, what
+      -- earlier items record on it if the request is admitted or rejected; `adds`, the entries
+      -- the request adds to a log; `writer`, the item whose write decides its TTL (false: not
+      -- written); for a sliding log its total (false: not read yet), the `cutoff` it was read
+      -- up to, whether entries wait to be removed (`evict`, log_evict) and whether that left
+      -- the stored total `stale`, and its newest and oldest entry (log_entry); for the other
+      -- algorithms what models().load reads.
       if algorithm == ALGORITHM_SLIDING_LOG then
         state = {
-          algorithm = algorithm, earlier = 0, writer = false, card = false,
-          newest_member = false, newest_score = false, oldest_member = false, oldest_score = false,
+          algorithm = algorithm, earlier = 0, rejected = 0, adds = 0, writer = false,
+          total = false, cutoff = false, evict = false, stale = false, newest_member = false,
+          newest_score = false, oldest_member = false, oldest_score = false,
         }
       else
-        state = {algorithm = algorithm, earlier = 0, writer = false, loaded = false}
+        state = {algorithm = algorithm, earlier = 0, rejected = 0, writer = false, loaded = false}
       end
     elseif state.algorithm ~= algorithm then
       return nil, 'sluice: the key of item ' .. i .. ' has two algorithms'
     end
     items[i] = {
       key = key, limit = limit, window = window, hits = hits, kind = kind,
-      algorithm = algorithm, param = param, state = state, passed = false, undo = 0,
+      algorithm = algorithm, param = param, over_limit = over_limit, state = state,
+      passed = false, if_admitted = 0, if_rejected = 0, take = 0, undoable = false, undo = 0,
     }
   end
   return items
 end
 
--- Phase 1: brings every item's key to now and checks the item; nothing but expired entries is
--- removed. Returns whether the request is admitted.
+-- What an item records when it is not recorded as admitted (window.rs, over_limit_take):
+-- nothing; as much of its cost as fits after `seen` if it did not pass; or its whole cost;
+-- never past MAX_EXACT (the reference's MAX_COUNT).
+local function over_limit_take(item, seen, capacity)
+  local over_limit, limit = item.over_limit, capacity
+  if over_limit == OVER_LIMIT_RECORD then
+    limit = MAX_EXACT
+  elseif over_limit == OVER_LIMIT_REFUSE or item.passed then
+    return 0
+  end
+  return math.max(math.min(item.hits, limit - seen), 0)
+end
+
+-- Phase 1: brings every item's key to now, checks the item and fixes its take under either
+-- verdict; nothing but expired entries is removed. Returns whether the request is admitted.
 local function check(items, n)
   local admitted = true
   local any_quota, quota_passed = false, false
@@ -316,7 +425,7 @@ local function check(items, n)
       end
     end
     if kind == KIND_REFUND then
-      item.passed = true
+      item.passed, item.if_admitted = true, item.hits
     else
       local seen = count + state.earlier
       if item.hits == 0 then
@@ -324,10 +433,19 @@ local function check(items, n)
       else
         item.passed = seen + item.hits <= capacity
       end
-      -- An admitted request records every consume item, and shadow and quota items that passed.
-      if kind == KIND_CONSUME or item.passed then
-        state.earlier = state.earlier + item.hits
+      -- An admitted request records every consume item, and shadow and quota items that
+      -- passed; the others record what over_limit says (nothing for refuse, nothing for a fill
+      -- item that passed, the usual case).
+      local if_admitted, if_rejected = item.hits, 0
+      if item.over_limit == OVER_LIMIT_RECORD or not item.passed then
+        if kind ~= KIND_CONSUME and not item.passed then
+          if_admitted = over_limit_take(item, seen, capacity)
+        end
+        if_rejected = over_limit_take(item, count + state.rejected, capacity)
       end
+      item.if_admitted, item.if_rejected = if_admitted, if_rejected
+      state.earlier = state.earlier + if_admitted
+      state.rejected = state.rejected + if_rejected
       if kind == KIND_CONSUME then
         admitted = admitted and item.passed
       elseif kind == KIND_QUOTA then
@@ -340,25 +458,57 @@ local function check(items, n)
   return admitted and (quota_passed or not any_quota)
 end
 
--- Phase 2, for an admitted request (every consume item passed, refunds pass): in request order,
--- items that passed record their hits or take back their refund; then each written key gets its
--- TTL, or its value and TTL. Returns an error reply instead, having written nothing, if a log key
--- would reach one of its live members.
-local function write(items, n)
+-- Stores the total of each log key whose evictions changed it and that nothing wrote since.
+local function store_stale_totals(items, n)
+  for i = 1, n do
+    local state = items[i].state
+    if state.stale then
+      store_log_total(items[i].key, state.total)
+      state.stale = false
+    end
+  end
+end
+
+-- Phase 2: in request order, each item records its take for the verdict, and on an admitted
+-- request refunds take back theirs; then each written key gets its TTL, or its value and TTL,
+-- and a log whose evictions alone changed its total gets the total. Returns an error reply
+-- instead, having written nothing, if a log key would reach one of its live members.
+local function write(items, n, admitted)
+  local adds = false
   for i = 1, n do
     local item = items[i]
+    local take = item.if_rejected
+    if admitted then
+      take = item.if_admitted
+    end
+    item.take = take
+    if item.algorithm == ALGORITHM_SLIDING_LOG then
+      local state = item.state
+      if state.evict then
+        log_evict(item.key, state)
+      end
+      if take > 0 and item.kind ~= KIND_REFUND then
+        state.adds, adds = state.adds + 1, true
+      end
+    end
+  end
+  for i = 1, adds and n or 0 do
+    local item = items[i]
     local state = item.state
-    -- `earlier` is now every hit the request adds to the key. ZADD would update a live member
-    -- instead of adding one; it takes about 7.4 million live entries.
-    if item.algorithm == ALGORITHM_SLIDING_LOG and item.kind ~= KIND_REFUND and item.passed
-        and item.hits > 0 and log_span(item.key, state) + state.earlier > LOG_MEMBERS then
+    -- ZADD would update a live member instead of adding one; it takes about 7.4 million live
+    -- entries.
+    if item.algorithm == ALGORITHM_SLIDING_LOG and state.adds > 0
+        and log_span(item.key, state) + state.adds > LOG_MEMBERS then
+      store_stale_totals(items, n)
       return redis.error_reply('sluice: sliding log ' .. item.key .. ' is full (members wrap)')
     end
   end
   for i = 1, n do
     local item = items[i]
-    local state = item.state
-    if item.passed and item.hits > 0 then
+    if item.take > 0 then
+      local state = item.state
+      -- Recorded only because the request was admitted: what compensation takes back.
+      item.undoable = admitted and item.passed and item.over_limit ~= OVER_LIMIT_RECORD
       if item.algorithm == ALGORITHM_SLIDING_LOG then
         -- A log's TTL follows the window of the first item that wrote to it.
         if log_write(item, state) and not state.writer then
@@ -369,7 +519,10 @@ local function write(items, n)
         if item.kind == KIND_REFUND then
           models().refund(item, state)
         else
-          item.undo = models().record(item, state)
+          local token = models().record(item, state)
+          if item.undoable then
+            item.undo = token
+          end
         end
         state.writer = item
       end
@@ -387,6 +540,7 @@ local function write(items, n)
       state.writer = false
     end
   end
+  store_stale_totals(items, n)
   return nil
 end
 
@@ -400,7 +554,7 @@ local function outcomes(items, n, admitted)
     local state = item.state
     reply[3 * i - 1] = item.passed and 1 or 0
     if item.algorithm == ALGORITHM_SLIDING_LOG then
-      reply[3 * i] = state.card
+      reply[3 * i] = state.total
       reply[3 * i + 1] = log_reset_ms(item, state)
     else
       reply[3 * i] = models().count(item, state)
@@ -421,11 +575,9 @@ local function decide(first_key, first_arg, n)
     return redis.error_reply(malformed)
   end
   local admitted = check(items, n)
-  if admitted then
-    local refused = write(items, n)
-    if refused then
-      return refused
-    end
+  local refused = write(items, n, admitted)
+  if refused then
+    return refused
   end
   return outcomes(items, n, admitted)
 end
@@ -453,10 +605,24 @@ end
 if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
   return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
 end
+-- Each request stands alone: a command that fails inside one (a key holding another type,
+-- WRONGTYPE) becomes that request's error reply, and the others are decided as usual. The failure
+-- comes from phase 1 (every key is read, type-checked, before anything is recorded), so the
+-- failed request has written nothing but phase 1's evictions.
+local function error_text(err)
+  if type(err) == 'table' and err.err then
+    return err.err
+  end
+  return tostring(err)
+end
 local replies = {}
 local first_key, first_arg = 0, 3 + requests
 for r = 1, requests do
-  replies[r] = decide(first_key, first_arg, sizes[r])
+  local ok, reply = pcall(decide, first_key, first_arg, sizes[r])
+  if not ok then
+    reply = redis.error_reply(error_text(reply))
+  end
+  replies[r] = reply
   first_key = first_key + sizes[r]
   first_arg = first_arg + ARGS_PER_ITEM * sizes[r]
 end

@@ -186,10 +186,10 @@ local function make_models(now_ms)
     return math.max(reset, 0)
   end
 
-  -- Records `item.hits` (State::record); returns the undo token: the bucket start + 1, the
+  -- Records `item.take` (State::record); returns the undo token: the bucket start + 1, the
   -- window start + 1, or GCRA's rate.
   local function record(item, state)
-    local algorithm, hits = item.algorithm, item.hits
+    local algorithm, hits = item.algorithm, item.take
     if algorithm == ALGORITHM_QUANTIZED_LOG then
       local quantum = quantum_of(item)
       local start = math.floor(now_ms / quantum) * quantum
@@ -211,9 +211,9 @@ local function make_models(now_ms)
     return state.start + 1
   end
 
-  -- Gives back up to `item.hits`, newest first (State::refund).
+  -- Gives back up to `item.take`, newest first (State::refund).
   local function refund(item, state)
-    local algorithm, hits = item.algorithm, item.hits
+    local algorithm, hits = item.algorithm, item.take
     if algorithm == ALGORITHM_QUANTIZED_LOG then
       while hits > 0 and state.buckets[#state.buckets] do
         local newest = state.buckets[#state.buckets]

@@ -1,14 +1,17 @@
--- What both scripts share: number printing, the undo token of a log entry, and the one-value
--- form of the O(1) algorithms' state.
+-- What both scripts share: number printing, the form of a log entry and of a log's total, the
+-- undo token of a log entry, and the one-value form of the O(1) algorithms' state.
 --
 -- Every script is assembled by src/limiter/redis/script.rs: the layout header it generates from
 -- its Rust constants (ARGS_PER_ITEM, UNDO_ARGS_PER_KEY, MAX_EXACT, LOG_MEMBER_FIRST,
--- LOG_MEMBER_LAST, BATCHED, the KIND_* and ALGORITHM_* codes), then this file, then the
+-- LOG_MEMBER_LAST, LOG_TOTAL_MEMBER, BATCHED, the KIND_*, ALGORITHM_* and OVER_LIMIT_* codes),
+-- then this file, then the
 -- script's own files (models.lua and decide.lua, or compensate.lua). KEYS, ARGV and the replies
 -- are documented once, on `SCRIPT` and `COMPENSATE` in script.rs.
 
--- How many member numbers a sliding log cycles through (see "Log members" in decide.lua).
+-- How many member numbers a sliding log cycles through (see "Log entries" in decide.lua).
 local LOG_MEMBERS = LOG_MEMBER_LAST - LOG_MEMBER_FIRST + 1
+-- Digits of a member number (LOG_MEMBER_FIRST and LOG_MEMBER_LAST have as many).
+local LOG_NUMBER_DIGITS = #string.format('%d', LOG_MEMBER_FIRST)
 
 -- The undo token of a sliding log item (decide.lua, "Undo tokens"): its score modulo
 -- TOKEN_SCORE and its first member, below 2^53 together.
@@ -36,6 +39,51 @@ if string.format('%d', 1099511627776) == '1099511627776' then
 end
 local function format_integer(x)
   return string.format(INTEGER_FORMAT, x)
+end
+
+-- The clock of a call, from its clock argument: Redis TIME for the empty string (production:
+-- every sidecar then uses the same clock, however skewed their hosts are), else an explicit
+-- whole number of ms (tests); nil when malformed (a fraction: times are printed as integers).
+local function read_clock(argument)
+  if argument == '' then
+    local time = redis.call('TIME')
+    return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  local ms = tonumber(argument)
+  if not ms or ms % 1 ~= 0 then
+    return nil
+  end
+  return ms
+end
+
+-- The member of a log entry: its number, then its weight unless that is 1 ("Log entries" in
+-- decide.lua).
+local function log_member(number, weight)
+  if weight == 1 then
+    return format_integer(number)
+  end
+  return format_integer(number) .. format_integer(weight)
+end
+
+-- The number and weight of a log entry's member, as Redis returns it.
+local function parse_log_member(member)
+  if #member == LOG_NUMBER_DIGITS then
+    return tonumber(member), 1
+  end
+  return tonumber(string.sub(member, 1, LOG_NUMBER_DIGITS)),
+    tonumber(string.sub(member, LOG_NUMBER_DIGITS + 1))
+end
+
+-- Stores a log key's total (the sum of its entries' weights) beside its entries: the score of
+-- LOG_TOTAL_MEMBER, negated, so that the member sorts first, below every entry (a change of its
+-- score then costs Redis no scan of the set). A key whose total is 0 holds no entry and is
+-- deleted.
+local function store_log_total(key, total)
+  if total > 0 then
+    redis.call('ZADD', key, format_integer(-total), LOG_TOTAL_MEMBER)
+  else
+    redis.call('DEL', key)
+  end
 end
 
 -- floor(a / b) for integers below 2^53, exact whatever the rounding of the division.

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use sluice::descriptor::{limiter_key_tagged, Entry};
 use sluice::limiter::redis::script::SCRIPT;
-use sluice::limiter::Algorithm;
+use sluice::limiter::{Algorithm, OverLimit};
 
 const WINDOW_MS: u64 = 60_000;
 /// Aligned on the window, so the fixed and sliding counters fill one window.
@@ -85,7 +85,8 @@ fn key(user: &str, algorithm: Algorithm) -> String {
     )
 }
 
-/// One single-item EVALSHA: `now` empty for Redis TIME.
+/// One single-item EVALSHA (the layout of `SCRIPT` in src/limiter/redis/script.rs): `now` empty
+/// for Redis TIME.
 fn call(sha: &str, key: &str, now: &str, limit: u64, algorithm: Algorithm) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha)
@@ -97,7 +98,8 @@ fn call(sha: &str, key: &str, now: &str, limit: u64, algorithm: Algorithm) -> re
         .arg(1)
         .arg("c")
         .arg(algorithm.code())
-        .arg(algorithm.param());
+        .arg(algorithm.param())
+        .arg(OverLimit::default().code());
     cmd
 }
 

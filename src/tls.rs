@@ -1,0 +1,499 @@
+//! The gRPC server's TLS: its certificate and key from PEM files, client certificates verified
+//! against CA files (and, optionally, a name they must carry), all reloaded when the files
+//! change on disk.
+//!
+//! Why a handshake of our own instead of tonic's `tls_config`: tonic's server TLS takes its
+//! identity once, when the server is built, and a Kubernetes Secret rotated in place (the
+//! kubelet writes a new `..TIMESTAMP` directory and swaps the `..data` symlink, as for a
+//! ConfigMap; see src/reload.rs) would then need a restart. Here each accepted connection is
+//! handshaken with the rustls config current at that moment ([`incoming`]), and [`watch`] polls
+//! the files like the config's reload does, building a new config when any of them changed.
+//! Connections already open keep the session they negotiated; only new handshakes see the new
+//! certificates. The whole config is swapped, not just the certificate: a rotated Secret may
+//! bring a new CA for the client certificates too.
+//!
+//! A change that does not load (a file missing, a key that does not match the certificate, a
+//! PEM without a certificate) is logged once and the previous certificates keep serving. The
+//! files are read twice per change and must be equal both times, so a load never mixes the
+//! certificate of one generation with the key of the next.
+//!
+//! Protocol: TLS 1.2 and 1.3 (Envoy's upstream TLS stops at 1.2 unless its cluster says
+//! otherwise, and Envoy Gateway's does not), ALPN `h2` offered; a client that offers no ALPN
+//! (Envoy's clusters do not) still speaks HTTP/2. Client certificates, when CA files are
+//! given, are required and verified for client use (an extended key usage, when present, must
+//! allow it: certificates without one, like Envoy Gateway's, are accepted); the name, when
+//! given, must be one of the certificate's DNS or IP subject alternative names (a wildcard in
+//! the certificate matches as in server names), as envoyproxy/ratelimit's
+//! `GRPC_CLIENT_TLS_SAN` checks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use futures_util::{Stream, StreamExt};
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+/// A client that connected has this long to complete its handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the certificates are and how they are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// PEM certificate chain of the server, leaf first (`--grpc-tls-cert`).
+    pub cert: PathBuf,
+    /// PEM private key of `cert`: PKCS#8, PKCS#1 (RSA) or SEC1 (EC) (`--grpc-tls-key`).
+    pub key: PathBuf,
+    /// PEM files of the CAs whose client certificates are accepted; empty: no client
+    /// certificate is asked for (`--grpc-client-ca`).
+    pub client_ca: Vec<PathBuf>,
+    /// A DNS name or IP address the client certificate must carry (`--grpc-client-san`).
+    pub client_san: Option<String>,
+    /// How often the files are checked for changes.
+    pub reload_interval: Duration,
+}
+
+impl TlsSettings {
+    /// Server TLS from `cert` and `key`, no client certificates, checked every second.
+    pub fn new(cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        TlsSettings {
+            cert: cert.into(),
+            key: key.into(),
+            client_ca: Vec::new(),
+            client_san: None,
+            reload_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why the certificates cannot be loaded; each message names the flag and the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {flag} {path}: {error}")]
+    Read {
+        flag: &'static str,
+        path: String,
+        error: String,
+    },
+    #[error("{flag} {path}: {what}")]
+    Pem {
+        flag: &'static str,
+        path: String,
+        what: String,
+    },
+    #[error("--grpc-tls-key {key} does not go with --grpc-tls-cert {cert}: {reason}")]
+    Identity {
+        cert: String,
+        key: String,
+        reason: String,
+    },
+    #[error(
+        "--grpc-client-san needs --grpc-client-ca: without a CA no client certificate is asked for"
+    )]
+    SanWithoutCa,
+    #[error("--grpc-client-san `{0}` is not a DNS name or an IP address")]
+    BadSan(String),
+    #[error("gRPC server TLS: {0}")]
+    Rustls(String),
+}
+
+/// The bytes of every file, in a fixed order.
+struct Files {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    cas: Vec<Vec<u8>>,
+}
+
+impl Files {
+    fn read(s: &TlsSettings) -> Result<Files, TlsError> {
+        let read = |flag: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|error| TlsError::Read {
+                flag,
+                path: path.display().to_string(),
+                error: error.to_string(),
+            })
+        };
+        Ok(Files {
+            cert: read("--grpc-tls-cert", &s.cert)?,
+            key: read("--grpc-tls-key", &s.key)?,
+            cas: s
+                .client_ca
+                .iter()
+                .map(|p| read("--grpc-client-ca", p))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    fn fingerprint(&self) -> [u8; 32] {
+        let mut hash = Sha256::new();
+        for bytes in [&self.cert, &self.key].into_iter().chain(&self.cas) {
+            hash.update((bytes.len() as u64).to_le_bytes());
+            hash.update(bytes);
+        }
+        hash.finalize().into()
+    }
+}
+
+fn pem_error(flag: &'static str, path: &std::path::Path, what: impl Into<String>) -> TlsError {
+    TlsError::Pem {
+        flag,
+        path: path.display().to_string(),
+        what: what.into(),
+    }
+}
+
+/// Every certificate of a PEM file; none is an error.
+fn certificates(
+    flag: &'static str,
+    path: &std::path::Path,
+    bytes: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(bytes)
+        .collect::<Result<Vec<_>, pem::Error>>()
+        .map_err(|e| pem_error(flag, path, format!("not a valid PEM file: {e}")))?;
+    if certs.is_empty() {
+        return Err(pem_error(flag, path, "holds no CERTIFICATE block"));
+    }
+    Ok(certs)
+}
+
+/// The rustls server config `files` describe.
+fn build(s: &TlsSettings, files: &Files) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certificates("--grpc-tls-cert", &s.cert, &files.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(&files.key).map_err(|e| match e {
+        pem::Error::NoItemsFound => pem_error(
+            "--grpc-tls-key",
+            &s.key,
+            "holds no PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block",
+        ),
+        other => pem_error(
+            "--grpc-tls-key",
+            &s.key,
+            format!("not a valid PEM file: {other}"),
+        ),
+    })?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Rustls(e.to_string()))?;
+    let builder = if s.client_ca.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let mut roots = RootCertStore::empty();
+        for (path, bytes) in s.client_ca.iter().zip(&files.cas) {
+            for cert in certificates("--grpc-client-ca", path, bytes)? {
+                roots.add(cert).map_err(|e| {
+                    pem_error("--grpc-client-ca", path, format!("not a usable CA: {e}"))
+                })?;
+            }
+        }
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsError::Rustls(e.to_string()))?;
+        let verifier: Arc<dyn ClientCertVerifier> = match &s.client_san {
+            Some(name) => Arc::new(NameCheck {
+                inner: verifier,
+                name: server_name(name)?,
+            }),
+            None => verifier,
+        };
+        builder.with_client_cert_verifier(verifier)
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Identity {
+            cert: s.cert.display().to_string(),
+            key: s.key.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
+    ServerName::try_from(name.to_owned()).map_err(|_| TlsError::BadSan(name.to_owned()))
+}
+
+/// The CA verifier, then the name: the client certificate must be valid for `name` the way a
+/// server certificate is for the name dialled.
+#[derive(Debug)]
+struct NameCheck {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for NameCheck {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, &self.name)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// What one check of the files found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Poll {
+    Unchanged,
+    /// New certificates serve every handshake from now on.
+    Reloaded,
+    /// The files changed but do not load; the previous certificates keep serving. Reported
+    /// once per content: the same broken files are `Unchanged` at the next check.
+    Rejected(TlsError),
+}
+
+/// The gRPC server's current TLS config and what it was built from.
+#[derive(Debug)]
+pub struct ServerTls {
+    settings: TlsSettings,
+    current: ArcSwap<ServerConfig>,
+    /// Digests of the files serving, and of the last ones rejected.
+    seen: Mutex<([u8; 32], Option<[u8; 32]>)>,
+}
+
+impl ServerTls {
+    /// Checks the settings and loads the files: any problem stops the start-up.
+    pub fn load(settings: TlsSettings) -> Result<Arc<ServerTls>, TlsError> {
+        match &settings.client_san {
+            Some(_) if settings.client_ca.is_empty() => return Err(TlsError::SanWithoutCa),
+            Some(name) => {
+                server_name(name)?;
+            }
+            None => {}
+        }
+        let files = Files::read(&settings)?;
+        let config = build(&settings, &files)?;
+        Ok(Arc::new(ServerTls {
+            current: ArcSwap::new(config),
+            seen: Mutex::new((files.fingerprint(), None)),
+            settings,
+        }))
+    }
+
+    pub fn settings(&self) -> &TlsSettings {
+        &self.settings
+    }
+
+    /// The config new handshakes use.
+    pub fn config(&self) -> Arc<ServerConfig> {
+        self.current.load_full()
+    }
+
+    /// Whether client certificates are required.
+    pub fn verifies_clients(&self) -> bool {
+        !self.settings.client_ca.is_empty()
+    }
+
+    /// Reads the files and swaps in a new config when they changed and load.
+    pub fn poll(&self) -> Poll {
+        let files = match Files::read(&self.settings) {
+            Ok(files) => files,
+            Err(error) => return self.reject(None, error),
+        };
+        let digest = files.fingerprint();
+        {
+            let mut seen = crate::sync::lock(&self.seen);
+            if seen.0 == digest {
+                // Back to the files that serve: a later breakage is news again.
+                seen.1 = None;
+                return Poll::Unchanged;
+            }
+            if seen.1 == Some(digest) {
+                return Poll::Unchanged;
+            }
+        }
+        // A second read must find the same bytes: the first may have straddled a swap.
+        match Files::read(&self.settings) {
+            Ok(again) if again.fingerprint() == digest => {}
+            _ => return Poll::Unchanged,
+        }
+        match build(&self.settings, &files) {
+            Ok(config) => {
+                self.current.store(config);
+                *crate::sync::lock(&self.seen) = (digest, None);
+                Poll::Reloaded
+            }
+            Err(error) => self.reject(Some(digest), error),
+        }
+    }
+
+    /// A failed load, reported once per content (a file that cannot be read: once per
+    /// message).
+    fn reject(&self, digest: Option<[u8; 32]>, error: TlsError) -> Poll {
+        let digest = digest.unwrap_or_else(|| Sha256::digest(error.to_string()).into());
+        let mut seen = crate::sync::lock(&self.seen);
+        if seen.1 == Some(digest) {
+            return Poll::Unchanged;
+        }
+        seen.1 = Some(digest);
+        Poll::Rejected(error)
+    }
+}
+
+/// Polls the files every `reload_interval` until `stop` turns true, logging each reload and
+/// each rejected change.
+pub async fn watch(tls: Arc<ServerTls>, mut stop: watch::Receiver<bool>) {
+    let interval = tls
+        .settings
+        .reload_interval
+        .max(crate::app::MIN_WATCH_INTERVAL);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let poll = {
+            let tls = tls.clone();
+            tokio::task::spawn_blocking(move || tls.poll()).await
+        };
+        match poll {
+            Ok(Poll::Unchanged) => {}
+            Ok(Poll::Reloaded) => tracing::info!(
+                cert = %tls.settings.cert.display(),
+                "gRPC TLS certificates reloaded: new connections use them"
+            ),
+            Ok(Poll::Rejected(error)) => tracing::warn!(
+                error = %error,
+                "gRPC TLS certificates changed but do not load; the previous ones keep serving"
+            ),
+            Err(error) => tracing::warn!(error = %error, "gRPC TLS reload check failed"),
+        }
+    }
+}
+
+/// Why a handshake did not complete.
+enum Refused {
+    /// The client closed before its hello: a TCP probe, nothing to report.
+    Silent,
+    Error(String),
+}
+
+/// The TLS connections of `conns`: each handshaken (concurrently, within
+/// [`HANDSHAKE_TIMEOUT`]) with the config current when it was accepted. A failed handshake is
+/// logged (a client that closes before saying anything only at debug level) and dropped; the
+/// stream goes on. Errors of `conns` pass through; the stream ends with `conns`, and dropping
+/// it abandons the handshakes under way.
+pub fn incoming<S, IO, E>(
+    conns: S,
+    tls: Arc<ServerTls>,
+    peer: fn(&IO) -> Option<SocketAddr>,
+) -> impl Stream<Item = Result<TlsStream<IO>, E>> + Send
+where
+    S: Stream<Item = Result<IO, E>> + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    E: Send + 'static,
+{
+    type Done<IO> = (Option<SocketAddr>, Result<TlsStream<IO>, Refused>);
+    let state = (Box::pin(conns), JoinSet::<Done<IO>>::new());
+    futures_util::stream::unfold(state, move |(mut conns, mut handshakes)| {
+        let tls = tls.clone();
+        async move {
+            loop {
+                tokio::select! {
+                    conn = conns.next() => match conn {
+                        Some(Ok(io)) => {
+                            let from = peer(&io);
+                            let acceptor = TlsAcceptor::from(tls.config());
+                            handshakes.spawn(async move { (from, handshake(acceptor, io).await) });
+                        }
+                        Some(Err(e)) => return Some((Err(e), (conns, handshakes))),
+                        None => return None,
+                    },
+                    Some(done) = handshakes.join_next(), if !handshakes.is_empty() => match done {
+                        Ok((_, Ok(stream))) => return Some((Ok(stream), (conns, handshakes))),
+                        Ok((from, Err(error))) => log_refused(from, &error),
+                        Err(error) => tracing::warn!(error = %error, "gRPC TLS handshake task failed"),
+                    },
+                }
+            }
+        }
+    })
+}
+
+async fn handshake<IO>(acceptor: TlsAcceptor, io: IO) -> Result<TlsStream<IO>, Refused>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(error)) if error.kind() == std::io::ErrorKind::UnexpectedEof => Err(Refused::Silent),
+        Ok(Err(error)) => Err(Refused::Error(error.to_string())),
+        Err(_) => Err(Refused::Error(format!(
+            "no handshake within {} s",
+            HANDSHAKE_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// A refused client is worth a warning (a certificate of the wrong CA is a misconfiguration
+/// an operator must see); one that closed before its hello (a TCP probe) is not.
+fn log_refused(from: Option<SocketAddr>, refused: &Refused) {
+    let peer = from.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+    match refused {
+        Refused::Silent => {
+            tracing::debug!(%peer, "gRPC TLS: connection closed before the handshake")
+        }
+        Refused::Error(error) => tracing::warn!(%peer, %error, "gRPC TLS handshake refused"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,359 @@
+//! Envoy Gateway's side of the contract, as it builds it (read from its sources:
+//! `internal/crypto/certgen.go`, `internal/xds/translator/ratelimit.go`):
+//!
+//! - [`GatewayPki`]: the certificates of its certgen, made with `openssl`: one self-signed RSA
+//!   CA (CN `envoy-gateway`), leaf certificates with RSA 2048 keys written as PKCS#1 PEM
+//!   (`RSA PRIVATE KEY`), key usages but no extended key usage, and its names (`*.NAMESPACE`
+//!   for Envoy and the rate limiter, the service's names for envoy-gateway).
+//! - [`ratelimit_cluster`]: the cluster Envoy calls the rate limiter through: HTTP/2 and an
+//!   `UpstreamTlsContext` with the client certificate and the CA read from files; no SNI, no
+//!   ALPN, no name check and no TLS parameters, so Envoy negotiates TLS 1.2 at most.
+//! - [`ratelimit_filter`], [`route`]: the filter (one per listener, the listener's name as
+//!   domain, `X-RateLimit-*` headers, fail closed) and a route whose rule has a request cost of
+//!   0 (a check) and a response cost charged when the stream is done (`apply_on_stream_done`,
+//!   here from the response header `x-tokens`), in `RateLimitPerRoute`.
+//! - [`limits_yaml`], [`limits_config`]: the limits it pushes for that route, as
+//!   envoyproxy/ratelimit's YAML and as the xDS resource: the route descriptor (key and value
+//!   the route's name) over the rule's descriptor, the limit on the last one.
+//! - [`tokens_left`]: the route's budget asked of the rate limiter directly (a check of 0 hits
+//!   over mutual TLS with Envoy's certificate).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use sluice::proto::ratelimit::config::ratelimit::v3::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+use super::rpc::{descriptor, request};
+
+use super::envoy_config::{
+    generic_key, grpc_cluster, http_listener, merge, ratelimit_filter as filter,
+};
+
+/// The namespace of the test's "cluster".
+pub const NAMESPACE: &str = "envoy-gateway-system";
+/// A listener name (the domain) and a route name in Envoy Gateway's spelling.
+pub const DOMAIN: &str = "default/eg/http";
+pub const ROUTE: &str = "httproute/default/llm/rule/0/match/0/www_example_com";
+/// The descriptor of a rule without matches (`rule-N-match--1`).
+pub const RULE: &str = "rule-0-match--1";
+/// The cluster name Envoy Gateway gives the rate-limit service.
+pub const CLUSTER: &str = "ratelimit_cluster";
+
+/// A certificate and its key as files and texts (the shape the xDS double takes).
+pub use super::certs::Issued as Pem;
+
+pub struct GatewayPki {
+    dir: PathBuf,
+    pub ca: PathBuf,
+    pub ca_pem: String,
+    /// The rate limiter's certificate (Secret `envoy-rate-limit`): its gRPC server and its
+    /// xDS client. Also names 127.0.0.1, for the tests' own clients (Envoy checks no name,
+    /// and no client could match `*.NAMESPACE` to a service name of several labels).
+    pub ratelimit: Pem,
+    /// Envoy's (Secret `envoy`): its client certificate to the rate limiter.
+    pub envoy: Pem,
+    /// envoy-gateway's (Secret `envoy-gateway`): its xDS server. Also names 127.0.0.1, which
+    /// the tests dial instead of the service name.
+    pub gateway: Pem,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl not found: scripts/setup.sh installs it");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).expect("read a certificate file")
+}
+
+impl GatewayPki {
+    /// A CA named `name` (a second one stands for another cluster's) and its three leaves,
+    /// written under `dir/NAME/`.
+    pub fn new(dir: &Path, name: &str) -> GatewayPki {
+        let dir = dir.join(name);
+        std::fs::create_dir_all(&dir).expect("PKI directory");
+        openssl(
+            &dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-sha256",
+                "-days",
+                "365",
+                "-subj",
+                "/CN=envoy-gateway",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,digitalSignature,keyEncipherment",
+            ],
+        );
+        let ca = dir.join("ca.crt");
+        let wildcard = format!("DNS:*.{NAMESPACE}");
+        let gateway = format!(
+            "DNS:envoy-gateway,DNS:envoy-gateway.{NAMESPACE},DNS:envoy-gateway.{NAMESPACE}.svc,\
+             DNS:envoy-gateway.{NAMESPACE}.svc.cluster.local,IP:127.0.0.1"
+        );
+        GatewayPki {
+            ca_pem: read(&ca),
+            ca,
+            ratelimit: leaf(
+                &dir,
+                "envoy-rate-limit",
+                "*",
+                &format!("{wildcard},IP:127.0.0.1"),
+            ),
+            envoy: leaf(&dir, "envoy", "*", &wildcard),
+            gateway: leaf(&dir, "envoy-gateway", "envoy-gateway", &gateway),
+            dir,
+        }
+    }
+
+    /// Another leaf of this CA (see [`leaf`]).
+    pub fn leaf(&self, file: &str, cn: &str, sans: &str) -> Pem {
+        leaf(&self.dir, file, cn, sans)
+    }
+
+    /// The files of the Secret `envoy-rate-limit` as the rate limiter's pod mounts it.
+    pub fn ratelimit_secret(&self) -> [(&'static str, &str); 3] {
+        [
+            ("tls.crt", self.ratelimit.cert_pem.as_str()),
+            ("tls.key", self.ratelimit.key_pem.as_str()),
+            ("ca.crt", self.ca_pem.as_str()),
+        ]
+    }
+}
+
+/// A leaf `dir/FILE.crt` and `dir/FILE.key` with common name `cn` and the subject
+/// alternative names `sans` (openssl's `DNS:...,IP:...`), signed by `dir/ca.crt`.
+fn leaf(dir: &Path, file: &str, cn: &str, sans: &str) -> Pem {
+    let (key, csr, crt, ext) = (
+        format!("{file}.key"),
+        format!("{file}.csr"),
+        format!("{file}.crt"),
+        format!("{file}.ext"),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            &format!("/CN={cn}"),
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+        ],
+    );
+    std::fs::write(
+        dir.join(&ext),
+        format!(
+            "subjectAltName={sans}\n\
+             keyUsage=critical,digitalSignature,keyEncipherment,dataEncipherment,nonRepudiation\n"
+        ),
+    )
+    .expect("extensions file");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "365",
+            "-sha256",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
+        ],
+    );
+    // certgen writes PKCS#1 ("RSA PRIVATE KEY"), not openssl's default PKCS#8.
+    openssl(dir, &["rsa", "-in", &key, "-traditional", "-out", &key]);
+    let (cert, key) = (dir.join(crt), dir.join(key));
+    Pem {
+        cert_pem: read(&cert),
+        key_pem: read(&key),
+        cert,
+        key,
+    }
+}
+
+/// The rate-limit service's cluster, to `addr`, presenting `client` and trusting `ca`, with
+/// Envoy Gateway's connect timeout for its clusters (10 s; the TLS handshake counts in it).
+pub fn ratelimit_cluster(addr: std::net::SocketAddr, client: &Pem, ca: &Path) -> Value {
+    let mut cluster = grpc_cluster(CLUSTER, &[addr]);
+    cluster["connect_timeout"] = json!("10s");
+    cluster["transport_socket"] = json!({
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "common_tls_context": {
+                "tls_certificates": [{
+                    "certificate_chain": {"filename": client.cert},
+                    "private_key": {"filename": client.key},
+                }],
+                "validation_context": {"trusted_ca": {"filename": ca}},
+            },
+        },
+    });
+    cluster
+}
+
+/// The listener's rate-limit filter: domain [`DOMAIN`], `X-RateLimit-*` headers, fail
+/// closed, `timeout_ms` (tests raise Envoy Gateway's 20 ms default: a debug build on a busy
+/// machine misses it now and then).
+pub fn ratelimit_filter(timeout_ms: u64) -> Value {
+    filter(
+        DOMAIN,
+        CLUSTER,
+        timeout_ms,
+        true,
+        json!({"enable_x_ratelimit_headers": "DRAFT_VERSION_03"}),
+    )
+}
+
+/// The route `/` to `app` with Envoy Gateway's `RateLimitPerRoute` for a rule with a request
+/// cost of 0 and a response cost from the response header `x-tokens`.
+pub fn route(app: &str) -> Value {
+    let actions = json!([generic_key(ROUTE, ROUTE), generic_key(RULE, RULE)]);
+    let mut r = json!({
+        "name": ROUTE,
+        "match": {"prefix": "/"},
+        "route": {"cluster": app},
+    });
+    merge(
+        &mut r,
+        json!({"typed_per_filter_config": {"envoy.filters.http.ratelimit": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute",
+            "rate_limits": [
+                {"actions": actions, "hits_addend": {"number": 0}},
+                {
+                    "actions": actions,
+                    "apply_on_stream_done": true,
+                    "hits_addend": {"format": "%RESP(x-tokens)%"},
+                },
+            ],
+        }}}),
+    );
+    r
+}
+
+/// The listener `gateway` with [`route`] and [`ratelimit_filter`].
+pub fn listener(app: &str, timeout_ms: u64) -> Value {
+    http_listener(
+        "gateway",
+        vec![route(app)],
+        vec![ratelimit_filter(timeout_ms)],
+    )
+}
+
+/// The limits Envoy Gateway sends for [`ROUTE`]'s rule: `requests` per `unit`.
+pub fn limits_yaml(requests: u32, unit: &str) -> String {
+    format!(
+        "domain: {DOMAIN}\ndescriptors:\n  - key: {ROUTE}\n    value: {ROUTE}\n    descriptors:\n      \
+         - key: {RULE}\n        value: {RULE}\n        rate_limit:\n          unit: {unit}\n          \
+         requests_per_unit: {requests}\n"
+    )
+}
+
+/// [`limits_yaml`] as the xDS resource Envoy Gateway pushes (its name is the domain).
+pub fn limits_config(requests: u32, unit: RateLimitUnit) -> RateLimitConfig {
+    let rule = RateLimitDescriptor {
+        key: RULE.into(),
+        value: RULE.into(),
+        rate_limit: Some(RateLimitPolicy {
+            unit: unit as i32,
+            requests_per_unit: requests,
+            ..RateLimitPolicy::default()
+        }),
+        ..RateLimitDescriptor::default()
+    };
+    RateLimitConfig {
+        name: DOMAIN.into(),
+        domain: DOMAIN.into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: ROUTE.into(),
+            value: ROUTE.into(),
+            descriptors: vec![rule],
+            ..RateLimitDescriptor::default()
+        }],
+    }
+}
+
+/// A check of 0 hits on [`ROUTE`]'s budget at the rate limiter on `addr` (its certificate
+/// names 127.0.0.1), over mutual TLS with Envoy's certificate: the tokens left, or the status.
+pub async fn check(addr: SocketAddr, pki: &GatewayPki) -> Result<u32, tonic::Status> {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&pki.ca_pem))
+        .identity(Identity::from_pem(&pki.envoy.cert_pem, &pki.envoy.key_pem))
+        .domain_name("127.0.0.1");
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .expect("URI")
+        .tls_config(tls)
+        .expect("client TLS")
+        .connect()
+        .await
+        .expect("mutual TLS to the rate limiter");
+    let mut check = descriptor(&[(ROUTE, ROUTE), (RULE, RULE)]);
+    check.hits_addend = Some(0);
+    let response = RateLimitServiceClient::new(channel)
+        .should_rate_limit(request(DOMAIN, vec![check]))
+        .await?
+        .into_inner();
+    Ok(response.statuses[0].limit_remaining)
+}
+
+/// The tokens left in [`ROUTE`]'s budget ([`check`], which must succeed).
+pub async fn tokens_left(addr: SocketAddr, pki: &GatewayPki) -> u32 {
+    check(addr, pki).await.expect("a check of 0 hits")
+}
+
+/// Waits (2 s at most) until [`tokens_left`] is `want`: Envoy sends a stream-done charge after
+/// the response, without waiting for its answer.
+pub async fn until_tokens_left(addr: SocketAddr, pki: &GatewayPki, want: u32) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = tokens_left(addr, pki).await;
+        if left == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} tokens left, expected {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
