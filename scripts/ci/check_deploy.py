@@ -568,18 +568,19 @@ def check_all(binary, render_dir, tmp):
     check_envoy_bootstrap(os.path.join(ROOT, "deploy/envoy/envoy.yaml"),
                           Limits(binary, base_limits, texts), grpc_port)
     check_dockerfile(defaults, mount_paths)
-    check_envoy_gateway_renders(renders, binary, envs)
+    check_envoy_gateway_renders(renders, binary, envs, tmp)
     return report()
 
 
-def check_envoy_gateway_renders(renders, binary, envs):
+def check_envoy_gateway_renders(renders, binary, envs, tmp):
     """deploy/envoy-gateway: every render with an EnvoyGateway config, then the Helm values
     against the xDS render's config (scripts/ci/check_envoy_gateway.py says what is checked)."""
     with open(os.path.join(ROOT, "docs/migration.md"), encoding="utf-8") as f:
         migration = f.read()
     ctx = types.SimpleNamespace(
         fail=fail, ok=ok, envs=envs, binary=binary, migration=migration,
-        check_config_dir=check_config_dir, limits_domains=limits_domains, rule_for=rule_for,
+        check_config_dir=check_config_dir,
+        limits_of=lambda texts: limits_of_configmaps(binary, texts, tmp),
     )
     configs = {}
     for name, docs in renders.items():
