@@ -378,34 +378,39 @@ async fn hits_addend_check_only_and_refund(backend: Backend) {
     req.hits_addend = 3;
     let resp = call(&env, req.clone()).await;
     assert_eq!(resp.statuses[0].limit_remaining, 2);
-    // 3 more do not fit: rejected, nothing recorded.
-    let resp = call(&env, req).await;
-    assert_eq!(resp.overall_code, code(Code::OverLimit));
-    assert_eq!(resp.statuses[0].limit_remaining, 2);
-    // Descriptor-level 0: check-only, records nothing.
+    // Descriptor-level 0: check-only, records nothing (twice: the second sees the same 2).
     let mut probe = descriptor(&[("user", "h1")]);
     probe.hits_addend = Some(0);
-    let resp = call(&env, request("edge", vec![probe.clone()])).await;
-    assert_eq!(resp.overall_code, code(Code::Ok));
-    assert_eq!(resp.statuses[0].limit_remaining, 2);
-    // Descriptor-level 2 overrides request-level 0 (=1): fills the window.
-    let mut two = descriptor(&[("user", "h1")]);
-    two.hits_addend = Some(2);
-    let resp = call(&env, request("edge", vec![two])).await;
+    for _ in 0..2 {
+        let resp = call(&env, request("edge", vec![probe.clone()])).await;
+        assert_eq!(resp.overall_code, code(Code::Ok));
+        assert_eq!(resp.statuses[0].limit_remaining, 2);
+    }
+    // 3 more do not fit: rejected, and the rule's default `over_limit: fill` records what
+    // did fit, so the key is at its limit.
+    let resp = call(&env, req).await;
+    assert_eq!(resp.overall_code, code(Code::OverLimit));
     assert_eq!(resp.statuses[0].limit_remaining, 0);
-    let resp = call(&env, request("edge", vec![probe])).await;
+    let resp = call(&env, request("edge", vec![probe.clone()])).await;
     assert_eq!(
         resp.overall_code,
         code(Code::OverLimit),
         "check-only sees a full window"
     );
-    // Refund 4: frees four slots.
+    // Refund 4: the newest entries go first (the fill of 2, then 2 of the first 3).
     let mut refund = descriptor(&[("user", "h1")]);
     refund.hits_addend = Some(4);
     refund.is_negative_hits = true;
     let resp = call(&env, request("edge", vec![refund])).await;
     assert_eq!(resp.overall_code, code(Code::Ok));
     assert_eq!(resp.statuses[0].limit_remaining, 4);
+    // Descriptor-level 2 overrides request-level 0 (=1).
+    let mut two = request("edge", vec![descriptor(&[("user", "h1")])]);
+    two.hits_addend = 0;
+    two.descriptors[0].hits_addend = Some(2);
+    let resp = call(&env, two).await;
+    assert_eq!(resp.overall_code, code(Code::Ok));
+    assert_eq!(resp.statuses[0].limit_remaining, 2);
 }
 
 fn now_ms() -> u64 {
