@@ -563,3 +563,88 @@ async fn redis_decision_cost() {
         "redis: sequential {sequential:?}/decision (2 keys); {tasks} tasks: {rate:.0} decisions/s"
     );
 }
+
+/// `MEMORY STATS`' database 0 figure `name` (0 for an empty database, which the reply leaves out).
+async fn db0_stat(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    fn find<'a>(pairs: &'a [redis::Value], name: &str) -> Option<&'a redis::Value> {
+        pairs
+            .chunks(2)
+            .find(|p| matches!(&p[0], redis::Value::BulkString(b) if b == name.as_bytes()))
+            .map(|p| &p[1])
+    }
+    let stats: redis::Value = redis::cmd("MEMORY")
+        .arg("STATS")
+        .query_async(conn)
+        .await
+        .expect("MEMORY STATS");
+    let redis::Value::Array(stats) = stats else {
+        panic!("MEMORY STATS: {stats:?}");
+    };
+    match find(&stats, "db.0") {
+        None => 0,
+        Some(redis::Value::Array(db)) => match find(db, name) {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).expect("a size"),
+            other => panic!("MEMORY STATS db.0 {name}: {other:?}"),
+        },
+        Some(other) => panic!("MEMORY STATS db.0: {other:?}"),
+    }
+}
+
+/// The `sluice_redis_memory_estimate_bytes` figures (`footprint::key_bytes`) against what Redis
+/// itself reports for sliding-log keys the script wrote: `KEYS` keys of `n` single-hit entries
+/// each (key names shaped like the engine's, TTLs set), on both sides of the listpack/skiplist
+/// switch. Redis's figure per key: `MEMORY USAGE key SAMPLES 0` (the value, the name, its entry
+/// in the keyspace) plus its share of the expire table (`MEMORY STATS`'
+/// `overhead.hashtable.expires` over the keys). The estimate is a capacity-planning figure: it
+/// must be within 25 % of that. `-- --nocapture` prints the figures (docs/metrics.md).
+#[tokio::test]
+async fn the_memory_estimate_follows_what_redis_reports() {
+    use sluice::descriptor::{limiter_key, Entry};
+    use sluice::limiter::redis::footprint;
+    const KEYS: u64 = 16;
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    for n in [1u64, 5, 10, 100, 127, 128, 129, 1000] {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut conn)
+            .await
+            .expect("FLUSHALL");
+        let keys: Vec<String> = (0..KEYS)
+            .map(|k| {
+                let user = Entry::new("user", format!("alice-{k:04}"));
+                limiter_key("edge", &[user], 60_000)
+            })
+            .collect();
+        let batch: Vec<_> = keys
+            .iter()
+            .map(|key| hit(key, 1_000_000, 60_000, 1, HitKind::Consume))
+            .collect();
+        for i in 0..n {
+            assert!(at(&l, &batch, T + i).await.admitted);
+        }
+        let mut usage = 0;
+        for key in &keys {
+            let used: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .expect("MEMORY USAGE");
+            usage += used;
+        }
+        let expires = db0_stat(&mut conn, "overhead.hashtable.expires").await;
+        let redis = (usage + expires) as f64 / KEYS as f64;
+        let estimate = footprint::key_bytes(n) as f64;
+        println!(
+            "{n:>5} entries: Redis {redis:>8.0} bytes per key, estimate {estimate:>8.0} ({:+.0} %)",
+            (estimate / redis - 1.0) * 100.0
+        );
+        assert!(
+            (estimate - redis).abs() <= 0.25 * redis,
+            "{n} entries: estimate {estimate}, Redis {redis}"
+        );
+    }
+}
