@@ -135,35 +135,77 @@ async fn first_probe_warms_every_connection_and_the_script() {
     assert_eq!(l.stats().expect("stats").script_loads, 1);
 }
 
+/// Redis's clock (`TIME`) in ms, which `PEXPIRETIME` counts on.
+async fn redis_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+async fn pexpiretime(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("PEXPIRETIME")
+}
+
+/// Makes an admitted single hit on `k` (limit 5, window 2 s) at virtual `now` and returns the
+/// key's expiry, asserting it is `ttl` ms after Redis's clock while the call ran.
+async fn admitted_expiry(
+    l: &Arc<dyn Limiter>,
+    conn: &mut redis::aio::MultiplexedConnection,
+    now: u64,
+    ttl: i64,
+) -> i64 {
+    let before = redis_ms(conn).await;
+    assert!(
+        at(l, &[hit("k", 5, 2000, 1, HitKind::Consume)], now)
+            .await
+            .admitted
+    );
+    let after = redis_ms(conn).await;
+    let expiry = pexpiretime(conn, "k").await;
+    assert!(
+        (before + ttl..=after + ttl).contains(&expiry),
+        "expiry {expiry} after a hit at {now}: Redis's clock ran {before}..{after}, TTL {ttl}"
+    );
+    expiry
+}
+
+/// A written log key expires when its newest entry leaves the window: `PEXPIRETIME` (absolute,
+/// so it does not drift while the test runs) is the script's TTL (newest + window - now on the
+/// call's virtual clock) added to Redis's clock during the call. Calls that write nothing leave
+/// it exactly as it was: each is made at a virtual time where a rewrite would give another
+/// expiry (a probe or a rejected batch at T + 1000 would set newest + 2000 - 1000 = 2500 ms, not
+/// the 2000 ms the admitted hit at T + 1500 set).
 #[tokio::test]
 async fn keys_expire_within_the_window() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    assert!(
-        at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T)
-            .await
-            .admitted
+    let item = |hits, limit| [hit("k", limit, 2000, hits, HitKind::Consume)];
+    let mut expiry = 0;
+    // The first hit, then a later one that moves the expiry to its own exit (1500 + 2000 -
+    // 1500): each TTL 2000 from Redis's clock while the call ran.
+    for now in [T, T + 1500] {
+        expiry = admitted_expiry(&l, &mut conn, now, 2000).await;
+    }
+    // A probe (0 hits) and a rejected batch (limit 2, two entries in the window) write nothing.
+    assert!(at(&l, &item(0, 5), T + 1000).await.admitted);
+    assert_eq!(
+        pexpiretime(&mut conn, "k").await,
+        expiry,
+        "a probe rewrote the TTL"
     );
-    let ttl: i64 = conn.pttl("k").await.expect("pttl");
-    assert!(ttl > 0 && ttl <= 2000, "pttl {ttl}");
-    // A later hit extends the TTL to the newest entry's exit: 1500 + 2000 - 1600.
-    assert!(
-        at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T + 1500)
-            .await
-            .admitted
+    assert!(!at(&l, &item(1, 2), T + 1000).await.admitted);
+    assert_eq!(
+        pexpiretime(&mut conn, "k").await,
+        expiry,
+        "a rejected batch rewrote the TTL"
     );
-    let _ = at(&l, &[hit("k", 5, 2000, 0, HitKind::Consume)], T + 1600).await;
-    let ttl: i64 = conn.pttl("k").await.expect("pttl");
-    assert!(ttl > 1900 && ttl <= 2000, "pttl {ttl} after a later hit");
-    // A rejected batch does not touch the TTL.
-    assert!(
-        !at(&l, &[hit("k", 2, 2000, 1, HitKind::Consume)], T + 1600)
-            .await
-            .admitted
-    );
-    let after: i64 = conn.pttl("k").await.expect("pttl");
-    assert!(after <= ttl, "pttl grew from {ttl} to {after}");
+    // An admitted hit at T + 1000 (a lagging clock) is recorded at the newest time, T + 1500,
+    // and keeps the key until that entry leaves: 1500 + 2000 - 1000.
+    admitted_expiry(&l, &mut conn, T + 1000, 2500).await;
     // Check-only batches create nothing.
     let _ = at(&l, &[hit("probe", 5, 2000, 0, HitKind::Consume)], T).await;
     let exists: bool = conn.exists("probe").await.expect("exists");
