@@ -103,6 +103,7 @@ async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more(
                 .arg("c")
                 .arg(hit.algorithm.code())
                 .arg(hit.algorithm.param())
+                .arg(hit.over_limit.code())
                 .invoke_async(&mut conn)
                 .await
                 .expect("script via pool");
