@@ -351,6 +351,36 @@ mod tests {
         assert_eq!(out.items[0].count, 1);
     }
 
+    /// quota_mode: an over-limit quota item fails the batch only when every quota item is over.
+    #[test]
+    fn quota_items_need_one_that_passes() {
+        let mut logs = std::collections::HashMap::new();
+        let batch = [
+            hit("qa", 1, 1, HitKind::Quota),
+            hit("qb", 2, 1, HitKind::Quota),
+            hit("qc", 10, 1, HitKind::Consume),
+        ];
+        let counts = |out: &BatchOutcome| out.items.iter().map(|i| i.count).collect::<Vec<_>>();
+        let passed = |out: &BatchOutcome| out.items.iter().map(|i| i.passed).collect::<Vec<_>>();
+        let out = run(&batch, &mut logs, 0);
+        assert!(out.admitted);
+        assert_eq!(counts(&out), [1, 1, 1]);
+        // `qa` is over, `qb` still has room: admitted, and `qa` records nothing.
+        let out = run(&batch, &mut logs, 1);
+        assert!(out.admitted);
+        assert_eq!(passed(&out), [false, true, true]);
+        assert_eq!(counts(&out), [1, 2, 2]);
+        // Both over: rejected, and the consume item records nothing either.
+        let out = run(&batch, &mut logs, 2);
+        assert!(!out.admitted);
+        assert_eq!(passed(&out), [false, false, true]);
+        let out = run(&[hit("qc", 10, 0, HitKind::Consume)], &mut logs, 3);
+        assert_eq!(out.items[0].count, 2);
+        // A lone quota item over its limit rejects; one with room admits.
+        assert!(!run(&[hit("qa", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
+        assert!(run(&[hit("qd", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
+    }
+
     #[test]
     fn huge_hits_are_cheap() {
         let mut logs = std::collections::HashMap::new();
