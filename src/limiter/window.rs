@@ -227,14 +227,15 @@ mod tests {
         now: u64,
     ) -> BatchOutcome {
         let (slots, n) = slots_for(batch);
-        let mut keys = vec![String::new(); n];
+        let mut keys = vec![(String::new(), crate::limiter::Algorithm::SlidingLog); n];
         for (hit, &slot) in batch.iter().zip(&slots) {
-            keys[slot] = hit.key.clone();
+            keys[slot] = (hit.key.clone(), hit.algorithm);
         }
         let mut logs: Vec<State> = keys
             .iter()
-            .map(|k| store.remove(k).unwrap_or(State::Log(Log::new())))
+            .map(|(k, algorithm)| store.remove(k).unwrap_or(State::fresh(*algorithm)))
             .collect();
+        let keys = keys.into_iter().map(|(k, _)| k);
         let out = decide_batch(batch, &slots, &mut logs, now);
         store.extend(keys.into_iter().zip(logs));
         out
@@ -379,6 +380,30 @@ mod tests {
         // A lone quota item over its limit rejects; one with room admits.
         assert!(!run(&[hit("qa", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
         assert!(run(&[hit("qd", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
+    }
+
+    /// A batch stores only the keys it wrote: a probe or an empty refund brings nothing to its
+    /// `now`, so a call at an earlier `now` (another instance's lagging clock) still finds the
+    /// fixed window where the last write left it.
+    #[test]
+    fn items_that_write_nothing_store_nothing() {
+        let mut logs = std::collections::HashMap::new();
+        let fixed = |hits, kind| Hit {
+            algorithm: crate::limiter::Algorithm::FixedWindow,
+            ..hit("f", 5, hits, kind)
+        };
+        assert!(run(&[fixed(2, HitKind::Consume)], &mut logs, 100).admitted);
+        // The next window: a probe and a refund of nothing, on an admitted batch.
+        let out = run(
+            &[fixed(0, HitKind::Consume), fixed(0, HitKind::Refund)],
+            &mut logs,
+            1500,
+        );
+        assert!(out.admitted);
+        assert_eq!(out.items[0].count, 0);
+        // Back in the first window: its count is still there.
+        let out = run(&[fixed(0, HitKind::Consume)], &mut logs, 900);
+        assert_eq!(out.items[0].count, 2);
     }
 
     #[test]
