@@ -551,5 +551,17 @@ descriptors:
             "a shadow limit never rejects, even under deny"
         );
         assert!(denied.verdicts.iter().all(|v| v.key.is_none()));
+        // The limit each descriptor was decided against is still reported (Envoy's
+        // `current_limit`), with nothing known of its window.
+        let limits: Vec<_> = denied
+            .verdicts
+            .iter()
+            .map(|v| v.limit.as_ref().map(|l| l.requests_per_unit))
+            .collect();
+        assert_eq!(limits, [Some(2), Some(1), None]);
+        assert!(denied
+            .verdicts
+            .iter()
+            .all(|v| v.remaining == 0 && v.reset_ms == 0));
     }
 }
