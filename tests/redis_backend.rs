@@ -255,17 +255,7 @@ async fn an_entry_is_one_member_carrying_its_weight() {
     let item = |key: &str, hits, kind| hit(key, 1_000_000, 1000, hits, kind);
     let bytes = |conn: &mut redis::aio::MultiplexedConnection, key: &'static str| {
         let mut conn = conn.clone();
-        async move {
-            let n: u64 = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut conn)
-                .await
-                .expect("memory usage");
-            n
-        }
+        async move { memory_usage(&mut conn, key).await }
     };
     assert!(
         at(&l, &[item("one", 1, HitKind::Consume)], T)
@@ -606,6 +596,19 @@ async fn redis_decision_cost() {
     );
 }
 
+/// `MEMORY USAGE key SAMPLES 0`: the key's bytes as Redis counts them (value, name, keyspace
+/// entry).
+async fn memory_usage(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await
+        .expect("MEMORY USAGE")
+}
+
 /// `MEMORY STATS`' database 0 figure `name` (0 for an empty database, which the reply leaves out).
 async fn db0_stat(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
     fn find<'a>(pairs: &'a [redis::Value], name: &str) -> Option<&'a redis::Value> {
@@ -667,15 +670,7 @@ async fn the_memory_estimate_follows_what_redis_reports() {
         }
         let mut usage = 0;
         for key in &keys {
-            let used: u64 = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut conn)
-                .await
-                .expect("MEMORY USAGE");
-            usage += used;
+            usage += memory_usage(&mut conn, key).await;
         }
         let expires = db0_stat(&mut conn, "overhead.hashtable.expires").await;
         let redis = (usage + expires) as f64 / KEYS as f64;
