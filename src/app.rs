@@ -306,7 +306,15 @@ pub fn assemble(
             (Config::empty(), None, Some(source))
         }
     };
-    let grpc_tls = settings.grpc_tls.map(ServerTls::load).transpose()?;
+    let grpc_tls = settings
+        .grpc_tls
+        .map(|tls| {
+            ServerTls::load(TlsSettings {
+                reload_interval: tls.reload_interval.max(MIN_WATCH_INTERVAL),
+                ..tls
+            })
+        })
+        .transpose()?;
     let limiter = backend(&settings.backend)?;
     if settings.backend.redis.is_some() {
         tracing::info!(

@@ -388,10 +388,8 @@ impl ServerTls {
 /// Polls the files every `reload_interval` until `stop` turns true, logging each reload and
 /// each rejected change.
 pub async fn watch(tls: Arc<ServerTls>, mut stop: watch::Receiver<bool>) {
-    let interval = tls
-        .settings
-        .reload_interval
-        .max(crate::app::MIN_WATCH_INTERVAL);
+    // The caller sets the floor (the config watch's); a zero period would panic.
+    let interval = tls.settings.reload_interval.max(Duration::from_millis(1));
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
