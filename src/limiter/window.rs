@@ -202,7 +202,6 @@ pub fn slots_for(batch: &[Hit]) -> (Vec<usize>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::log::Log;
 
     fn hit(key: &str, limit: u64, hits: u64, kind: HitKind) -> Hit {
         Hit {
