@@ -143,11 +143,12 @@ pub fn decide_batch(
     for ((hit, &slot), plan) in batch.iter().zip(slots).zip(&plans) {
         let state = &mut work[slot];
         match hit.kind {
-            HitKind::Refund if admitted && plan.if_admitted > 0 => {
-                state.refund(hit, now, plan.if_admitted);
-                dirty[slot] = true;
+            HitKind::Refund => {
+                if admitted && plan.if_admitted > 0 {
+                    state.refund(hit, now, plan.if_admitted);
+                    dirty[slot] = true;
+                }
             }
-            HitKind::Refund => {}
             _ => {
                 let take = if admitted {
                     plan.if_admitted
