@@ -6,7 +6,7 @@
 # smoke run of the benchmark harness, a parse check of the other benchmark scripts and every
 # test of the workspace (last, so its summary closes the output). Tests start their own
 # redis-server and envoy processes on ephemeral ports. The tests run under cargo-nextest
-# (.config/nextest.toml): each in a process of its own, killed and failed past 2 minutes, so a
+# (.config/nextest.toml): each in a process of its own, killed and failed past 3 minutes, so a
 # hung test fails the run instead of stalling it; the tests about time run alone.
 # SLUICE_TEST_THREADS sets how many run at once (default 4).
 set -euo pipefail
