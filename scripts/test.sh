@@ -4,9 +4,11 @@
 # workspace, luacheck), the deploy/ validation, the README checks (the grpcurl session, the
 # curl session through Envoy, the metric names and the flag table against the built binary), a
 # smoke run of the benchmark harness, a parse check of the other benchmark scripts and every
-# cargo test of the workspace (last, so its summary closes the output). Tests start their own
-# redis-server and envoy processes on ephemeral ports. SLUICE_TEST_THREADS sets cargo test's
-# threads (default 4).
+# test of the workspace (last, so its summary closes the output). Tests start their own
+# redis-server and envoy processes on ephemeral ports. The tests run under cargo-nextest
+# (.config/nextest.toml): each in a process of its own, killed and failed past 3 minutes, so a
+# hung test fails the run instead of stalling it; the tests about time run alone.
+# SLUICE_TEST_THREADS sets how many run at once (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,5 +33,7 @@ echo "== benchmark harness smoke run (scripts/bench/bench.sh --smoke: a few seco
 bash scripts/bench/bench.sh --smoke >/dev/null
 echo "== the other benchmark scripts parse (bash -n)"
 for script in scripts/bench/*.sh; do bash -n "$script"; done
-echo "== cargo test (workspace)"
-cargo test --workspace --locked -- --test-threads "${SLUICE_TEST_THREADS:-4}"
+echo "== doc tests (nextest does not run them)"
+cargo test --workspace --locked --doc
+echo "== cargo nextest (workspace; a test past its timeout fails, see .config/nextest.toml)"
+cargo nextest run --workspace --locked --profile ci --test-threads "${SLUICE_TEST_THREADS:-4}"

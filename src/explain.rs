@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use crate::config::{Config, LimitSpec, MatchKind, TraceEnd};
+use crate::config::{Config, HeaderFormat, LimitSpec, MatchKind, TraceEnd};
 use crate::decision::{self, Descriptor, Outcome, Request, Resolution};
 use crate::descriptor::Entry;
 use crate::limiter::{Algorithm, Hit, OverLimit};
@@ -49,6 +49,14 @@ fn kind_text(kind: MatchKind) -> &'static str {
         MatchKind::Exact => "exact",
         MatchKind::Wildcard => "wildcard",
         MatchKind::KeyOnly => "key-only",
+    }
+}
+
+fn format_text(format: HeaderFormat) -> &'static str {
+    match format {
+        HeaderFormat::None => "none",
+        HeaderFormat::Draft => "draft",
+        HeaderFormat::Legacy => "legacy",
     }
 }
 
@@ -143,8 +151,8 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 rule,
                 limit,
                 hit,
+                headers,
                 stacked,
-                ..
             } => {
                 let rule_text = rule.map_or("(no rule)".to_owned(), |r| format!("`{}`", r.path));
                 let name = limit
@@ -168,6 +176,16 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                     limit_text(limit.requests_per_unit, limit.unit, hit)
                 );
                 let _ = writeln!(out, "  limiter key: {} {}", hit.key, counting_text(hit));
+                let _ = writeln!(
+                    out,
+                    "  response headers: {}{}",
+                    format_text(headers.format),
+                    if headers.hide_remaining {
+                        ", remaining count hidden"
+                    } else {
+                        ""
+                    }
+                );
                 for (limit, hit) in stacked {
                     let _ = writeln!(
                         out,
@@ -205,6 +223,9 @@ descriptors:
         rate_limit: {unit: hour, requests_per_unit: 100, replaces: [{name: per_user}]}
   - key: bot
     rate_limit: {unlimited: true}
+  - key: public
+    response_headers: {format: legacy, hide_remaining: true}
+    rate_limit: {unit: second, requests_per_unit: 9}
 ";
 
     fn run(descriptors: &[&str]) -> String {
@@ -244,6 +265,17 @@ descriptors:
         assert!(text.contains("unlimited: always OK"), "{text}");
         assert!(
             text.contains("entry 0 (color=red) matches no descriptor"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn says_which_response_headers_a_limit_asks_for() {
+        let text = run(&["user=alice", "public=x"]);
+        let blocks: Vec<&str> = text.split("descriptor ").skip(1).collect();
+        assert!(blocks[0].contains("  response headers: none\n"), "{text}");
+        assert!(
+            blocks[1].contains("  response headers: legacy, remaining count hidden\n"),
             "{text}"
         );
     }

@@ -327,6 +327,33 @@ mod tests {
         ];
         x[0].rule = Some("first".into());
         assert_eq!(tightest(&x).unwrap().rule.as_deref(), Some("first"));
+        // Admitted with nothing left (the last slot taken) is tighter than one left, whatever
+        // the resets; remaining counts far apart rank by the count too.
+        let y = vec![
+            verdict(Outcome::Admitted, 10, 1, 9_000, Legacy, false),
+            verdict(Outcome::Admitted, 10, 0, 1_000, Legacy, false),
+            verdict(
+                Outcome::Admitted,
+                u32::MAX,
+                u32::MAX / 2,
+                8_000,
+                Legacy,
+                false,
+            ),
+        ];
+        assert_eq!(tightest(&y).unwrap().remaining, 0);
+        let z = vec![
+            verdict(Outcome::Admitted, u32::MAX, 1 << 31, 1_000, Legacy, false),
+            verdict(
+                Outcome::Admitted,
+                u32::MAX,
+                (1 << 31) + 5,
+                9_000,
+                Legacy,
+                false,
+            ),
+        ];
+        assert_eq!(tightest(&z).unwrap().remaining, 1 << 31);
     }
 
     #[test]

@@ -9,9 +9,10 @@ mod helpers;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use helpers::process::run_sluice;
-use helpers::{descriptor, fixture, http_request, request, Sluice};
+use helpers::{descriptor, fixture, http_request, request, RedisServer, Sluice};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -190,11 +191,25 @@ async fn flags_also_come_from_sluice_variables() {
     );
 }
 
-/// Kubernetes stops a pod with SIGTERM: readiness drops, in-flight calls finish, the process
-/// exits 0 and says so.
+/// Kubernetes stops a pod with SIGTERM: the process says so, lets the call in flight finish
+/// with its answer, then exits 0. The call is held in flight by a SIGSTOPped Redis, so it is
+/// provably still running when the signal arrives and while the process drains; the failure
+/// policy `allow` makes its answer OK whether Redis decides it after SIGCONT or redis-rs gives
+/// up on the paused server first (its response timeout is 1 s; the deadline here is longer), so
+/// anything but OK means the call was cut, not drained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_and_exits_zero() {
-    let mut sluice = Sluice::start(&limits(), None);
+async fn sigterm_drains_the_call_in_flight_and_exits_zero() {
+    let redis = RedisServer::start();
+    let mut sluice = Sluice::start_with(
+        &limits(),
+        Some(&redis.url()),
+        &[
+            "--backend-timeout-ms",
+            "5000",
+            "--on-backend-error",
+            "allow",
+        ],
+    );
     let mut client = sluice.client().await;
     let resp = client
         .should_rate_limit(request("edge", vec![descriptor(&[("user", "term")])]))
@@ -202,6 +217,7 @@ async fn sigterm_drains_and_exits_zero() {
         .expect("served before SIGTERM")
         .into_inner();
     assert_eq!(resp.overall_code, Code::Ok as i32);
+    assert_eq!(resp.statuses[0].limit_remaining, 4, "decided by Redis");
     let mut health = HealthClient::new(sluice.channel().await);
     let status = health
         .check(HealthCheckRequest {
@@ -212,11 +228,43 @@ async fn sigterm_drains_and_exits_zero() {
         .into_inner()
         .status;
     assert_eq!(status, ServingStatus::Serving as i32);
-    drop((client, health));
-    let status = sluice.terminate();
+    drop(health);
+
+    redis.pause();
+    let in_flight = tokio::spawn(async move {
+        client
+            .should_rate_limit(request("edge", vec![descriptor(&[("user", "drained")])]))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !in_flight.is_finished(),
+        "the paused Redis did not hold the call"
+    );
+    sluice.signal_term();
+    let asked = Instant::now();
+    while !sluice.log_text().contains("shutdown requested") {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "no shutdown logged: {}",
+            sluice.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Draining: the process waits for the call, which waits for Redis.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(sluice.is_running(), "exited with a call in flight");
+    redis.resume();
+    let answer = tokio::time::timeout(Duration::from_secs(10), in_flight)
+        .await
+        .expect("the drained call was answered within 10 s")
+        .expect("call task")
+        .expect("the call in flight got its answer, not a cut stream")
+        .into_inner();
+    assert_eq!(answer.overall_code, Code::Ok as i32);
+    let status = sluice.wait_exit();
     assert!(status.success(), "exit status {status:?}");
     let log = sluice.log_text();
-    assert!(log.contains("shutdown requested"), "{log}");
     assert!(log.contains("stopped"), "{log}");
 }
 

@@ -95,7 +95,7 @@ on_both_backends!(
     limit_override_wins_over_config,
     hits_addend_check_only_and_refund,
     whole_second_boundary_does_not_double_the_limit,
-    health_reports_serving_and_shutdown_drains,
+    health_reports_serving_and_shutdown_returns_ok,
     json_api_mirrors_grpc,
 );
 
@@ -422,54 +422,75 @@ fn now_ms() -> u64 {
 
 /// `limit` hits just before a whole-second boundary and `limit` just after: a fixed window
 /// resets at the boundary and admits the second batch; the sliding log rejects it.
+///
+/// The first batch must fit in the last ~150 ms of a wall-clock second. On a loaded machine
+/// five round trips can take longer; such an attempt proves nothing either way, so it is
+/// retried with a fresh key at a later second (at most 5 attempts) rather than failed, and the
+/// test fails only if no attempt fits.
 async fn whole_second_boundary_does_not_double_the_limit(backend: Backend) {
     let env = start(backend);
     let mut client = env.sluice.client().await;
-    let req = || request("edge", vec![descriptor(&[("per_second", "edge-client")])]);
-    // Warm the connection so the batch below fits in the last ~150 ms of a second.
+    // Warm the connection so a batch fits in the last ~150 ms of a second.
     call(
         &env,
         request("edge", vec![descriptor(&[("per_second", "warmup")])]),
     )
     .await;
-    loop {
-        let ms = now_ms() % 1000;
-        if (800..850).contains(&ms) {
-            break;
+    for attempt in 0..5 {
+        let client_name = format!("edge-client-{attempt}");
+        let req = || request("edge", vec![descriptor(&[("per_second", &client_name)])]);
+        loop {
+            let ms = now_ms() % 1000;
+            if (800..850).contains(&ms) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let first_second = now_ms() / 1000;
-    for _ in 0..5 {
+        let first_second = now_ms() / 1000;
+        let first_batch_start = now_ms();
+        for _ in 0..5 {
+            let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
+            assert_eq!(resp.overall_code, code(Code::Ok));
+        }
+        if now_ms() / 1000 != first_second {
+            println!("attempt {attempt}: the first batch crossed the boundary; retrying");
+            continue;
+        }
+        while now_ms() / 1000 == first_second {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut inconclusive = false;
+        for _ in 0..5 {
+            let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
+            // Only an answer within a window of the first batch's start must be a rejection.
+            if now_ms() >= first_batch_start + 1000 {
+                inconclusive = true;
+                break;
+            }
+            assert_eq!(
+                resp.overall_code,
+                code(Code::OverLimit),
+                "a fixed window would admit this second batch"
+            );
+        }
+        if inconclusive {
+            println!("attempt {attempt}: the second batch ran past a window; retrying");
+            continue;
+        }
+        // Once the first batch is a full window old, slots free again.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
         assert_eq!(resp.overall_code, code(Code::Ok));
+        return;
     }
-    assert_eq!(
-        now_ms() / 1000,
-        first_second,
-        "first batch must end before the boundary"
-    );
-    while now_ms() / 1000 == first_second {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    for _ in 0..5 {
-        let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
-        assert_eq!(
-            resp.overall_code,
-            code(Code::OverLimit),
-            "a fixed window would admit this second batch"
-        );
-    }
-    // Once the first batch is a full window old, slots free again.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let resp = client.should_rate_limit(req()).await.unwrap().into_inner();
-    assert_eq!(resp.overall_code, code(Code::Ok));
+    panic!("5 attempts, none fit its first batch in the last 150 ms of a second");
 }
 
-/// Health reports SERVING; the shutdown future drains and `run` returns Ok (SIGTERM, which
-/// `main` turns into that future, is tested on the binary in `cli.rs`).
-async fn health_reports_serving_and_shutdown_drains(backend: Backend) {
+/// Health reports SERVING; once the shutdown future completes, `run` returns Ok. Draining a call
+/// in flight is tested on the binary in `cli.rs` (SIGTERM, which `main` turns into that future,
+/// with a call held by a paused Redis).
+async fn health_reports_serving_and_shutdown_returns_ok(backend: Backend) {
     let env = start(backend);
     let mut health = HealthClient::new(env.sluice.channel().await);
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {

@@ -207,7 +207,8 @@ async fn exact_values_after_known_traffic(backend: Backend) {
     }
     match backend {
         Backend::Redis => {
-            // Four live keys: c1 (7), c2 (2), c3 (1), alice (3), all listpacks.
+            // Four live keys: c1 (7), c2 (2), c3 (1), alice (3), all listpacks: the tracker's
+            // counts reach the gauge (redis_backend holds the figures to Redis's own).
             assert_eq!(
                 v("sluice_redis_memory_estimate_bytes"),
                 (4 * 160 + 13 * 16) as f64

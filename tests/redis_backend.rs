@@ -135,35 +135,77 @@ async fn first_probe_warms_every_connection_and_the_script() {
     assert_eq!(l.stats().expect("stats").script_loads, 1);
 }
 
+/// Redis's clock (`TIME`) in ms, which `PEXPIRETIME` counts on.
+async fn redis_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+async fn pexpiretime(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("PEXPIRETIME")
+}
+
+/// Makes an admitted single hit on `k` (limit 5, window 2 s) at virtual `now` and returns the
+/// key's expiry, asserting it is `ttl` ms after Redis's clock while the call ran.
+async fn admitted_expiry(
+    l: &Arc<dyn Limiter>,
+    conn: &mut redis::aio::MultiplexedConnection,
+    now: u64,
+    ttl: i64,
+) -> i64 {
+    let before = redis_ms(conn).await;
+    assert!(
+        at(l, &[hit("k", 5, 2000, 1, HitKind::Consume)], now)
+            .await
+            .admitted
+    );
+    let after = redis_ms(conn).await;
+    let expiry = pexpiretime(conn, "k").await;
+    assert!(
+        (before + ttl..=after + ttl).contains(&expiry),
+        "expiry {expiry} after a hit at {now}: Redis's clock ran {before}..{after}, TTL {ttl}"
+    );
+    expiry
+}
+
+/// A written log key expires when its newest entry leaves the window: `PEXPIRETIME` (absolute,
+/// so it does not drift while the test runs) is the script's TTL (newest + window - now on the
+/// call's virtual clock) added to Redis's clock during the call. Calls that write nothing leave
+/// it exactly as it was: each is made at a virtual time where a rewrite would give another
+/// expiry (a probe or a rejected batch at T + 1000 would set newest + 2000 - 1000 = 2500 ms, not
+/// the 2000 ms the admitted hit at T + 1500 set).
 #[tokio::test]
 async fn keys_expire_within_the_window() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    assert!(
-        at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T)
-            .await
-            .admitted
+    let item = |hits, limit| [hit("k", limit, 2000, hits, HitKind::Consume)];
+    let mut expiry = 0;
+    // The first hit, then a later one that moves the expiry to its own exit (1500 + 2000 -
+    // 1500): each TTL 2000 from Redis's clock while the call ran.
+    for now in [T, T + 1500] {
+        expiry = admitted_expiry(&l, &mut conn, now, 2000).await;
+    }
+    // A probe (0 hits) and a rejected batch (limit 2, two entries in the window) write nothing.
+    assert!(at(&l, &item(0, 5), T + 1000).await.admitted);
+    assert_eq!(
+        pexpiretime(&mut conn, "k").await,
+        expiry,
+        "a probe rewrote the TTL"
     );
-    let ttl: i64 = conn.pttl("k").await.expect("pttl");
-    assert!(ttl > 0 && ttl <= 2000, "pttl {ttl}");
-    // A later hit extends the TTL to the newest entry's exit: 1500 + 2000 - 1600.
-    assert!(
-        at(&l, &[hit("k", 5, 2000, 1, HitKind::Consume)], T + 1500)
-            .await
-            .admitted
+    assert!(!at(&l, &item(1, 2), T + 1000).await.admitted);
+    assert_eq!(
+        pexpiretime(&mut conn, "k").await,
+        expiry,
+        "a rejected batch rewrote the TTL"
     );
-    let _ = at(&l, &[hit("k", 5, 2000, 0, HitKind::Consume)], T + 1600).await;
-    let ttl: i64 = conn.pttl("k").await.expect("pttl");
-    assert!(ttl > 1900 && ttl <= 2000, "pttl {ttl} after a later hit");
-    // A rejected batch does not touch the TTL.
-    assert!(
-        !at(&l, &[hit("k", 2, 2000, 1, HitKind::Consume)], T + 1600)
-            .await
-            .admitted
-    );
-    let after: i64 = conn.pttl("k").await.expect("pttl");
-    assert!(after <= ttl, "pttl grew from {ttl} to {after}");
+    // An admitted hit at T + 1000 (a lagging clock) is recorded at the newest time, T + 1500,
+    // and keeps the key until that entry leaves: 1500 + 2000 - 1000.
+    admitted_expiry(&l, &mut conn, T + 1000, 2500).await;
     // Check-only batches create nothing.
     let _ = at(&l, &[hit("probe", 5, 2000, 0, HitKind::Consume)], T).await;
     let exists: bool = conn.exists("probe").await.expect("exists");
@@ -213,17 +255,7 @@ async fn an_entry_is_one_member_carrying_its_weight() {
     let item = |key: &str, hits, kind| hit(key, 1_000_000, 1000, hits, kind);
     let bytes = |conn: &mut redis::aio::MultiplexedConnection, key: &'static str| {
         let mut conn = conn.clone();
-        async move {
-            let n: u64 = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut conn)
-                .await
-                .expect("memory usage");
-            n
-        }
+        async move { memory_usage(&mut conn, key).await }
     };
     assert!(
         at(&l, &[item("one", 1, HitKind::Consume)], T)
@@ -562,4 +594,94 @@ async fn redis_decision_cost() {
     println!(
         "redis: sequential {sequential:?}/decision (2 keys); {tasks} tasks: {rate:.0} decisions/s"
     );
+}
+
+/// `MEMORY USAGE key SAMPLES 0`: the key's bytes as Redis counts them (value, name, keyspace
+/// entry).
+async fn memory_usage(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await
+        .expect("MEMORY USAGE")
+}
+
+/// `MEMORY STATS`' database 0 figure `name` (0 for an empty database, which the reply leaves out).
+async fn db0_stat(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    fn find<'a>(pairs: &'a [redis::Value], name: &str) -> Option<&'a redis::Value> {
+        pairs
+            .chunks(2)
+            .find(|p| matches!(&p[0], redis::Value::BulkString(b) if b == name.as_bytes()))
+            .map(|p| &p[1])
+    }
+    let stats: redis::Value = redis::cmd("MEMORY")
+        .arg("STATS")
+        .query_async(conn)
+        .await
+        .expect("MEMORY STATS");
+    let redis::Value::Array(stats) = stats else {
+        panic!("MEMORY STATS: {stats:?}");
+    };
+    match find(&stats, "db.0") {
+        None => 0,
+        Some(redis::Value::Array(db)) => match find(db, name) {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).expect("a size"),
+            other => panic!("MEMORY STATS db.0 {name}: {other:?}"),
+        },
+        Some(other) => panic!("MEMORY STATS db.0: {other:?}"),
+    }
+}
+
+/// The `sluice_redis_memory_estimate_bytes` figures (`footprint::key_bytes`) against what Redis
+/// itself reports for sliding-log keys the script wrote: `KEYS` keys of `n` single-hit entries
+/// each (key names shaped like the engine's, TTLs set), on both sides of the listpack/skiplist
+/// switch. Redis's figure per key: `MEMORY USAGE key SAMPLES 0` (the value, the name, its entry
+/// in the keyspace) plus its share of the expire table (`MEMORY STATS`'
+/// `overhead.hashtable.expires` over the keys). The estimate is a capacity-planning figure: it
+/// must be within 25 % of that. `-- --nocapture` prints the figures (docs/metrics.md).
+#[tokio::test]
+async fn the_memory_estimate_follows_what_redis_reports() {
+    use sluice::descriptor::{limiter_key, Entry};
+    use sluice::limiter::redis::footprint;
+    const KEYS: u64 = 16;
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    for n in [1u64, 5, 10, 100, 127, 128, 129, 1000] {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut conn)
+            .await
+            .expect("FLUSHALL");
+        let keys: Vec<String> = (0..KEYS)
+            .map(|k| {
+                let user = Entry::new("user", format!("alice-{k:04}"));
+                limiter_key("edge", &[user], 60_000)
+            })
+            .collect();
+        let batch: Vec<_> = keys
+            .iter()
+            .map(|key| hit(key, 1_000_000, 60_000, 1, HitKind::Consume))
+            .collect();
+        for i in 0..n {
+            assert!(at(&l, &batch, T + i).await.admitted);
+        }
+        let mut usage = 0;
+        for key in &keys {
+            usage += memory_usage(&mut conn, key).await;
+        }
+        let expires = db0_stat(&mut conn, "overhead.hashtable.expires").await;
+        let redis = (usage + expires) as f64 / KEYS as f64;
+        let estimate = footprint::key_bytes(n) as f64;
+        println!(
+            "{n:>5} entries: Redis {redis:>8.0} bytes per key, estimate {estimate:>8.0} ({:+.0} %)",
+            (estimate / redis - 1.0) * 100.0
+        );
+        assert!(
+            (estimate - redis).abs() <= 0.25 * redis,
+            "{n} entries: estimate {estimate}, Redis {redis}"
+        );
+    }
 }

@@ -1,11 +1,19 @@
 //! Redis failures seen from Envoy's side: sluice in process over real gRPC against a real
 //! `redis-server` that the test freezes (SIGSTOP), kills and brings back.
 //!
-//! What must hold (docs/redis.md): every call is answered within the backend deadline (plus a little)
-//! while Redis hangs or is dead, the failure policy decides the answer, and decisions resume
-//! without a restart once Redis is back. The figures (p50/p99 while hung, recovery times) are
-//! printed for docs/redis.md; the assertions use generous bounds so a loaded 2-core machine does
-//! not make them flaky (`cargo test --test redis_failures -- --nocapture` shows the figures).
+//! What must hold (docs/redis.md): every call is answered within the backend deadline while
+//! Redis hangs or is dead, the failure policy decides the answer, and decisions resume without a
+//! restart once Redis is back.
+//!
+//! "Within the deadline" on a shared, loaded 2-core host: a call the deadline ends cannot come
+//! back before the deadline (asserted: each hung call takes at least `DEADLINE_MS`, so it was
+//! really waiting on Redis), and comes back after it by the gRPC round trip and scheduling. That
+//! part is measured in the same run from calls Redis decides while healthy (median and 99th
+//! percentile), so the bound follows the host's load instead of a fixed margin: median of hung
+//! calls at most the deadline + the healthy median + 5 ms, 99th percentile at most the deadline +
+//! the healthy 99th percentile + 20 ms (timer granularity, a second task waking). A deadline
+//! that did not hold (the old 1 s response timeout, say) fails either. The figures are printed
+//! for docs/redis.md (`cargo test --test redis_failures -- --nocapture`).
 
 mod helpers;
 
@@ -48,12 +56,11 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// `calls` calls from 4 concurrent clients; returns sorted latencies, asserting each result.
-async fn burst(
-    sluice: &TestServer,
-    calls: u64,
-    expect: fn(&Result<i32, tonic::Code>) -> bool,
-) -> Vec<Duration> {
+type Call = (Duration, Result<i32, tonic::Code>);
+
+/// `calls` calls from 4 concurrent clients; returns each call's latency and result, asserting
+/// each with `expect`.
+async fn burst(sluice: &TestServer, calls: u64, expect: fn(&Call) -> bool) -> Vec<Call> {
     let mut tasks = Vec::new();
     for t in 0..4u64 {
         let mut client = sluice.client().await;
@@ -65,13 +72,18 @@ async fn burst(
             seen
         }));
     }
-    let mut latencies = Vec::new();
+    let mut out = Vec::new();
     for task in tasks {
-        for (latency, result) in task.await.expect("client task") {
-            assert!(expect(&result), "unexpected result {result:?}");
-            latencies.push(latency);
+        for call in task.await.expect("client task") {
+            assert!(expect(&call), "unexpected result {call:?}");
+            out.push(call);
         }
     }
+    out
+}
+
+fn sorted_latencies(calls: &[Call]) -> Vec<Duration> {
+    let mut latencies: Vec<Duration> = calls.iter().map(|(latency, _)| *latency).collect();
     latencies.sort();
     latencies
 }
@@ -105,17 +117,51 @@ fn report(what: &str, latencies: &[Duration]) {
     );
 }
 
-/// With Redis healthy a call is decided OK; on a loaded 2-core test host a scheduler hiccup can
-/// still push one past the 10 ms deadline, which the failure policy then answers. Callers
-/// follow a healthy burst with [`recovery`], which insists on a real decision.
-fn healthy(result: &Result<i32, tonic::Code>) -> bool {
-    *result == Ok(Code::Ok as i32) || *result == Err(tonic::Code::Unavailable)
+const DEADLINE: Duration = Duration::from_millis(DEADLINE_MS);
+
+/// With Redis healthy a call is decided OK. On a loaded 2-core host a scheduler hiccup can still
+/// push one past the 10 ms deadline, which the failure policy then answers: UNAVAILABLE is
+/// accepted for such a call only, one that took at least the deadline.
+fn healthy((latency, result): &Call) -> bool {
+    *result == Ok(Code::Ok as i32)
+        || (*result == Err(tonic::Code::Unavailable) && *latency >= DEADLINE)
 }
 
-/// What the assertions allow: the figures that matter (p99 against deadline + 5 ms) are printed
-/// for docs/redis.md; asserting them on a shared, loaded 2-core host would only measure the host.
-fn generous_bound() -> Duration {
-    Duration::from_millis(DEADLINE_MS + 250)
+/// A healthy burst: every call [`healthy`], and at most a quarter of them deadline misses (each
+/// a call Redis did not decide; more would mean Redis is not really serving).
+async fn healthy_burst(sluice: &TestServer, calls: u64) -> Vec<Duration> {
+    let seen = burst(sluice, calls, healthy).await;
+    let misses = seen.iter().filter(|(_, r)| r.is_err()).count();
+    assert!(
+        misses * 4 <= seen.len(),
+        "{misses} of {} healthy calls missed the deadline",
+        seen.len()
+    );
+    sorted_latencies(&seen)
+}
+
+/// The module doc's bound: `hung` (latencies of calls Redis never answered) came back within the
+/// deadline, as far as this host's round trip (`healthy`, the same run's decided calls) allows.
+fn assert_within_deadline(what: &str, hung: &[Duration], healthy: &[Duration], waited: bool) {
+    let p50 = DEADLINE + percentile(healthy, 0.5) + Duration::from_millis(5);
+    let p99 = DEADLINE + percentile(healthy, 0.99) + Duration::from_millis(20);
+    assert!(
+        percentile(hung, 0.5) <= p50,
+        "{what}: median {:?}, bound {p50:?}",
+        percentile(hung, 0.5)
+    );
+    assert!(
+        percentile(hung, 0.99) <= p99,
+        "{what}: p99 {:?}, bound {p99:?}",
+        percentile(hung, 0.99)
+    );
+    if waited {
+        assert!(
+            hung[0] >= DEADLINE,
+            "{what}: a call came back after {:?}, before the deadline: not waiting on Redis",
+            hung[0]
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,24 +169,21 @@ async fn hung_redis_is_answered_within_the_deadline_and_decisions_resume() {
     let redis = RedisServer::start();
     let sluice = start(&redis, FailurePolicy::Error);
     let mut client = sluice.client().await;
-    let warm = burst(&sluice, 40, healthy).await;
+    let warm = healthy_burst(&sluice, 40).await;
     report("redis healthy", &warm);
     recovery(&mut client).await;
 
     redis.pause();
-    let hung = burst(&sluice, 400, |r| *r == Err(tonic::Code::Unavailable)).await;
+    let hung = burst(&sluice, 400, |(_, r)| *r == Err(tonic::Code::Unavailable)).await;
+    let hung = sorted_latencies(&hung);
     report("redis SIGSTOPped, policy error", &hung);
-    assert!(
-        percentile(&hung, 0.99) < generous_bound(),
-        "p99 {:?} while Redis hangs",
-        percentile(&hung, 0.99)
-    );
+    assert_within_deadline("redis SIGSTOPped", &hung, &warm, true);
 
     redis.resume();
     let took = recovery(&mut client).await;
     println!("recovery after SIGCONT: {took:?}");
     assert!(took < Duration::from_secs(1), "recovery took {took:?}");
-    burst(&sluice, 40, healthy).await;
+    healthy_burst(&sluice, 40).await;
     recovery(&mut client).await;
 }
 
@@ -149,13 +192,16 @@ async fn dead_redis_is_answered_within_the_deadline_and_decisions_resume() {
     let mut redis = RedisServer::start();
     let sluice = start(&redis, FailurePolicy::Error);
     let mut client = sluice.client().await;
-    burst(&sluice, 20, healthy).await;
+    let warm = healthy_burst(&sluice, 40).await;
+    report("redis healthy", &warm);
     recovery(&mut client).await;
 
     redis.stop();
-    let dead = burst(&sluice, 400, |r| *r == Err(tonic::Code::Unavailable)).await;
+    let dead = burst(&sluice, 400, |(_, r)| *r == Err(tonic::Code::Unavailable)).await;
+    let dead = sorted_latencies(&dead);
     report("redis killed, policy error", &dead);
-    assert!(percentile(&dead, 0.99) < generous_bound());
+    // A refused connection may fail a call before the deadline: only the upper bound holds.
+    assert_within_deadline("redis killed", &dead, &warm, false);
 
     redis.start_again();
     let took = recovery(&mut client).await;
@@ -170,19 +216,26 @@ async fn failure_policy_decides_the_answer_and_is_counted() {
     let deny = start(&redis, FailurePolicy::Deny);
     let mut allow_client = allow.client().await;
     let mut deny_client = deny.client().await;
-    assert_eq!(one(&mut allow_client, 1).await.1, Ok(Code::Ok as i32));
-    // Warm the deny instance's connection too, so the hung calls below measure the deadline,
-    // not a first connect.
+    // Warm both connections, so the hung calls below measure the deadline, not a first
+    // connect; the deny instance's healthy round trips are the bound's baseline.
+    recovery(&mut allow_client).await;
     recovery(&mut deny_client).await;
+    let warm = healthy_burst(&deny, 20).await;
 
     redis.pause();
+    let (mut allowed, mut denied) = (Vec::new(), Vec::new());
     for user in 10..20 {
         let (latency, result) = one(&mut allow_client, user).await;
         assert_eq!(result, Ok(Code::Ok as i32));
-        assert!(latency < generous_bound(), "allow answered in {latency:?}");
+        allowed.push(latency);
         let (latency, result) = one(&mut deny_client, user).await;
         assert_eq!(result, Ok(Code::OverLimit as i32));
-        assert!(latency < generous_bound(), "deny answered in {latency:?}");
+        denied.push(latency);
+    }
+    for (what, latencies) in [("allow", &mut allowed), ("deny", &mut denied)] {
+        latencies.sort();
+        report(&format!("redis SIGSTOPped, policy {what}"), latencies);
+        assert_within_deadline(what, latencies, &warm, true);
     }
     // Descriptors without a limit never reach Redis: OK even under `deny`.
     let free = request("edge", vec![descriptor(&[("bot", "x")])]);

@@ -6,7 +6,8 @@
 //! Afterwards it asserts:
 //! - no sluice process died;
 //! - every call was answered OK, OVER_LIMIT or UNAVAILABLE, none later than the backend deadline
-//!   plus a generous margin;
+//!   plus [`SLACK`] (500 ms: scheduling on a loaded 2-core machine; less than the 1 s of any
+//!   other timeout a call could be waiting on);
 //! - admitted hits never exceeded a limit within a window. Checked from the client's record of
 //!   each admitted call, the interval `[sent, answered]` that contains the instant Redis decided
 //!   it: a set of admissions whose intervals all lie inside one window length certainly fell in
@@ -38,8 +39,12 @@ use tokio::sync::Mutex;
 const WORKERS: usize = 16;
 /// sluice's per-decision backend deadline in this test.
 const BACKEND_TIMEOUT_MS: u64 = 250;
-/// Any call slower than the deadline plus this counts as hung.
-const MARGIN: Duration = Duration::from_secs(3);
+/// What a call may take past the deadline before it counts as hung: its gRPC round trip and
+/// being scheduled late, with 16 workers, two servers and Redis on a loaded 2-core machine (the
+/// slowest calls seen here: 262 ms in the 60 s reference run, 438 ms in a CI run). A call that
+/// waited on anything but the deadline (redis-rs's 1 s response timeout, a dead Redis's TCP
+/// timeout) takes 1 s or more and fails the bound. The test runs alone (.config/nextest.toml).
+const SLACK: Duration = Duration::from_millis(500);
 /// Every limit in the soak config has a one-second window.
 const WINDOW_MS: u64 = 1_000;
 
@@ -139,7 +144,7 @@ async fn worker(
         let elapsed = answered - sent;
         let mut t = tally.lock().await;
         t.slowest = t.slowest.max(elapsed);
-        if elapsed > Duration::from_millis(BACKEND_TIMEOUT_MS) + MARGIN {
+        if elapsed > Duration::from_millis(BACKEND_TIMEOUT_MS) + SLACK {
             t.hung += 1;
         }
         match result {

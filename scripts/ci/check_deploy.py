@@ -82,22 +82,60 @@ def check_config_dir(binary, files, where):
             ok(f"{where}: sluice check-config ok")
 
 
-# --- limits trees (for Envoy descriptors) -----------------------------------------------------
+# --- limits (for Envoy descriptors): sluice itself answers which rule a descriptor reaches ------
 
 
-# domain -> its file's top-level `response_headers` (the domain's default), as limits_domains
-# reads them.
-domain_headers = {}
+# Stands for a value Envoy fills in at request time (a header, the client address): it matches
+# key-only rules and catch-all wildcards, never an exact value the config spells.
+RUNTIME_VALUE = "runtime-value"
 
 
-def limits_domains(texts):
-    """domain -> list of top-level descriptors, from limits YAML texts."""
-    out = {}
-    for text in texts:
-        doc = yaml.safe_load(text)
-        out[doc["domain"]] = doc.get("descriptors") or []
-        domain_headers[doc["domain"]] = doc.get("response_headers") or {}
-    return out
+class Limits:
+    """A limits config (a directory or file) and what `sluice explain` says of descriptors in
+    it, so the matching checked here is the binary's own (exact, wildcard, key-only, nested,
+    `replaces`), not a copy of it."""
+
+    def __init__(self, binary, path, texts):
+        self.binary = binary
+        self.path = path
+        self.domains = {yaml.safe_load(t)["domain"] for t in texts}
+
+    def explain(self, domain, descriptors, where):
+        """For each descriptor (a list of (key, value-or-None)): None when it reaches no limit,
+        else {"limit": the result line, "hides_remaining": bool}."""
+        answers = [None] * len(descriptors)
+        asked = [i for i, d in enumerate(descriptors) if d]
+        if not asked:
+            return answers
+        args = [self.binary, "explain", "--config", self.path, "--domain", domain]
+        args += [",".join(f"{k}={RUNTIME_VALUE if v is None else v}" for k, v in descriptors[i])
+                 for i in asked]
+        r = subprocess.run(args, capture_output=True, text=True)
+        if r.returncode != 0:
+            fail(where, f"sluice explain failed: {r.stderr.strip()}")
+            return answers
+        blocks = re.split(r"^descriptor \d+: .*$", r.stdout, flags=re.M)[1:]
+        if len(blocks) != len(asked):
+            fail(where, f"sluice explain answered {len(blocks)} of {len(asked)} descriptors:\n{r.stdout}")
+            return answers
+        for i, block in zip(asked, blocks):
+            limit = re.search(r"^  result: (limit .*)$", block, flags=re.M)
+            headers = re.search(r"^  response headers: (.*)$", block, flags=re.M)
+            if limit:
+                answers[i] = {
+                    "limit": limit.group(1),
+                    "hides_remaining": bool(headers) and "remaining count hidden" in headers.group(1),
+                }
+        return answers
+
+
+def limits_of_configmaps(binary, texts, tmp):
+    """The limits ConfigMap data written out the way the kubelet mounts it."""
+    d = tempfile.mkdtemp(dir=tmp)
+    for i, text in enumerate(texts):
+        with open(os.path.join(d, f"limits-{i}.yaml"), "w", encoding="utf-8") as f:
+            f.write(text)
+    return Limits(binary, d, texts)
 
 
 def descriptor_of(actions, where):
@@ -119,42 +157,23 @@ def descriptor_of(actions, where):
     return entries
 
 
-def rule_for(descriptors, entries):
-    """The limits node a descriptor reaches, the way sluice matches: exact value, else key only.
-    Runtime values (None) only match key-only nodes."""
-    level = descriptors
-    node = None
-    for key, value in entries:
-        candidates = [d for d in level if d.get("key") == key]
-        exact = [d for d in candidates if value is not None and d.get("value") == value]
-        key_only = [d for d in candidates if not d.get("value")]
-        node = (exact or key_only or [None])[0]
-        if node is None:
-            return None
-        level = node.get("descriptors") or []
-    return node
-
-
-def hides_remaining(domain, descriptors, entries):
-    """Whether the limits hide the remaining count of the descriptor `entries` reaches:
-    `response_headers.hide_remaining` of the domain, overridden field by field along the path."""
-    hide = bool(domain_headers.get(domain, {}).get("hide_remaining"))
-    level = descriptors
-    for key, value in entries:
-        node = rule_for(level, [(key, value)])
-        if node is None:
-            break
-        hide = (node.get("response_headers") or {}).get("hide_remaining", hide)
-        level = node.get("descriptors") or []
-    return bool(hide)
-
-
-def check_x_ratelimit_option(rate_limits, domain, domains, where):
-    """With Envoy's X-RateLimit-* headers on, a descriptor whose rule hides the remaining count
-    must turn them off (`x_ratelimit_option: OFF`): X-RateLimit-Remaining would show it."""
-    for i, entry in enumerate(rate_limits or []):
-        entries = descriptor_of(entry.get("actions") or [], f"{where}[{i}]")
-        if hides_remaining(domain, domains.get(domain, []), entries):
+def check_rate_limits(rate_limits, domain, limits, where, x_ratelimit_headers=False):
+    """Every rate_limits entry's descriptor reaches a limit. With Envoy's X-RateLimit-* headers
+    on, a descriptor whose rule hides the remaining count must turn them off
+    (`x_ratelimit_option: OFF`): X-RateLimit-Remaining would show it."""
+    if not rate_limits:
+        fail(where, "no rate_limits")
+        return
+    descriptors = [descriptor_of(entry.get("actions") or [], f"{where}[{i}]")
+                   for i, entry in enumerate(rate_limits)]
+    answers = limits.explain(domain, descriptors, where)
+    for i, (entry, entries, answer) in enumerate(zip(rate_limits, descriptors, answers)):
+        shown = ", ".join(f"{k}={v if v is not None else '<runtime>'}" for k, v in entries)
+        if answer is None:
+            fail(where, f"descriptor [{shown}] matches no limit in domain `{domain}`")
+            continue
+        ok(f"{where}: [{shown}] -> {answer['limit']}")
+        if x_ratelimit_headers and answer["hides_remaining"]:
             if entry.get("x_ratelimit_option") != "OFF":
                 fail(where, f"rate_limits[{i}] reaches a rule with hide_remaining: it needs "
                      "x_ratelimit_option: OFF, or Envoy's X-RateLimit-Remaining shows the count")
@@ -162,25 +181,12 @@ def check_x_ratelimit_option(rate_limits, domain, domains, where):
                 ok(f"{where}: rate_limits[{i}] hides the remaining count (x_ratelimit_option OFF)")
 
 
-def check_rate_limits(rate_limits, domain, domains, where):
-    if not rate_limits:
-        fail(where, "no rate_limits")
-    for i, entry in enumerate(rate_limits):
-        entries = descriptor_of(entry.get("actions") or [], f"{where}[{i}]")
-        node = rule_for(domains.get(domain, []), entries)
-        shown = ", ".join(f"{k}={v if v is not None else '<runtime>'}" for k, v in entries)
-        if node is None or "rate_limit" not in node:
-            fail(where, f"descriptor [{shown}] matches no limit in domain `{domain}`")
-        else:
-            ok(f"{where}: [{shown}] -> {node['rate_limit']}")
-
-
-def check_filter(cfg, where, domains, max_timeout):
+def check_filter(cfg, where, limits, max_timeout):
     if cfg.get("@type") != RATELIMIT_TYPE:
         fail(where, f"typed_config @type is {cfg.get('@type')}")
     domain = cfg.get("domain")
-    if domain not in domains:
-        fail(where, f"domain `{domain}` is not in the limits ({sorted(domains)})")
+    if domain not in limits.domains:
+        fail(where, f"domain `{domain}` is not in the limits ({sorted(limits.domains)})")
     timeout = str(cfg.get("timeout", ""))
     if not re.fullmatch(r"\d+(\.\d+)?s", timeout) or float(timeout[:-1]) > max_timeout:
         fail(where, f"timeout `{timeout}` must be set and at most {max_timeout}s")
@@ -380,7 +386,7 @@ def check_render(name, docs, binary, flags, envs, defaults, mount_seen):
     return found_sluice
 
 
-def check_envoyfilter(name, ef, docs, domains, grpc_port):
+def check_envoyfilter(name, ef, docs, limits, grpc_port):
     where = f"{name}: EnvoyFilter {ef['metadata']['name']}"
     if ef.get("apiVersion") != "networking.istio.io/v1alpha3":
         fail(where, f"apiVersion {ef.get('apiVersion')}")
@@ -399,7 +405,7 @@ def check_envoyfilter(name, ef, docs, domains, grpc_port):
     if f["patch"]["operation"] != "INSERT_BEFORE" or sub != "envoy.filters.http.router":
         fail(where, "the ratelimit filter must go INSERT_BEFORE envoy.filters.http.router")
     max_timeout = 0.05 if context == "GATEWAY" else 0.02
-    domain, cluster = check_filter(f["patch"]["value"]["typed_config"], where, domains, max_timeout)
+    domain, cluster = check_filter(f["patch"]["value"]["typed_config"], where, limits, max_timeout)
     if context == "GATEWAY":
         if sel != {"istio": "ingressgateway"}:
             fail(where, f"workloadSelector must select the ingress gateway: {sel}")
@@ -425,10 +431,10 @@ def check_envoyfilter(name, ef, docs, domains, grpc_port):
     for p in routes:
         value = p["patch"]["value"]
         rl = value.get("rate_limits") if p["applyTo"] == "VIRTUAL_HOST" else (value.get("route") or {}).get("rate_limits")
-        check_rate_limits(rl, domain, domains, f"{where} {p['applyTo']}")
+        check_rate_limits(rl, domain, limits, f"{where} {p['applyTo']}")
 
 
-def check_envoy_bootstrap(path, domains, grpc_port):
+def check_envoy_bootstrap(path, limits, grpc_port):
     where = os.path.relpath(path, ROOT)
     boot = load_all(path)[0]
     clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
@@ -445,7 +451,7 @@ def check_envoy_bootstrap(path, domains, grpc_port):
                 if names[-1] != "envoy.filters.http.router" or names.index(RATELIMIT_FILTER) > names.index("envoy.filters.http.router"):
                     fail(where, "the ratelimit filter must come before the router, which must be last")
                 cfg = http_filters[names.index(RATELIMIT_FILTER)]["typed_config"]
-                domain, cluster = check_filter(cfg, where, domains, 0.02)
+                domain, cluster = check_filter(cfg, where, limits, 0.02)
                 if cfg.get("enable_x_ratelimit_headers") != "DRAFT_VERSION_03":
                     fail(where, "enable_x_ratelimit_headers must be DRAFT_VERSION_03")
                 if cluster not in clusters:
@@ -456,8 +462,8 @@ def check_envoy_bootstrap(path, domains, grpc_port):
                     for route in vh["routes"]:
                         rl = (route.get("route") or {}).get("rate_limits")
                         if rl:
-                            check_rate_limits(rl, domain, domains, f"{where} route {route['match']}")
-                            check_x_ratelimit_option(rl, domain, domains, f"{where} route {route['match']}")
+                            check_rate_limits(rl, domain, limits, f"{where} route {route['match']}",
+                                              x_ratelimit_headers=True)
                         dest = (route.get("route") or {}).get("cluster")
                         if dest and dest not in clusters:
                             fail(where, f"route to undefined cluster {dest}")
@@ -528,6 +534,11 @@ def check_dockerfile(defaults, mount_paths):
 
 def main():
     binary, render_dir = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        return check_all(binary, render_dir, tmp)
+
+
+def check_all(binary, render_dir, tmp):
     flags, envs, defaults = serve_help(binary)
     for need in ("grpc-addr", "admin-addr"):
         if need not in defaults:
@@ -544,9 +555,9 @@ def main():
     for name, docs in renders.items():
         if check_render(name, docs, binary, flags, envs, defaults, mount_paths):
             sidecar_or_service += 1
-        limits = [t for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sluice-limits" for t in d["data"].values()]
+        texts = [t for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sluice-limits" for t in d["data"].values()]
         for ef in (d for d in docs if d["kind"] == "EnvoyFilter"):
-            check_envoyfilter(name, ef, docs, limits_domains(limits), grpc_port)
+            check_envoyfilter(name, ef, docs, limits_of_configmaps(binary, texts, tmp), grpc_port)
     if sidecar_or_service < 2:
         fail(render_dir, "expected sluice containers in at least the sidecar and service renders")
     base_limits = os.path.join(ROOT, "deploy/base/limits")
@@ -554,20 +565,22 @@ def main():
     for f in sorted(os.listdir(base_limits)):
         with open(os.path.join(base_limits, f), encoding="utf-8") as fh:
             texts.append(fh.read())
-    check_envoy_bootstrap(os.path.join(ROOT, "deploy/envoy/envoy.yaml"), limits_domains(texts), grpc_port)
+    check_envoy_bootstrap(os.path.join(ROOT, "deploy/envoy/envoy.yaml"),
+                          Limits(binary, base_limits, texts), grpc_port)
     check_dockerfile(defaults, mount_paths)
-    check_envoy_gateway_renders(renders, binary, envs)
+    check_envoy_gateway_renders(renders, binary, envs, tmp)
     return report()
 
 
-def check_envoy_gateway_renders(renders, binary, envs):
+def check_envoy_gateway_renders(renders, binary, envs, tmp):
     """deploy/envoy-gateway: every render with an EnvoyGateway config, then the Helm values
     against the xDS render's config (scripts/ci/check_envoy_gateway.py says what is checked)."""
     with open(os.path.join(ROOT, "docs/migration.md"), encoding="utf-8") as f:
         migration = f.read()
     ctx = types.SimpleNamespace(
         fail=fail, ok=ok, envs=envs, binary=binary, migration=migration,
-        check_config_dir=check_config_dir, limits_domains=limits_domains, rule_for=rule_for,
+        check_config_dir=check_config_dir,
+        limits_of=lambda texts: limits_of_configmaps(binary, texts, tmp),
     )
     configs = {}
     for name, docs in renders.items():

@@ -9,7 +9,8 @@ binary, docs/migration.md and Envoy Gateway's own naming. Schemas cannot see any
 - with `CONFIG_TYPE=FILE` (limits from a file instead of xDS): the config directory Envoy
   Gateway's RUNTIME_ROOT/RUNTIME_SUBDIRECTORY point at is a whole ConfigMap of the render,
   mounted through the pod's volumes, that `sluice check-config` accepts, and every descriptor
-  Envoy Gateway derives from the render's BackendTrafficPolicies reaches a limit of it;
+  Envoy Gateway derives from the render's BackendTrafficPolicies reaches a limit of it (as
+  `sluice explain` answers: the binary's own matching);
 - each BackendTrafficPolicy targets an HTTPRoute of the render, whose parents are Gateways of
   the render, with global rules whose units and costs Envoy Gateway accepts;
 - deploy/envoy-gateway/values.yaml (Helm) swaps the same image and sets the same rate-limit
@@ -164,7 +165,7 @@ def check_container(name, config, docs, ctx):
     if volume["configMap"].get("items"):
         ctx.fail(where, "mount the whole ConfigMap (no items): item mounts never update")
     ctx.check_config_dir(ctx.binary, cms[0]["data"], f"{name}: ConfigMap {cm_name}")
-    return ctx.limits_domains(cms[0]["data"].values())
+    return ctx.limits_of(list(cms[0]["data"].values()))
 
 
 def check_render(name, docs, ctx):
@@ -188,11 +189,14 @@ def check_render(name, docs, ctx):
             if limits is None:
                 continue
             shown = ", ".join(f"{k}={v if v is not None else '<runtime>'}" for k, v in entries)
-            node = ctx.rule_for(limits.get(domain, []), entries)
-            if node is None or "rate_limit" not in node:
+            if domain not in limits.domains:
+                ctx.fail(name, f"domain `{domain}` is not in the file ({sorted(limits.domains)})")
+                continue
+            answer = limits.explain(domain, [entries], name)[0]
+            if answer is None:
                 ctx.fail(name, f"domain `{domain}`: [{shown}] reaches no limit of the file")
             else:
-                ctx.ok(f"{name}: `{domain}` [{shown}] -> {node['rate_limit']}")
+                ctx.ok(f"{name}: `{domain}` [{shown}] -> {answer['limit']}")
     return config
 
 

@@ -338,8 +338,22 @@ pub(crate) fn wildcard_match(pattern: &str, text: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::wildcard_match;
+    use super::{wildcard_match, OverLimitSetting};
     use proptest::prelude::*;
+
+    #[test]
+    fn over_limit_settings_by_name() {
+        for (name, setting) in [
+            ("refuse", OverLimitSetting::Refuse),
+            ("fill", OverLimitSetting::Fill),
+            ("record", OverLimitSetting::Record),
+        ] {
+            assert_eq!(setting.as_str(), name);
+            assert_eq!(OverLimitSetting::parse(name), Some(setting));
+            assert_eq!(OverLimitSetting::parse(&name.to_uppercase()), Some(setting));
+        }
+        assert_eq!(OverLimitSetting::parse("drop"), None);
+    }
 
     #[test]
     fn wildcard_cases() {

@@ -373,6 +373,8 @@ mod tests {
             kinds,
             [(HitKind::Consume, 2, 60_000), (HitKind::Shadow, 1, 60_000)]
         );
+        // The engine keeps no clock: the backend decides on its own (Redis: the server's time).
+        assert_eq!(*backend.nows.lock().unwrap(), [None]);
     }
 
     #[tokio::test]
@@ -451,6 +453,87 @@ descriptors:
         assert_eq!(out.items[0].count, 3);
     }
 
+    /// Stacked limits in the other order: the tighter is reported wherever it stands, and of
+    /// two with as much left, the one resetting later.
+    #[tokio::test]
+    async fn the_tightest_stacked_limit_is_reported_whatever_its_place() {
+        let yaml = "
+domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {window: 90s, requests_per_unit: 4, algorithm: gcra, burst: 4, name: sustained}
+      - {unit: second, requests_per_unit: 3, name: burst}
+  - key: tie
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, name: short}
+      - {unit: minute, requests_per_unit: 3, name: long}
+  - key: same
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, name: log}
+      - {unit: second, requests_per_unit: 3, algorithm: fixed_window, name: fixed}
+  - key: shadow
+    shadow_mode: true
+    rate_limits:
+      - {unit: minute, requests_per_unit: 1, name: slow}
+      - {unit: second, requests_per_unit: 5, name: fast}
+";
+        let engine = Engine::new(config(yaml), Arc::new(Recording::new()));
+        let name = |d: &Decision| d.verdicts[0].limit.as_ref().unwrap().name.clone();
+        let first = engine.decide(&req(&[&[("user", "a")]])).await.unwrap();
+        assert_eq!(name(&first).as_deref(), Some("burst"));
+        assert_eq!(first.verdicts[0].remaining, 2);
+        let tie = engine.decide(&req(&[&[("tie", "a")]])).await.unwrap();
+        assert_eq!(name(&tie).as_deref(), Some("long"));
+        assert_eq!(tie.verdicts[0].reset_ms, 60_000);
+        // Alike in everything (2 left, reset in 1 s on the engine's fixed clock): the first.
+        let same = engine.decide(&req(&[&[("same", "a")]])).await.unwrap();
+        assert_eq!(name(&same).as_deref(), Some("log"));
+        assert_eq!(
+            (same.verdicts[0].remaining, same.verdicts[0].reset_ms),
+            (2, 1000)
+        );
+        // A shadow rule: the limit that failed (in shadow) is reported, not the one with room.
+        let shadow = req(&[&[("shadow", "a")]]);
+        engine.decide(&shadow).await.unwrap();
+        let second = engine.decide(&shadow).await.unwrap();
+        assert_eq!(name(&second).as_deref(), Some("slow"));
+        assert_eq!(second.verdicts[0].outcome, Outcome::ShadowRejected);
+    }
+
+    /// A rule in shadow mode (the engine's global shadow mode off): over its limit, its status
+    /// says so and the request is still OK.
+    #[tokio::test]
+    async fn a_shadow_rule_over_its_limit_answers_ok() {
+        let (engine, _) = engine();
+        let one = req(&[&[("shadow", "s")]]);
+        assert_eq!(engine.decide(&one).await.unwrap().overall, Code::Ok);
+        let second = engine.decide(&one).await.unwrap();
+        assert_eq!(second.overall, Code::Ok);
+        assert_eq!(second.verdicts[0].code, Code::Ok);
+        assert_eq!(second.verdicts[0].outcome, Outcome::ShadowRejected);
+    }
+
+    /// An engine started without limits answers NoConfig until the first config is swapped
+    /// in, then decides with it.
+    #[tokio::test]
+    async fn an_engine_awaiting_its_config_decides_once_it_arrives() {
+        let engine = Engine::awaiting_config(Arc::new(Recording::new()), EngineOptions::default());
+        assert!(!engine.is_configured());
+        let one = req(&[&[("user", "a")]]);
+        assert!(matches!(
+            engine.decide(&one).await,
+            Err(DecisionError::NoConfig)
+        ));
+        engine.replace_config(config(YAML));
+        assert!(engine.is_configured());
+        let decision = engine.decide(&one).await.unwrap();
+        assert_eq!(
+            decision.verdicts[0].remaining, 1,
+            "decided with the new limits"
+        );
+    }
+
     /// A backend that always fails.
     struct Down;
 
@@ -512,5 +595,17 @@ descriptors:
             "a shadow limit never rejects, even under deny"
         );
         assert!(denied.verdicts.iter().all(|v| v.key.is_none()));
+        // The limit each descriptor was decided against is still reported (Envoy's
+        // `current_limit`), with nothing known of its window.
+        let limits: Vec<_> = denied
+            .verdicts
+            .iter()
+            .map(|v| v.limit.as_ref().map(|l| l.requests_per_unit))
+            .collect();
+        assert_eq!(limits, [Some(2), Some(1), None]);
+        assert!(denied
+            .verdicts
+            .iter()
+            .all(|v| v.remaining == 0 && v.reset_ms == 0));
     }
 }

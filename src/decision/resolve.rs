@@ -173,19 +173,8 @@ fn limits_of(
     let Some(rule) = rule else {
         return Err(Outcome::NoRule);
     };
+    // A counted rule lists each of its limits in `limits`, a single `rate_limit` included.
     match rule.limit {
-        Some(LimitSpec::PerUnit {
-            requests_per_unit,
-            unit,
-        }) if rule.limits.is_empty() => {
-            let limit = CurrentLimit {
-                requests_per_unit,
-                unit,
-                name: rule.name.clone(),
-                window_ms: unit.window_ms(),
-            };
-            Ok(vec![(limit, Algorithm::SlidingLog)])
-        }
         Some(LimitSpec::PerUnit { .. }) => Ok(rule
             .limits
             .iter()
@@ -316,6 +305,28 @@ mod tests {
     use crate::decision::test_support::{config, engine, engine_with, req, FixedClock, YAML};
     use crate::decision::{Code, Engine, LimitOverride};
     use crate::limiter::memory::MemoryLimiter;
+
+    /// A descriptor without hits of its own takes the request's `hits_addend` (0 meaning 1);
+    /// its own wins.
+    #[tokio::test]
+    async fn hits_come_from_the_descriptor_else_the_request() {
+        let (engine, backend) = engine();
+        let mut request = req(&[&[("user", "a")], &[("path", "/web/x")]]);
+        request.hits_addend = 3;
+        request.descriptors[1].hits_addend = Some(5);
+        engine.decide(&request).await.unwrap();
+        request.hits_addend = 0;
+        request.descriptors[1].hits_addend = None;
+        engine.decide(&request).await.unwrap();
+        let hits: Vec<Vec<u64>> = backend
+            .batches
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| b.iter().map(|h| h.hits).collect())
+            .collect();
+        assert_eq!(hits, [[3, 5], [1, 1]]);
+    }
 
     #[tokio::test]
     async fn share_threshold_values_share_one_counter() {

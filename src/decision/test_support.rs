@@ -20,10 +20,13 @@ impl Clock for FixedClock {
     }
 }
 
-/// The memory backend, with every batch it receives kept for inspection.
+/// The memory backend, with every batch it receives, and the time it was asked to decide it at,
+/// kept for inspection.
 pub struct Recording {
     pub inner: MemoryLimiter,
     pub batches: Mutex<Vec<Vec<Hit>>>,
+    /// The `now` of each call, in the order of `batches`.
+    pub nows: Mutex<Vec<Option<u64>>>,
 }
 
 impl Recording {
@@ -31,6 +34,7 @@ impl Recording {
         Recording {
             inner: MemoryLimiter::new(Arc::new(FixedClock(1_000_000))),
             batches: Mutex::new(Vec::new()),
+            nows: Mutex::new(Vec::new()),
         }
     }
 }
@@ -39,6 +43,7 @@ impl Recording {
 impl Limiter for Recording {
     async fn decide(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         self.batches.lock().unwrap().push(batch.to_vec());
+        self.nows.lock().unwrap().push(now);
         self.inner.decide(batch, now).await
     }
     async fn ping(&self) -> Result<(), LimiterError> {

@@ -345,23 +345,30 @@ mod tests {
         );
     }
 
+    /// Batches lock their shards in opposite orders from 8 threads. A deadlock would block the
+    /// threads forever, so the test waits for them with a deadline (30 s for what takes well
+    /// under a second) instead of joining: it fails, not hangs.
     #[test]
     fn multi_key_batches_do_not_deadlock() {
         let lim = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
-        let threads: Vec<_> = (0..8)
-            .map(|t| {
-                let lim = Arc::clone(&lim);
-                std::thread::spawn(move || {
-                    for i in 0..2000u64 {
-                        let a = format!("k{}", (i + t) % 50);
-                        let b = format!("k{}", (i * 7 + t * 3) % 50);
-                        lim.decide_sync(&[hit(&b, 1_000_000, 1), hit(&a, 1_000_000, 1)], i);
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().expect("worker panicked");
+        let (done, finished) = std::sync::mpsc::channel();
+        for t in 0..8u64 {
+            let lim = Arc::clone(&lim);
+            let done = done.clone();
+            std::thread::spawn(move || {
+                for i in 0..2000u64 {
+                    let a = format!("k{}", (i + t) % 50);
+                    let b = format!("k{}", (i * 7 + t * 3) % 50);
+                    lim.decide_sync(&[hit(&b, 1_000_000, 1), hit(&a, 1_000_000, 1)], i);
+                }
+                let _ = done.send(t);
+            });
+        }
+        drop(done);
+        for _ in 0..8 {
+            finished
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("a worker did not finish within 30 s (deadlock) or panicked");
         }
     }
 }

@@ -147,11 +147,12 @@ pub fn decide_batch(
     for ((hit, &slot), plan) in batch.iter().zip(slots).zip(&plans) {
         let state = &mut work[slot];
         match hit.kind {
-            HitKind::Refund if admitted && plan.if_admitted > 0 => {
-                state.refund(hit, now, plan.if_admitted);
-                dirty[slot] = true;
+            HitKind::Refund => {
+                if admitted && plan.if_admitted > 0 {
+                    state.refund(hit, now, plan.if_admitted);
+                    dirty[slot] = true;
+                }
             }
-            HitKind::Refund => {}
             _ => {
                 let take = if admitted {
                     plan.if_admitted
@@ -206,7 +207,6 @@ pub fn slots_for(batch: &[Hit]) -> (Vec<usize>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::log::Log;
 
     fn hit(key: &str, limit: u64, hits: u64, kind: HitKind) -> Hit {
         Hit {
@@ -232,14 +232,15 @@ mod tests {
         now: u64,
     ) -> BatchOutcome {
         let (slots, n) = slots_for(batch);
-        let mut keys = vec![String::new(); n];
+        let mut keys = vec![(String::new(), crate::limiter::Algorithm::SlidingLog); n];
         for (hit, &slot) in batch.iter().zip(&slots) {
-            keys[slot] = hit.key.clone();
+            keys[slot] = (hit.key.clone(), hit.algorithm);
         }
         let mut logs: Vec<State> = keys
             .iter()
-            .map(|k| store.remove(k).unwrap_or(State::Log(Log::new())))
+            .map(|(k, algorithm)| store.remove(k).unwrap_or(State::fresh(*algorithm)))
             .collect();
+        let keys = keys.into_iter().map(|(k, _)| k);
         let out = decide_batch(batch, &slots, &mut logs, now);
         store.extend(keys.into_iter().zip(logs));
         out
@@ -354,6 +355,60 @@ mod tests {
         let out = run(&[hit("k", 1, 0, HitKind::Consume)], &mut logs, 1);
         assert!(!out.admitted);
         assert_eq!(out.items[0].count, 1);
+    }
+
+    /// quota_mode: an over-limit quota item fails the batch only when every quota item is over.
+    #[test]
+    fn quota_items_need_one_that_passes() {
+        let mut logs = std::collections::HashMap::new();
+        let batch = [
+            hit("qa", 1, 1, HitKind::Quota),
+            hit("qb", 2, 1, HitKind::Quota),
+            hit("qc", 10, 1, HitKind::Consume),
+        ];
+        let counts = |out: &BatchOutcome| out.items.iter().map(|i| i.count).collect::<Vec<_>>();
+        let passed = |out: &BatchOutcome| out.items.iter().map(|i| i.passed).collect::<Vec<_>>();
+        let out = run(&batch, &mut logs, 0);
+        assert!(out.admitted);
+        assert_eq!(counts(&out), [1, 1, 1]);
+        // `qa` is over, `qb` still has room: admitted, and `qa` records nothing.
+        let out = run(&batch, &mut logs, 1);
+        assert!(out.admitted);
+        assert_eq!(passed(&out), [false, true, true]);
+        assert_eq!(counts(&out), [1, 2, 2]);
+        // Both over: rejected, and the consume item records nothing either.
+        let out = run(&batch, &mut logs, 2);
+        assert!(!out.admitted);
+        assert_eq!(passed(&out), [false, false, true]);
+        let out = run(&[hit("qc", 10, 0, HitKind::Consume)], &mut logs, 3);
+        assert_eq!(out.items[0].count, 2);
+        // A lone quota item over its limit rejects; one with room admits.
+        assert!(!run(&[hit("qa", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
+        assert!(run(&[hit("qd", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
+    }
+
+    /// A batch stores only the keys it wrote: a probe or an empty refund brings nothing to its
+    /// `now`, so a call at an earlier `now` (another instance's lagging clock) still finds the
+    /// fixed window where the last write left it.
+    #[test]
+    fn items_that_write_nothing_store_nothing() {
+        let mut logs = std::collections::HashMap::new();
+        let fixed = |hits, kind| Hit {
+            algorithm: crate::limiter::Algorithm::FixedWindow,
+            ..hit("f", 5, hits, kind)
+        };
+        assert!(run(&[fixed(2, HitKind::Consume)], &mut logs, 100).admitted);
+        // The next window: a probe and a refund of nothing, on an admitted batch.
+        let out = run(
+            &[fixed(0, HitKind::Consume), fixed(0, HitKind::Refund)],
+            &mut logs,
+            1500,
+        );
+        assert!(out.admitted);
+        assert_eq!(out.items[0].count, 0);
+        // Back in the first window: its count is still there.
+        let out = run(&[fixed(0, HitKind::Consume)], &mut logs, 900);
+        assert_eq!(out.items[0].count, 2);
     }
 
     #[test]

@@ -156,20 +156,83 @@ impl KeyInput {
     }
 }
 
-/// Distinct descriptors get distinct keys; every key is short and holds one hash tag.
+/// Distinct descriptors get distinct keys; every key is short and holds one hash tag, and its
+/// body is a digest or parts made only of the readable set and `%XX` escapes. Each input whose
+/// key is readable is also keyed with its own escaped spelling as text (`a|b` next to `a%7Cb`):
+/// the two are distinct inputs unless nothing needed escaping, so their keys must differ then.
 pub fn descriptor_keys(inputs: &[KeyInput]) {
+    let spelled: Vec<KeyInput> = inputs.iter().filter_map(escaped_spelling).collect();
     let mut seen: HashMap<String, &KeyInput> = HashMap::new();
-    for input in inputs {
+    for input in inputs.iter().chain(&spelled) {
         let key = input.key();
         assert!(key.len() <= MAX_KEY_LEN, "key of {} bytes", key.len());
         assert!(key.starts_with(KEY_PREFIX));
         assert_eq!(key.matches('{').count(), 1, "{key}");
         assert_eq!(key.matches('}').count(), 1, "{key}");
         assert!(key.ends_with('}'), "{key}");
+        check_body(&key);
         if let Some(previous) = seen.insert(key.clone(), input) {
             assert_eq!(previous, input, "collision on {key}");
         }
     }
+}
+
+/// The body between the braces: `#` and 32 hex digits, or `|`-separated parts in which every
+/// byte is readable or starts a `%XX` escape (upper-case hex) and `=` only splits an entry.
+fn check_body(key: &str) {
+    let body = &key[KEY_PREFIX.len() + 1..key.len() - 1];
+    if let Some(digest) = body.strip_prefix('#') {
+        assert!(
+            digest.len() == 32 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{key}"
+        );
+        return;
+    }
+    for part in body.split(['|', '=']) {
+        let bytes = part.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                let hex = bytes.get(i + 1..i + 3).unwrap_or_default();
+                assert!(
+                    hex.len() == 2 && hex.iter().all(|h| matches!(h, b'0'..=b'9' | b'A'..=b'F')),
+                    "bare `%` in {key}"
+                );
+                i += 3;
+            } else {
+                assert!(
+                    bytes[i].is_ascii_alphanumeric() || b"._-/:*".contains(&bytes[i]),
+                    "unescaped byte {:#04x} in {key}",
+                    bytes[i]
+                );
+                i += 1;
+            }
+        }
+    }
+}
+
+/// The input whose domain, keys and values are the escaped text of `input`'s, read back from its
+/// readable key (`None` once the body is a digest).
+fn escaped_spelling(input: &KeyInput) -> Option<KeyInput> {
+    let key = input.key();
+    let body = key[KEY_PREFIX.len() + 1..key.len() - 1].to_owned();
+    if body.starts_with('#') {
+        return None;
+    }
+    let mut parts = body.split('|');
+    let domain = parts.next()?.to_owned();
+    let entries = parts
+        .take(input.entries.len())
+        .map(|entry| {
+            let (k, v) = entry.split_once('=')?;
+            Some((k.to_owned(), v.to_owned()))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(KeyInput {
+        domain,
+        entries,
+        window_ms: input.window_ms,
+    })
 }
 
 pub fn descriptor_keys_from_bytes(data: &[u8]) {

@@ -66,6 +66,24 @@ pub async fn at(l: &Arc<dyn Limiter>, batch: &[Hit], now: u64) -> BatchOutcome {
         .unwrap_or_else(|e| panic!("decide at {now} failed: {e}"))
 }
 
+/// [`at`] on a task of its own, waited for `limit` at most: a decision that loops or deadlocks
+/// fails the test instead of hanging it, even on the memory backend, whose decision never
+/// yields (the task holds one worker; the waiting test runs on another, so the runtime needs
+/// two or more).
+pub async fn at_within(
+    l: &Arc<dyn Limiter>,
+    batch: &[Hit],
+    now: u64,
+    limit: std::time::Duration,
+) -> BatchOutcome {
+    let (l, owned) = (Arc::clone(l), batch.to_vec());
+    let task = tokio::spawn(async move { at(&l, &owned, now).await });
+    match tokio::time::timeout(limit, task).await {
+        Ok(outcome) => outcome.unwrap_or_else(|e| panic!("decide at {now}: {e}")),
+        Err(_) => panic!("no decision within {limit:?} for {batch:?}"),
+    }
+}
+
 /// The key's count in the window at `now`, via a check-only probe with an unreachable limit.
 pub async fn count_at(l: &Arc<dyn Limiter>, key: &str, window_ms: u64, now: u64) -> u64 {
     let out = at(

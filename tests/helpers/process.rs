@@ -143,11 +143,21 @@ impl Sluice {
 
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(&mut self) -> ExitStatus {
+        self.signal_term();
+        self.wait_exit()
+    }
+
+    /// Sends SIGTERM and returns at once.
+    pub fn signal_term(&self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits (10 s at most) for the process to exit, then for the last lines of its log.
+    pub fn wait_exit(&mut self) -> ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait sluice") {
@@ -157,10 +167,7 @@ impl Sluice {
                 }
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "sluice did not exit after SIGTERM"
-            );
+            assert!(Instant::now() < deadline, "sluice did not exit within 10 s");
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -254,6 +254,16 @@ fn bad_resources_are_named_with_the_rule_and_every_problem() {
         domain: "m".into(),
         descriptors: vec![d],
     };
-    let merged = Config::from_xds(&[part("m1", x), part("m2", y)], merge).unwrap();
+    let merged = Config::from_xds(&[part("m1", x.clone()), part("m2", y)], merge).unwrap();
     assert_eq!(merged.rule_count(), 2);
+    // A top-level descriptor repeated across the merged parts is refused, naming both.
+    let errors = Config::from_xds(&[part("m1", x.clone()), part("m2", x)], merge)
+        .expect_err("a repeated descriptor");
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(
+        lines[0].starts_with("xds:m2: x: descriptor `x` of domain `m` is also defined in xds:m1"),
+        "{}",
+        lines[0]
+    );
 }

@@ -435,9 +435,13 @@ mod tests {
         assert_eq!(key_slot("foo"), 12182);
         assert_eq!(key_slot("bar"), 5061);
         assert_eq!(key_slot("{user1000}.following"), key_slot("user1000"));
-        assert_eq!(key_slot("foo{}{bar}"), key_slot("foo{}{bar}"));
+        // An empty tag `{}` hashes the whole key; the first `{`...`}` pair decides.
+        assert_eq!(key_slot("foo{}{bar}"), 8363);
         assert_ne!(key_slot("foo{}{bar}"), key_slot("bar"));
-        assert_eq!(key_slot("sluice:{a}"), key_slot("a"));
+        assert_eq!(key_slot("foo{{bar}}zap"), 4015);
+        assert_eq!(key_slot("foo{bar}{zap}"), 5061);
+        assert_eq!(key_slot("bar}"), 6624);
+        assert_eq!(key_slot("sluice:{a}"), 15495);
     }
 
     #[test]

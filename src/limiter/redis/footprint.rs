@@ -10,15 +10,18 @@
 pub const KEY_OVERHEAD_BYTES: u64 = 160;
 /// Per entry while a sorted set is a listpack (up to `zset-max-listpack-entries`, default 128).
 pub const LISTPACK_ENTRY_BYTES: u64 = 16;
-/// Per entry once it is a skiplist (over 128 entries).
+/// Per entry once it is a skiplist (over 128 members).
 pub const SKIPLIST_ENTRY_BYTES: u64 = 114;
 /// Redis's default `zset-max-listpack-entries`: above it a sorted set becomes a skiplist.
 pub const LISTPACK_MAX_ENTRIES: u64 = 128;
 
 /// Estimated bytes of one window key holding `entries` entries, by its encoding. A single
-/// bytes-per-entry figure would be off by 5x on one side of the encoding switch.
+/// bytes-per-entry figure would be off by 5x on one side of the encoding switch. The set holds
+/// one member more than its entries, the total (`script::LOG_TOTAL_MEMBER`), so it turns into a
+/// skiplist at 128 entries already.
 pub fn key_bytes(entries: u64) -> u64 {
-    let per_entry = if entries > LISTPACK_MAX_ENTRIES {
+    let members = entries.saturating_add(1);
+    let per_entry = if members > LISTPACK_MAX_ENTRIES {
         SKIPLIST_ENTRY_BYTES
     } else {
         LISTPACK_ENTRY_BYTES
@@ -40,8 +43,12 @@ mod tests {
 
     #[test]
     fn the_estimate_follows_the_encoding() {
-        assert_eq!(key_bytes(128), 160 + 128 * 16, "still a listpack");
-        assert_eq!(key_bytes(129), 160 + 129 * 114, "a skiplist");
+        assert_eq!(key_bytes(127), 160 + 127 * 16, "still a listpack");
+        assert_eq!(
+            key_bytes(128),
+            160 + 128 * 114,
+            "a skiplist, with the total"
+        );
         assert_eq!(keys_bytes(&[5, 1000]), (160 + 5 * 16) + (160 + 1000 * 114));
         assert_eq!(keys_bytes(&[]), 0);
         assert_eq!(key_bytes(u64::MAX), u64::MAX, "saturates");
