@@ -27,7 +27,11 @@
 #   scripts/bench/envoy.sh            # about 4 minutes after the build (5 x 4 s + 3 x 5 s rounds)
 #   scripts/bench/envoy.sh --long     # about 9 minutes (8 x 6 s + 5 x 8 s rounds)
 #   scripts/bench/envoy.sh --smoke    # seconds, debug build, one short round; no figure means anything
-#   ROUNDS=.. SECS=.. LAT_ROUNDS=.. LAT_SECS=.. CONNECTIONS=.. override the above
+#   ROUNDS=.. SECS=.. LAT_ROUNDS=.. LAT_SECS=.. CONNECTIONS=.. override the above; RATE=..
+#   sets the open-loop rate instead of half the ceiling
+#   WAKEUPS=1 scripts/bench/envoy.sh  # also syscalls and context switches per request of the RLS
+#                                   # server and redis-server in the latency rounds (perf stat;
+#                                   # needs root or kernel.perf_event_paranoid <= -1)
 #   B='label=COMMAND' scripts/bench/envoy.sh   # a sixth variant, redis-label: another sluice on
 #                                   # the same Redis, e.g. B='w1=env TOKIO_WORKER_THREADS=1
 #                                   # target/release/sluice' or B='new=/tmp/sluice --flag', for A/B
@@ -215,11 +219,12 @@ python3 - "$OUT" "$WORK" "$BIN" "$ROUNDS" "$SECS" "$LAT_ROUNDS" "$LAT_SECS" "$CO
   "$PROXY_PID" "$UPSTREAM_PID" "$NOOP_PID" "$MEMORY_PID" "$REDIS_SLUICE_PID" "$REDIS_PID" \
   "$REDIS_PORT" "$MODE" "$B_LABEL" "$B_PID" <<'EOF'
 # Runs the rounds and prints the tables (markdown).
-import json, os, resource, statistics, subprocess, sys, urllib.parse, urllib.request
+import json, os, resource, signal, statistics, subprocess, sys, time, urllib.parse, urllib.request
 (out, work, bin_dir, rounds, secs, lat_rounds, lat_secs, conns, proxy_pid, up_pid, noop_pid,
  memory_pid, redis_sluice_pid, redis_pid, redis_port, mode, b_label, b_pid) = sys.argv[1:]
 rounds, lat_rounds, conns = int(rounds), int(lat_rounds), int(conns)
 ports = json.load(open(f"{work}/ports.json"))
+WAKEUPS = os.environ.get("WAKEUPS") == "1"
 VARIANTS = ["none", "noop", "memory", "redis", "redis-over"]
 RLS = {"none": None, "noop": ("no-op", noop_pid), "memory": ("sluice", memory_pid),
        "redis": ("sluice", redis_sluice_pid), "redis-over": ("sluice", redis_sluice_pid)}
@@ -254,10 +259,21 @@ def evalsha():
             return int(line.split("=")[1].split(",")[0])
     return 0
 
-def measured(v, run):
-    """Runs `run` (returns a dict with "requests") with CPU, status and EVALSHA counts around it."""
+EVENTS = ["context-switches"] + [f"syscalls:sys_enter_{c}" for c in
+    ("epoll_wait", "futex", "recvfrom", "read", "writev", "write", "sendto")]
+
+def measured(v, run, trace=False):
+    """Runs `run` (returns a dict with "requests") with CPU, status and EVALSHA counts around
+    it; with `trace`, also the syscalls of the RLS server and redis-server (perf stat)."""
     stats, calls = envoy_stats(v), evalsha()
     procs = processes(v)
+    perf = {}
+    if trace:
+        for name in ("no-op", "sluice", "redis-server"):
+            if name in procs:
+                perf[name] = subprocess.Popen(["perf", "stat", "-x,", "-e", ",".join(EVENTS),
+                    "-p", procs[name], "-o", f"{work}/perf-{name}.csv"])
+        time.sleep(0.2)  # perf attached
     before = {n: cpu(p) for n, p in procs.items()}
     child = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = run()
@@ -266,6 +282,18 @@ def measured(v, run):
     n = max(result["requests"], 1)
     result["cpu_us"] = {name: (after[name] - before[name]) * 1e6 / n for name in procs}
     result["cpu_us"]["load tool"] = (child2.ru_utime + child2.ru_stime - child.ru_utime - child.ru_stime) * 1e6 / n
+    if "cpu_secs" in result:  # sluice-http-load counts its own, over the load only
+        result["cpu_us"]["load tool"] = result["cpu_secs"]["sluice-http-load"] * 1e6 / n
+    result["syscalls"] = {}
+    for name, process in perf.items():
+        process.send_signal(signal.SIGINT)
+        process.wait()
+        counts = {}
+        for line in open(f"{work}/perf-{name}.csv"):
+            parts = line.strip().split(",")
+            if len(parts) > 2 and parts[0].replace(".", "").isdigit():
+                counts[parts[2].replace("syscalls:sys_enter_", "")] = float(parts[0]) / n
+        result["syscalls"][name] = counts
     stats2 = envoy_stats(v)
     result["statuses"] = {k.rsplit("_", 1)[1]: stats2[k] - stats.get(k, 0)
                           for k in stats2 if k.startswith(f"http.{v}.downstream_rq_") and stats2[k] - stats.get(k, 0)}
@@ -316,12 +344,12 @@ for r in range(rounds):
     print(f"   round {r + 1}: " + ", ".join(f"{v} {tput[v][-1]['rps']:.0f}/s" for v in VARIANTS), file=sys.stderr)
 
 ceiling = statistics.median(x["rps"] for x in tput["noop"])
-rate = round(ceiling / 2)
+rate = int(os.environ.get("RATE") or round(ceiling / 2))
 print(f"== latency: open loop at {rate}/s, {lat_rounds} rounds x {len(VARIANTS)} variants x {lat_secs} s", file=sys.stderr)
 lat = {v: [] for v in VARIANTS}
 for r in range(lat_rounds):
     for v in VARIANTS:
-        result = measured(v, lambda: open_loop(v, rate, lat_secs))
+        result = measured(v, lambda: open_loop(v, rate, lat_secs), trace=WAKEUPS)
         save(f"latency-{r}-{v}", result)
         lat[v].append(result)
     print(f"   round {r + 1}: " + ", ".join(f"{v} p99 {lat[v][-1]['p99_ms']:.2f} ms" for v in VARIANTS), file=sys.stderr)
@@ -358,7 +386,7 @@ for v in VARIANTS:
           f"| {f(cpu_of(tput, v, 'envoy'))} | {f(cpu_of(tput, v, rls) if rls else None)} | {f(cpu_of(tput, v, 'redis-server'))} "
           f"| {f(med(ev) if ev else None, '.2f')} | {f(cpu_of(tput, v, 'upstream envoy'))} | {f(cpu_of(tput, v, 'load tool'))} | {statuses(tput[v])} |")
 print()
-print(f"Latency: sluice-http-load, open loop at {rate}/s (half the no-op variant's median), {conns} connections; "
+print(f"Latency: sluice-http-load, open loop at {rate}/s ({'RATE' if os.environ.get('RATE') else 'half the no-op variant median'}), {conns} connections; "
       f"median of {lat_rounds} rounds of {lat_secs} s; added = the variant's minus the other's in the same round (median)")
 print()
 print("| variant | p50 ms | p99 ms | p99.9 ms | p50 added to none | p99 added to none | p99 added to no-op RLS | Envoy µs/req | RLS server µs/req | Redis µs/req | EVALSHA/req | generator lag p99 ms | statuses |")
@@ -371,6 +399,20 @@ for v in VARIANTS:
           f"| {f(cpu_of(lat, v, 'envoy'))} | {f(cpu_of(lat, v, rls) if rls else None)} | {f(cpu_of(lat, v, 'redis-server'))} "
           f"| {f(med(ev) if ev else None, '.2f')} | {med(x['schedule_lag_p99_ms'] for x in lat[v]):.3f} | {statuses(lat[v])} |")
 print()
+
+if WAKEUPS:
+    print(f"Syscalls per request at {rate}/s (perf stat over the latency rounds, median; the perf processes "
+          "attached: CPU and latency above are not comparable with a run without WAKEUPS=1)")
+    print()
+    cols = ["context-switches", "epoll_wait", "futex", "recvfrom", "read", "writev", "write", "sendto"]
+    print("| variant | process | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---:|" * len(cols))
+    for v in VARIANTS:
+        for name in ("no-op", "sluice", "redis-server"):
+            rows = [x["syscalls"][name] for x in lat[v] if name in x.get("syscalls", {})]
+            if rows:
+                print(f"| {v} | {name} | " + " | ".join(f"{med(r.get(c, 0) for r in rows):.2f}" for c in cols) + " |")
+    print()
 
 # The harness is broken (exit 1) if a round answered nothing, or never answered what its variant
 # is for (2xx, or 429 for redis-over), or redis-over admitted anything. Other statuses (500: the
