@@ -1,3 +1,6 @@
+//! Unit tests of the engine: validation, resolution against one snapshot, the failure policy,
+//! the tightest stacked limit, an engine awaiting its config.
+
 use super::*;
 use crate::decision::test_support::{config, engine, engine_with, req, Recording, YAML};
 use crate::limiter::{Algorithm, BatchOutcome};
