@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use helpers::gateway::openssl;
 use helpers::{
     descriptor, fixture, http_get, request, test_settings, RedisServer, Sluice, TestServer,
 };
@@ -24,19 +25,6 @@ use tonic_health::pb::HealthCheckRequest;
 
 fn limits() -> PathBuf {
     fixture("e2e/limits")
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl not found: run scripts/test.sh, which installs it");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// `openssl req` arguments for a new P-256 key without a passphrase.

@@ -64,7 +64,8 @@ pub struct GatewayPki {
     pub gateway: Pem,
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
+/// Runs `openssl` with `args` in `dir`; fails the test with its stderr.
+pub fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .current_dir(dir)
         .args(args)
