@@ -11,7 +11,26 @@ use std::fmt::Write as _;
 use crate::config::{Config, HeaderFormat, LimitSpec, MatchKind, TraceEnd};
 use crate::decision::{self, Descriptor, Outcome, Request, Resolution};
 use crate::descriptor::Entry;
-use crate::limiter::OverLimit;
+use crate::limiter::{Algorithm, Hit, OverLimit};
+
+/// A limit as people say it: `3 per minute`, or `3 in flight (lease 60000 ms)`.
+fn limit_text(requests_per_unit: u32, unit: crate::config::Unit, hit: &Hit) -> String {
+    match hit.algorithm {
+        Algorithm::InFlight => {
+            format!("{requests_per_unit} in flight (lease {} ms)", hit.window_ms)
+        }
+        _ => format!("{requests_per_unit} per {unit}"),
+    }
+}
+
+/// How the limiter counts a key: `(sliding_log, window 60000 ms)`, `(in_flight, lease ...)`.
+fn counting_text(hit: &Hit) -> String {
+    let span = match hit.algorithm {
+        Algorithm::InFlight => "lease",
+        _ => "window",
+    };
+    format!("({}, {span} {} ms)", hit.algorithm.name(), hit.window_ms)
+}
 
 /// Parses one descriptor written as `key=value[,key=value...]`. A value may contain `=`; keys
 /// and values cannot contain `,` in this syntax.
@@ -153,16 +172,10 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 };
                 let _ = writeln!(
                     out,
-                    "  result: limit {} per {}{name} from rule {rule_text}{mode}{over_limit}",
-                    limit.requests_per_unit, limit.unit
+                    "  result: limit {}{name} from rule {rule_text}{mode}{over_limit}",
+                    limit_text(limit.requests_per_unit, limit.unit, hit)
                 );
-                let _ = writeln!(
-                    out,
-                    "  limiter key: {} ({}, window {} ms)",
-                    hit.key,
-                    hit.algorithm.name(),
-                    hit.window_ms
-                );
+                let _ = writeln!(out, "  limiter key: {} {}", hit.key, counting_text(hit));
                 let _ = writeln!(
                     out,
                     "  response headers: {}{}",
@@ -176,12 +189,10 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 for (limit, hit) in stacked {
                     let _ = writeln!(
                         out,
-                        "  and stacked limit {} per {}: key {} ({}, window {} ms)",
-                        limit.requests_per_unit,
-                        limit.unit,
+                        "  and stacked limit {}: key {} {}",
+                        limit_text(limit.requests_per_unit, limit.unit, hit),
                         hit.key,
-                        hit.algorithm.name(),
-                        hit.window_ms
+                        counting_text(hit)
                     );
                 }
             }
@@ -287,6 +298,34 @@ descriptors:
         let text = run(&["tier=gold"]);
         assert!(text.contains("no limit at this level"), "{text}");
         assert!(!text.contains("whitelisted"), "{text}");
+    }
+
+    #[test]
+    fn in_flight_limits_are_said_in_requests_and_lease() {
+        let yaml = "
+domain: edge
+descriptors:
+  - key: client
+    rate_limits:
+      - {requests_per_unit: 4, algorithm: in_flight, lease: 60s}
+      - {unit: second, requests_per_unit: 10}
+";
+        let config = Config::from_yaml_str(Path::new("edge.yaml"), yaml).unwrap();
+        let text = explain(&config, "edge", &[parse_descriptor("client=a").unwrap()]);
+        assert!(
+            text.contains("result: limit 4 in flight (lease 60000 ms) from rule `client`"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "limiter key: sluice:{edge|client=a|60000|if} (in_flight, lease 60000 ms)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("and stacked limit 10 per second: key sluice:{edge|client=a|1000|s1} (sliding_log, window 1000 ms)"),
+            "{text}"
+        );
     }
 
     #[test]

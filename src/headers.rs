@@ -224,6 +224,7 @@ mod tests {
 
     fn decision(verdicts: Vec<Verdict>) -> Decision {
         Decision {
+            lease: None,
             overall: if verdicts.iter().any(|v| v.code == Code::OverLimit) {
                 Code::OverLimit
             } else {

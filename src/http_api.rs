@@ -309,12 +309,44 @@ fn response_json(response: &RateLimitResponse) -> Value {
             .collect();
         out.insert("responseHeadersToAdd".into(), Value::Array(headers));
     }
+    if let Some(metadata) = &response.dynamic_metadata {
+        // Only string values are ever set (the lease token).
+        let fields: serde_json::Map<String, Value> = metadata
+            .fields
+            .iter()
+            .filter_map(|(k, v)| match &v.kind {
+                Some(prost_types::value::Kind::StringValue(s)) => Some((k.clone(), json!(s))),
+                _ => None,
+            })
+            .collect();
+        out.insert("dynamicMetadata".into(), Value::Object(fields));
+    }
     Value::Object(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lease token of an admitted `in_flight` request, in protobuf's JSON mapping.
+    #[test]
+    fn dynamic_metadata_is_shown() {
+        let value = prost_types::Value {
+            kind: Some(prost_types::value::Kind::StringValue("42".into())),
+        };
+        let response = RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            dynamic_metadata: Some(prost_types::Struct {
+                fields: [("sluice_lease".to_owned(), value)].into(),
+            }),
+            ..Default::default()
+        };
+        let json = response_json(&response);
+        assert_eq!(json["dynamicMetadata"], json!({"sluice_lease": "42"}));
+        assert!(response_json(&RateLimitResponse::default())
+            .get("dynamicMetadata")
+            .is_none());
+    }
 
     #[test]
     fn accepts_both_field_spellings_and_string_numbers() {

@@ -5,7 +5,7 @@
 //! - [`config`]: envoyproxy/ratelimit's YAML -> validated lookup tree of rules.
 //! - [`descriptor`]: request descriptor entries -> limiter keys (one pure function).
 //! - [`limiter`]: the `Limiter` trait and its semantics; pure models with `now` passed in
-//!   (`log`, `window`, `algorithms`); the `memory` and `redis` (standalone, Sentinel, cluster)
+//!   (`log`, `leases`, `window`, `algorithms`); the `memory` and `redis` (standalone, Sentinel, cluster)
 //!   backends; the `guard` (deadline, in-flight bound) and `cache` (local rejections) decorators.
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor
 //!   verdicts (types, input limits, rule resolution, engine).

@@ -245,7 +245,21 @@ pub fn to_proto(decision: Decision, names: &LegacyNames) -> RateLimitResponse {
         overall_code: code_to_proto(decision.overall) as i32,
         statuses,
         response_headers_to_add,
+        dynamic_metadata: decision.lease.map(lease_metadata),
         ..Default::default()
+    }
+}
+
+/// The dynamic metadata of a request that holds leases: `{sluice_lease: "<token>"}`. Envoy puts
+/// it under `envoy.filters.http.ratelimit`, where the refund's `metadata` action reads it when
+/// the stream is done (a request refused, or never answered, has none, so it sends no refund).
+/// A string: Envoy's `metadata` action takes string values only.
+fn lease_metadata(token: u64) -> prost_types::Struct {
+    let value = prost_types::Value {
+        kind: Some(prost_types::value::Kind::StringValue(token.to_string())),
+    };
+    prost_types::Struct {
+        fields: [(decision::LEASE_KEY.to_owned(), value)].into(),
     }
 }
 
@@ -308,6 +322,28 @@ mod tests {
         assert_eq!(unit_to_proto(Unit::Week), ProtoUnit::Week);
         assert_eq!(ProtoUnit::Week as i32, 7);
         assert_eq!(ProtoUnit::from_str_name("WEEK"), Some(ProtoUnit::Week));
+    }
+
+    /// A request holding leases carries its token as `sluice_lease`, a string (Envoy's
+    /// `metadata` action reads strings only); one holding none carries no metadata.
+    #[test]
+    fn a_leased_decision_carries_its_token_as_dynamic_metadata() {
+        let decision = |lease| Decision {
+            overall: Code::Ok,
+            verdicts: Vec::new(),
+            hits: 1,
+            known_domain: true,
+            backend_failed: None,
+            lease,
+        };
+        let names = LegacyNames::default();
+        let response = to_proto(decision(Some(42)), &names);
+        let metadata = response.dynamic_metadata.expect("metadata");
+        assert_eq!(
+            metadata.fields[decision::LEASE_KEY].kind,
+            Some(prost_types::value::Kind::StringValue("42".into()))
+        );
+        assert_eq!(to_proto(decision(None), &names).dynamic_metadata, None);
     }
 
     #[test]

@@ -50,6 +50,7 @@ async fn push_keys(limiter: &dyn Limiter) {
             kind: HitKind::Consume,
             over_limit: sluice::limiter::OverLimit::default(),
             algorithm: Algorithm::SlidingLog,
+            lease: 0,
         }];
         // Time moves 1 ms per key: the least recently recorded key is the one evicted.
         let outcome = limiter
@@ -100,6 +101,7 @@ async fn a_million_keys_stay_under_the_memory_bound() {
         kind: HitKind::Consume,
         over_limit: sluice::limiter::OverLimit::default(),
         algorithm: Algorithm::SlidingLog,
+        lease: 0,
     }];
     let outcome = limiter
         .decide(&probe, Some(1_000_000 + KEYS))

@@ -171,6 +171,55 @@ fn over_limit_without_limit() {
 }
 
 #[test]
+fn in_flight_without_lease() {
+    let msg = single_error("bad/in_flight_without_lease.yaml", Some(5), "client");
+    assert_eq!(
+        msg,
+        "`algorithm: in_flight` needs `lease` (e.g. 60s): how long a request that never says it \
+         is done keeps counting; set it above the longest request"
+    );
+}
+
+#[test]
+fn in_flight_with_unit() {
+    let msg = single_error("bad/in_flight_with_unit.yaml", Some(6), "client");
+    assert_eq!(
+        msg,
+        "`unit` does not apply to `algorithm: in_flight`, which counts requests in flight, not a \
+         rate: `lease` (e.g. 60s) bounds how long one counts"
+    );
+}
+
+#[test]
+fn in_flight_invalid_lease() {
+    let msg = single_error("bad/in_flight_invalid_lease.yaml", Some(7), "client");
+    assert_eq!(
+        msg,
+        "invalid lease `forever`: expected a positive whole number with ms, s, m, h or d (e.g. \
+         1500ms, 30s, 5m), at most 365d"
+    );
+}
+
+#[test]
+fn lease_without_in_flight() {
+    let msg = single_error("bad/lease_without_in_flight.yaml", Some(7), "client");
+    assert_eq!(
+        msg,
+        "`lease` applies only to `algorithm: in_flight`, not `sliding_log`"
+    );
+}
+
+#[test]
+fn over_limit_with_in_flight() {
+    let msg = single_error("bad/over_limit_with_in_flight.yaml", Some(4), "client");
+    assert_eq!(
+        msg,
+        "`over_limit: record` does not apply to `algorithm: in_flight`: a refused request never \
+         holds a lease (nothing would release it)"
+    );
+}
+
+#[test]
 fn share_threshold_without_wildcard() {
     let msg = single_error(
         "bad/share_threshold_without_wildcard.yaml",

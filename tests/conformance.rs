@@ -435,6 +435,65 @@ async fn over_limit_on_a_rejected_batch(l: Arc<dyn Limiter>) {
     }
 }
 
+/// `in_flight` (src/limiter/leases.rs): a lease per admitted request, ended by the refund that
+/// names it (and no other) or after the lease; a refused request holds none, whatever its
+/// `over_limit`, also when another key refused its batch (on the cluster: compensated).
+async fn in_flight_leases(l: Arc<dyn Limiter>) {
+    let lease = |token: u64, kind: HitKind| Hit {
+        algorithm: Algorithm::InFlight,
+        lease: token,
+        ..hit("conc", 2, 1000, 1, kind)
+    };
+    let probe = || Hit {
+        hits: 0,
+        ..lease(0, HitKind::Consume)
+    };
+    let out = at(&l, &[lease(1, HitKind::Consume)], T).await;
+    assert_eq!(out.items[0], ko(true, 1, 1000));
+    let out = at(&l, &[lease(2, HitKind::Consume)], T + 400).await;
+    assert_eq!(out.items[0], ko(true, 2, 600));
+    let refused = over(OverLimit::Record, lease(3, HitKind::Consume));
+    let out = at(&l, &[refused], T + 500).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 2, 500));
+    // Request 2 is done: its refund ends lease 2, not the older lease 1.
+    let out = at(&l, &[lease(2, HitKind::Refund)], T + 600).await;
+    assert_eq!(out.items[0], ko(true, 1, 400));
+    // Its refund again, one for a lease never held, or for token 0: nothing more.
+    for token in [2, 3, 9, 0] {
+        let out = at(&l, &[lease(token, HitKind::Refund)], T + 700).await;
+        assert_eq!(out.items[0].count, 1, "refund of {token}");
+    }
+    // More hits still take one lease; a probe takes none.
+    let heavy = Hit {
+        hits: 5,
+        ..lease(4, HitKind::Consume)
+    };
+    assert_eq!(at(&l, &[heavy], T + 800).await.items[0], ko(true, 2, 200));
+    assert_eq!(at(&l, &[probe()], T + 999).await.items[0], ko(false, 2, 1));
+    // Lease 1, never released (a lost refund), ends at exactly T + 1000.
+    assert_eq!(
+        at(&l, &[probe()], T + 1000).await.items[0],
+        ko(true, 1, 800)
+    );
+    // All or nothing: refused by another key, the request holds no lease.
+    let out = at(
+        &l,
+        &[lease(5, HitKind::Consume), c("blocker", 0, 1)],
+        T + 1000,
+    )
+    .await;
+    assert!(!out.admitted);
+    assert_eq!(
+        at(&l, &[probe()], T + 1001).await.items[0],
+        ko(true, 1, 799)
+    );
+    assert_eq!(
+        at(&l, &[probe()], T + 1800).await.items[0],
+        ko(true, 0, 1000)
+    );
+}
+
 const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::SlidingLog,
     Algorithm::QuantizedLog { quantum_ms: 100 },
@@ -644,7 +703,8 @@ macro_rules! conformance {
                 edge_table,
                 weights_count_exactly,
                 charges_after_the_response_hold_the_budget,
-                over_limit_on_a_rejected_batch
+                over_limit_on_a_rejected_batch,
+                in_flight_leases
             );
         }
     };

@@ -22,6 +22,7 @@ fn algorithm_of(key: &str, burst: u64) -> Algorithm {
         "s" => Algorithm::SlidingCounter,
         "g" => Algorithm::Gcra { burst },
         "f" => Algorithm::FixedWindow,
+        "i" => Algorithm::InFlight,
         _ => Algorithm::SlidingLog,
     }
 }
@@ -35,12 +36,13 @@ fn window_of(key: &str) -> u64 {
         "q" => 1500,
         "s" => 1200,
         "g" => 900,
+        "i" => 800,
         _ => 1000,
     }
 }
 
 /// The keys of the generated traces; see [`algorithm_of`] and [`window_of`].
-const KEYS: [&str; 7] = ["a", "b", "c", "q", "s", "g", "f"];
+const KEYS: [&str; 8] = ["a", "b", "c", "q", "s", "g", "f", "i"];
 
 fn arb_hit() -> impl Strategy<Value = Hit> {
     let kind = prop_oneof![
@@ -57,6 +59,8 @@ fn arb_hit() -> impl Strategy<Value = Hit> {
         1 => Just(OverLimit::Refuse),
         1 => Just(OverLimit::Record),
     ];
+    // Few lease tokens, so that refunds name live leases and recordings renew them; 0 too.
+    let lease = 0u64..5;
     (
         prop::sample::select(KEYS.to_vec()),
         limit,
@@ -64,10 +68,12 @@ fn arb_hit() -> impl Strategy<Value = Hit> {
         kind,
         0u64..6,
         over_limit,
+        lease,
     )
-        .prop_map(|(key, limit, hits, kind, burst, over_limit)| Hit {
+        .prop_map(|(key, limit, hits, kind, burst, over_limit, lease)| Hit {
             algorithm: algorithm_of(key, burst),
             over_limit,
+            lease,
             ..hit(key, limit, window_of(key), hits, kind)
         })
 }
@@ -108,6 +114,12 @@ type Steps = Vec<(i64, Vec<Hit>)>;
 ///    compensation takes the earlier item's hits back when another slot rejects, where one
 ///    script, rejecting, would have measured the take without them (so filled more). Such an
 ///    item becomes `refuse`, whose take never depends on the earlier items.
+/// 5. An `in_flight` item that renews a live lease (records a token that holds one) in a batch
+///    spanning slots that another slot rejects: the renewal moved the lease to the batch's
+///    time, and compensation only takes back leases the batch added, where one script leaves
+///    the lease where it was. The engine gives every request a fresh token, so here every
+///    recording `in_flight` item gets a token of its own (refunds keep the generated ones,
+///    which name those tokens or none).
 fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
     arb_steps().prop_map(|steps| {
         let o1 = |h: &Hit| {
@@ -126,7 +138,19 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
         let mut settled: std::collections::HashMap<String, u64> = Default::default();
         let (mut now, mut shifted) = (T, T);
         let mut out = Vec::with_capacity(steps.len());
+        let mut fresh = 4;
         for (step, mut batch) in steps {
+            for h in batch.iter_mut() {
+                if h.algorithm != Algorithm::InFlight {
+                    continue;
+                }
+                if h.kind != HitKind::Refund {
+                    fresh += 1; // rule 5
+                    h.lease = fresh;
+                } else if h.lease > 0 {
+                    h.lease = fresh + 1 - h.lease; // one of the last four tokens given
+                }
+            }
             now = now.saturating_add_signed(step);
             let spans_slots = batch
                 .iter()
@@ -171,12 +195,15 @@ const LOG_KEYS: [&str; 4] = ["a", "b", "c", "q"];
 /// Feeds each generated trace to a fresh memory limiter and to `backend` (emptied by `flush`
 /// first) at the same virtual times, and requires the same outcome for every batch. With
 /// `stored` (the entries the backend holds for a log key), also the same entries after every
-/// batch: one per recording item for a sliding log, one per bucket for a quantized log.
+/// batch: one per recording item for a sliding log, one per bucket for a quantized log; with
+/// `held` (the leases the backend holds for the `in_flight` key, as (time, token)), the same
+/// leases.
 fn agrees_with_memory(
     rt: &tokio::runtime::Runtime,
     backend: &Arc<dyn Limiter>,
     flush: impl Fn(),
     stored: Option<&dyn Fn(&str) -> usize>,
+    held: Option<&dyn Fn() -> Vec<(u64, u64)>>,
     steps: impl Strategy<Value = Steps>,
     cases: u32,
 ) {
@@ -202,6 +229,13 @@ fn agrees_with_memory(
                         "entries of {} after {:?} at {}", key, batch, now
                     );
                 }
+            }
+            if let Some(held) = held {
+                prop_assert_eq!(
+                    reference.leases("i"),
+                    held(),
+                    "leases after {:?} at {}", batch, now
+                );
             }
         }
     });
@@ -233,6 +267,21 @@ async fn stored_entries(conn: &redis::aio::MultiplexedConnection, key: &str) -> 
     members - usize::from(total.is_some())
 }
 
+/// The leases a standalone Redis holds for the `in_flight` key, as (time, token), sorted.
+async fn held_leases(conn: &redis::aio::MultiplexedConnection) -> Vec<(u64, u64)> {
+    let members: Vec<(u64, u64)> = redis::cmd("ZRANGE")
+        .arg("i")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("zrange");
+    let mut leases: Vec<(u64, u64)> = members.into_iter().map(|(m, s)| (s, m)).collect();
+    leases.sort_unstable();
+    leases
+}
+
 async fn flushall(conn: &redis::aio::MultiplexedConnection) {
     let _: () = redis::cmd("FLUSHALL")
         .query_async(&mut conn.clone())
@@ -248,7 +297,16 @@ fn memory_and_redis_agree() {
     let raw = rt.block_on(raw_connection(&server.url()));
     let flush = || rt.block_on(flushall(&raw));
     let stored = |key: &str| rt.block_on(stored_entries(&raw, key));
-    agrees_with_memory(&rt, &redis_limiter, flush, Some(&stored), arb_steps(), 500);
+    let held = || rt.block_on(held_leases(&raw));
+    agrees_with_memory(
+        &rt,
+        &redis_limiter,
+        flush,
+        Some(&stored),
+        Some(&held),
+        arb_steps(),
+        500,
+    );
 }
 
 /// The ARGV values of an item, as the Redis limiter sends them (script.rs documents them).
@@ -268,7 +326,7 @@ fn item_argv(h: &Hit) -> Vec<String> {
         h.hits.min(MAX_EXACT).to_string(),
         kind.to_string(),
         h.algorithm.code().to_string(),
-        h.algorithm.param().min(MAX_EXACT - 1).to_string(),
+        h.param().min(MAX_EXACT - 1).to_string(),
         h.over_limit.code().to_string(),
     ]
 }
@@ -372,5 +430,5 @@ fn memory_and_redis_cluster_agree() {
             }
         })
     };
-    agrees_with_memory(&rt, &limiter, flush, None, arb_steps_cluster(), 1000);
+    agrees_with_memory(&rt, &limiter, flush, None, None, arb_steps_cluster(), 1000);
 }

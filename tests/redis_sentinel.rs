@@ -355,6 +355,7 @@ async fn wait_replicas_needs_the_replicas_it_names() {
         kind: HitKind::Consume,
         algorithm: Algorithm::SlidingLog,
         over_limit: OverLimit::default(),
+        lease: 0,
     };
     let alone = RedisLimiter::connect(&options(1)).await.expect("connect");
     match alone.decide(&[hit("sluice:{alone}")], None).await {

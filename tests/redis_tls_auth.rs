@@ -154,6 +154,7 @@ fn one_hit() -> Vec<Hit> {
         kind: HitKind::Consume,
         over_limit: sluice::limiter::OverLimit::default(),
         algorithm: sluice::limiter::Algorithm::SlidingLog,
+        lease: 0,
     }]
 }
 

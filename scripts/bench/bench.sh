@@ -4,13 +4,14 @@
 # measures the generator's own no-op ceiling, then the target, so every ratio comes from one
 # run), drives sluice's Lua script directly with `redis-benchmark EVALSHA` as the Redis ceiling,
 # checks exactness (64 concurrent callers on one key with limit 10 admit exactly 10), and prints
-# a table with the CPU seconds of every process per decision.
+# a table with the CPU seconds of every process per decision. Then the end-to-end scenario
+# through a real Envoy, scripts/bench/envoy.sh (its own table).
 #
 # Why a script and not a test: figures depend on the machine, so no test asserts them; the test
 # command only runs `--smoke` (debug build, a fraction of a second per phase) so the harness
 # keeps working: every phase must answer requests, exactness must hold, no figure is checked.
 #
-#   scripts/bench/bench.sh                 # full run (about 2 minutes), results in target/bench/
+#   scripts/bench/bench.sh                 # full run (about 6 minutes), results in target/bench/
 #   scripts/bench/bench.sh --smoke         # a few seconds, debug build
 #   BENCH_SECS=10 scripts/bench/bench.sh   # longer phases
 #
@@ -260,3 +261,13 @@ print(f"raw JSON: {out}")
 if not ok:
     sys.exit(1)
 EOF
+
+# The end-to-end scenario through Envoy (docs/performance.md's headline table), with this run's
+# processes stopped first so they take no CPU from it.
+cleanup
+PIDS=()
+if [ "$SMOKE" = 1 ]; then
+  BENCH_OUT="$OUT" scripts/bench/envoy.sh --smoke
+else
+  BENCH_OUT="$OUT" scripts/bench/envoy.sh
+fi

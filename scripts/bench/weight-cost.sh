@@ -27,48 +27,16 @@ source scripts/bench/bench-lib.sh
 
 start_redis
 python3 - "$REDIS_PORT" "${1:-}" <<'EOF'
-import re, socket, statistics, sys
+import re, statistics, sys
 
 port, rev = int(sys.argv[1]), sys.argv[2]
 sys.path.insert(0, "scripts/bench")
 from importlib import import_module
 assemble = import_module("assemble-script").assemble
-
-class Redis:
-    def __init__(self, port):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.file = self.sock.makefile("rb")
-    def __call__(self, *args):
-        out = b"*%d\r\n" % len(args)
-        for a in args:
-            a = str(a).encode()
-            out += b"$%d\r\n%s\r\n" % (len(a), a)
-        self.sock.sendall(out)
-        return self.read()
-    def read(self):
-        line = self.file.readline()
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RuntimeError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.file.read(n + 2)[:-2]
-            return data.decode()
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise RuntimeError(f"unexpected reply {line!r}")
+Redis = import_module("resp").Redis
 
 r = Redis(port)
-r("CONFIG", "SET", "slowlog-log-slower-than", "0")
-# Redis 7.0 also logs each command a script runs: room for all of them.
-r("CONFIG", "SET", "slowlog-max-len", "1000000")
+r.log_every_call()
 T0, WINDOW = 1_700_000_040_000, 60_000
 
 def run(script, weight, calls, spacing, limit):

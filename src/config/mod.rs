@@ -439,6 +439,22 @@ impl Config {
                     ),
                 };
                 out.push_str(&format!("{}.{}: {limit}", domain.name, rule.path));
+                // How each counted limit counts, unless with the default sliding log.
+                for (i, l) in rule.limits.iter().enumerate() {
+                    let at = if rule.limits.len() > 1 {
+                        format!("[{i}]")
+                    } else {
+                        String::new()
+                    };
+                    match l.algorithm {
+                        LimitAlgorithm::SlidingLog => {}
+                        LimitAlgorithm::InFlight => out.push_str(&format!(
+                            ", algorithm{at}=in_flight, lease{at}={}ms",
+                            l.window_ms
+                        )),
+                        other => out.push_str(&format!(", algorithm{at}={}", other.name())),
+                    }
+                }
                 if let Some(name) = &rule.name {
                     out.push_str(&format!(", name={name}"));
                 }

@@ -81,11 +81,13 @@ pub(crate) struct RawHeaders {
 #[derive(Debug, Default)]
 pub(crate) struct RawRateLimit {
     pub unit: Option<Spanned<String>>,
-    /// sluice extensions: `window` (instead of `unit`), `algorithm`, `quantum`, `burst`.
+    /// sluice extensions: `window` (instead of `unit`), `algorithm`, `quantum`, `burst`, and
+    /// `lease` (instead of `unit` or `window`, for `algorithm: in_flight`).
     pub window: Option<Spanned<String>>,
     pub algorithm: Option<Spanned<String>>,
     pub quantum: Option<Spanned<String>>,
     pub burst: Option<Spanned<u32>>,
+    pub lease: Option<Spanned<String>>,
     pub requests_per_unit: Option<Spanned<u32>>,
     pub unlimited: Option<Spanned<bool>>,
     pub name: Option<Spanned<String>>,
@@ -240,6 +242,7 @@ impl Fields for RawRateLimit {
             "algorithm" => self.algorithm = map.next_value()?,
             "quantum" => self.quantum = map.next_value()?,
             "burst" => self.burst = map.next_value()?,
+            "lease" => self.lease = map.next_value()?,
             "requests_per_unit" => self.requests_per_unit = map.next_value()?,
             "unlimited" => self.unlimited = map.next_value()?,
             "name" => self.name = map.next_value()?,
@@ -325,6 +328,7 @@ pub(crate) const RATE_LIMIT_FIELDS: &[&str] = &[
     "algorithm",
     "quantum",
     "burst",
+    "lease",
 ];
 pub(crate) const REPLACE_FIELDS: &[&str] = &["name"];
 

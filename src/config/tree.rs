@@ -33,6 +33,23 @@ pub enum LimitAlgorithm {
         burst: u32,
     },
     FixedWindow,
+    /// At most `requests_per_unit` requests in flight, each counted until it is done or its
+    /// lease (the limit's `window_ms`) runs out.
+    InFlight,
+}
+
+impl LimitAlgorithm {
+    /// The config name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LimitAlgorithm::SlidingLog => "sliding_log",
+            LimitAlgorithm::QuantizedLog { .. } => "quantized_log",
+            LimitAlgorithm::SlidingCounter => "sliding_counter",
+            LimitAlgorithm::Gcra { .. } => "gcra",
+            LimitAlgorithm::FixedWindow => "fixed_window",
+            LimitAlgorithm::InFlight => "in_flight",
+        }
+    }
 }
 
 /// One counted limit of a rule: `rate_limit`, or one entry of `rate_limits`.
@@ -42,7 +59,7 @@ pub struct Limit {
     /// The unit reported to Envoy: the configured `unit`, or for a custom `window` the nearest
     /// unit ([`Unit::nearest`]).
     pub unit: Unit,
-    /// The real window length.
+    /// The real window length (for `in_flight`, the lease).
     pub window_ms: u64,
     pub algorithm: LimitAlgorithm,
     pub name: Option<String>,

@@ -24,11 +24,13 @@ mod types;
 
 pub use engine::{DecisionError, Engine};
 pub use limits::{validate, validate_with, InvalidRequest};
-pub use resolve::{resolve, Resolution};
+pub use resolve::{resolve, split_lease, Resolution};
 pub use types::{
     Code, CurrentLimit, Decision, Descriptor, EngineOptions, FailurePolicy, InputLimits,
-    LimitOverride, Outcome, Request, Verdict,
+    LimitOverride, Outcome, Request, Verdict, LEASE_KEY,
 };
 
+#[cfg(test)]
+mod in_flight_tests;
 #[cfg(test)]
 mod test_support;

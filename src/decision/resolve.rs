@@ -12,10 +12,10 @@ use std::collections::HashSet;
 use crate::config::{
     Config, HeaderPolicy, LimitAlgorithm, LimitSpec, Lookup, OverLimitSetting, Rule,
 };
-use crate::descriptor::limiter_key_tagged;
+use crate::descriptor::{limiter_key_tagged, Entry};
 use crate::limiter::{Algorithm, Hit, HitKind, OverLimit};
 
-use super::types::{CurrentLimit, Descriptor, EngineOptions, Outcome, Request, Verdict};
+use super::types::{CurrentLimit, Descriptor, EngineOptions, Outcome, Request, Verdict, LEASE_KEY};
 
 /// The rule-driven part of one descriptor, before the backend is asked: either settled without
 /// the backend, or the limit and the limiter item it needs.
@@ -55,6 +55,29 @@ pub fn resolve<'c>(
     plans
 }
 
+/// A descriptor's entries without a last [`LEASE_KEY`] entry, and the lease that entry names:
+/// its token, 0 for a value that is not one (such a refund releases nothing), `None` without
+/// the entry.
+pub fn split_lease(entries: &[Entry]) -> (&[Entry], Option<u64>) {
+    match entries.split_last() {
+        Some((last, rest)) if last.key == LEASE_KEY => {
+            (rest, Some(last.value.trim().parse().unwrap_or(0)))
+        }
+        _ => (entries, None),
+    }
+}
+
+/// Whether a descriptor's limit counted by `algorithm` takes part: a refund naming a lease
+/// releases it on the `in_flight` limits and touches no other; any other item leaves leases
+/// alone only when it is a refund without a lease (which would release nothing).
+fn applies(algorithm: Algorithm, kind: HitKind, lease: Option<u64>) -> bool {
+    match (kind, lease) {
+        (HitKind::Refund, Some(_)) => algorithm == Algorithm::InFlight,
+        (HitKind::Refund, None) => algorithm != Algorithm::InFlight,
+        _ => true,
+    }
+}
+
 /// One descriptor of a configured domain.
 fn resolve_descriptor<'c>(
     config: &'c Config,
@@ -62,7 +85,8 @@ fn resolve_descriptor<'c>(
     descriptor: &Descriptor,
     options: &EngineOptions,
 ) -> Resolution<'c> {
-    let rule = match config.lookup(&request.domain, &descriptor.entries) {
+    let (entries, lease) = split_lease(&descriptor.entries);
+    let rule = match config.lookup(&request.domain, entries) {
         Lookup::Rule { rule, .. } => Some(rule),
         Lookup::NoRule | Lookup::UnknownDomain => None,
     };
@@ -82,11 +106,12 @@ fn resolve_descriptor<'c>(
     let mut parts = limits
         .into_iter()
         .enumerate()
+        .filter(|(_, (_, algorithm))| applies(*algorithm, kind, lease))
         .map(|(i, (limit, algorithm))| {
             let key = key_for(
                 options,
                 &request.domain,
-                descriptor,
+                entries,
                 rule,
                 limit.window_ms,
                 &key_tag(algorithm, i),
@@ -99,6 +124,12 @@ fn resolve_descriptor<'c>(
                 kind,
                 over_limit,
                 algorithm,
+                // A refund's lease; a recording item's is the request's, set by the engine.
+                lease: if kind == HitKind::Refund {
+                    lease.unwrap_or(0)
+                } else {
+                    0
+                },
             };
             (limit, hit)
         });
@@ -195,6 +226,7 @@ fn algorithm_of(spec: LimitAlgorithm) -> Algorithm {
             burst: u64::from(burst),
         },
         LimitAlgorithm::FixedWindow => Algorithm::FixedWindow,
+        LimitAlgorithm::InFlight => Algorithm::InFlight,
     }
 }
 
@@ -215,22 +247,16 @@ fn key_tag(algorithm: Algorithm, index: usize) -> String {
 fn key_for(
     options: &EngineOptions,
     domain: &str,
-    descriptor: &Descriptor,
+    entries: &[Entry],
     rule: Option<&Rule>,
     window_ms: u64,
     tag: &str,
 ) -> String {
     let shared = rule.map_or(&[][..], |r| r.shared_values.as_slice());
     if shared.is_empty() {
-        return limiter_key_tagged(
-            &options.key_prefix,
-            domain,
-            &descriptor.entries,
-            window_ms,
-            tag,
-        );
+        return limiter_key_tagged(&options.key_prefix, domain, entries, window_ms, tag);
     }
-    let mut entries = descriptor.entries.clone();
+    let mut entries = entries.to_vec();
     for (depth, pattern) in shared {
         if let Some(entry) = entries.get_mut(*depth) {
             entry.value.clone_from(pattern);

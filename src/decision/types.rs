@@ -9,6 +9,13 @@
 use crate::config::{HeaderPolicy, Rule, Unit};
 use crate::descriptor::{Entry, KEY_PREFIX};
 
+/// The name of a request's lease, both ways (`in_flight` limits): the key of the dynamic
+/// metadata an admitted request's response carries (its value the lease token, a decimal
+/// string), and the key of the descriptor entry a refund names it with (Envoy's `metadata`
+/// rate-limit action reads that metadata when the stream is done). Never part of a limiter key:
+/// a descriptor's last entry of this key is taken off before its rule is looked up.
+pub const LEASE_KEY: &str = "sluice_lease";
+
 /// A limit Envoy sends inside a descriptor; it wins over the configured one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitOverride {
@@ -270,4 +277,7 @@ pub struct Decision {
     /// `Some(policy)` when the backend could not decide and the failure policy answered
     /// (`allow` or `deny`; under `error` the engine returns the error instead).
     pub backend_failed: Option<FailurePolicy>,
+    /// The token of the leases this request holds on its `in_flight` limits, when it holds any
+    /// (an admitted request with an `in_flight` item that recorded): what its refunds name.
+    pub lease: Option<u64>,
 }

@@ -31,6 +31,12 @@
 //!   until one more token is free. O(1).
 //! - [`Algorithm::FixedWindow`]: envoyproxy/ratelimit's counter per `floor(now / window)`. O(1).
 //!   Admits up to twice the limit across a window boundary.
+//! - [`Algorithm::InFlight`]: leases, not a rate: an admitted item holds one lease named by its
+//!   token ([`Hit::lease`]) until a refund naming that token releases it or `window_ms` (the
+//!   lease) has passed ([`Leases`]). `count` is the live leases, `reset_ms` the time until the
+//!   oldest expires. It counts requests, not hits (an item's hits count as at most 1) and a
+//!   refused item never holds a lease, whatever its [`super::OverLimit`]. O(requests in
+//!   flight).
 //!
 //! Clock steps back: logs record at `max(now, newest)` and window starts never move backwards,
 //! so a lagging instance never rewinds a key. GCRA keeps no "last update" at all: an instance
@@ -38,6 +44,7 @@
 //! use than a punctual one (conservative: it may reject what a punctual clock would admit, never
 //! the other way round), and what it records stacks onto the same arrival time.
 
+use super::leases::Leases;
 use super::log::Log;
 use super::Hit;
 
@@ -55,6 +62,8 @@ pub enum Algorithm {
         burst: u64,
     },
     FixedWindow,
+    /// Concurrency: leases of `window_ms` each (see the module doc).
+    InFlight,
 }
 
 /// Default quantum of `quantized_log`.
@@ -69,6 +78,7 @@ impl Algorithm {
             Algorithm::SlidingCounter => "sliding_counter",
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::FixedWindow => "fixed_window",
+            Algorithm::InFlight => "in_flight",
         }
     }
 
@@ -81,6 +91,7 @@ impl Algorithm {
             Algorithm::SlidingCounter => "s",
             Algorithm::Gcra { .. } => "g",
             Algorithm::FixedWindow => "f",
+            Algorithm::InFlight => "i",
         }
     }
 
@@ -104,9 +115,19 @@ impl Algorithm {
 
     /// Whether a rejection stays certain until `reset_ms` (what the local rejection cache
     /// needs): true when the count can only drop at `reset_ms` or later. Not for the sliding
-    /// counter, whose estimate decays continuously.
+    /// counter, whose estimate decays continuously, nor for leases, which end whenever their
+    /// requests do.
     pub const fn rejection_is_stable(self) -> bool {
-        !matches!(self, Algorithm::SlidingCounter)
+        !matches!(self, Algorithm::SlidingCounter | Algorithm::InFlight)
+    }
+
+    /// The hits an item of `hits` counts with: leases count requests, so at most 1 for
+    /// `in_flight` (0 stays a check-only probe); the hits themselves otherwise.
+    pub const fn counted_hits(self, hits: u64) -> u64 {
+        match self {
+            Algorithm::InFlight if hits > 0 => 1,
+            _ => hits,
+        }
     }
 
     /// Suffix that keeps each algorithm's keys apart (empty for the sliding log, whose keys stay
@@ -118,6 +139,7 @@ impl Algorithm {
             Algorithm::SlidingCounter => "sc".into(),
             Algorithm::Gcra { .. } => "gcra".into(),
             Algorithm::FixedWindow => "fw".into(),
+            Algorithm::InFlight => "if".into(),
         }
     }
 }
@@ -142,6 +164,8 @@ pub enum State {
         tat: u64,
         rem: u64,
     },
+    /// `in_flight` leases.
+    Leases(Leases),
 }
 
 /// Ceiling of GCRA's token-ms (2^52, the script's `MAX_EXACT`): the script computes in doubles,
@@ -201,6 +225,7 @@ impl State {
                 prev: 0,
             },
             Algorithm::Gcra { .. } => State::Gcra { tat: 0, rem: 0 },
+            Algorithm::InFlight => State::Leases(Leases::new()),
         }
     }
 
@@ -214,6 +239,7 @@ impl State {
             ) | (State::Fixed { .. }, Algorithm::FixedWindow)
                 | (State::Counter { .. }, Algorithm::SlidingCounter)
                 | (State::Gcra { .. }, Algorithm::Gcra { .. })
+                | (State::Leases(_), Algorithm::InFlight)
         )
     }
 
@@ -225,6 +251,7 @@ impl State {
                 log.evict(now, hit.window_ms.saturating_add(quantum_ms.max(1)))
             }
             (State::Log(log), _) => log.evict(now, hit.window_ms),
+            (State::Leases(leases), _) => leases.evict(now, hit.window_ms),
             (State::Fixed { start, count }, _) => {
                 let s = now / w * w;
                 if s > *start {
@@ -258,6 +285,7 @@ impl State {
         let w = hit.window_ms.max(1);
         match self {
             State::Log(log) => log.count(),
+            State::Leases(leases) => leases.count(),
             State::Fixed { count, .. } => *count,
             State::Counter { start, cur, prev } => {
                 cur.saturating_add(weighted_prev(*prev, now.saturating_sub(*start), w))
@@ -279,6 +307,7 @@ impl State {
                 }
             }
             (State::Log(log), _) => log.reset_ms(now, hit.window_ms),
+            (State::Leases(leases), _) => leases.reset_ms(now, hit.window_ms),
             (State::Fixed { start, .. } | State::Counter { start, .. }, _) => {
                 start.saturating_add(w).saturating_sub(now)
             }
@@ -294,7 +323,7 @@ impl State {
     }
 
     /// Records `hits` hits at `now` (after [`State::settle`]): for the sliding log one entry of
-    /// that weight.
+    /// that weight, for leases the lease of the item's token.
     pub fn record(&mut self, hit: &Hit, now: u64, hits: u64) {
         let w = hit.window_ms.max(1);
         match (self, hit.algorithm) {
@@ -303,6 +332,7 @@ impl State {
                 log.add_to_bucket(now / q * q, hits)
             }
             (State::Log(log), _) => log.record(now, hits),
+            (State::Leases(leases), _) => leases.record(now, hit.lease),
             (State::Fixed { count, .. }, _) => *count = count.saturating_add(hits),
             (State::Counter { cur, .. }, _) => *cur = cur.saturating_add(hits),
             (State::Gcra { tat, rem }, _) => {
@@ -314,11 +344,17 @@ impl State {
         }
     }
 
-    /// Gives back up to `hits` at `now` (after [`State::settle`]), newest first.
+    /// Gives back up to `hits` at `now` (after [`State::settle`]), newest first; for leases,
+    /// releases the lease of the item's token (none for token 0).
     pub fn refund(&mut self, hit: &Hit, now: u64, hits: u64) {
         let w = hit.window_ms.max(1);
         match self {
             State::Log(log) => log.refund(hits),
+            State::Leases(leases) => {
+                if hit.lease != 0 {
+                    leases.release(hit.lease);
+                }
+            }
             State::Fixed { count, .. } => *count = count.saturating_sub(hits),
             State::Counter { cur, prev, .. } => {
                 let take = hits.min(*cur);
@@ -337,6 +373,7 @@ impl State {
     pub fn is_empty(&self) -> bool {
         match self {
             State::Log(log) => log.is_empty(),
+            State::Leases(leases) => leases.is_empty(),
             State::Fixed { count, .. } => *count == 0,
             State::Counter { cur, prev, .. } => *cur == 0 && *prev == 0,
             State::Gcra { tat, rem } => *tat == 0 && *rem == 0,
@@ -348,6 +385,7 @@ impl State {
     pub fn last_activity(&self) -> u64 {
         match self {
             State::Log(log) => log.newest().unwrap_or(0),
+            State::Leases(leases) => leases.newest().unwrap_or(0),
             State::Fixed { start, .. } | State::Counter { start, .. } => *start,
             State::Gcra { tat, .. } => *tat,
         }
@@ -368,6 +406,7 @@ mod tests {
             kind: HitKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm,
+            lease: 0,
         }
     }
 
@@ -489,6 +528,33 @@ mod tests {
     }
 
     #[test]
+    fn in_flight_leases_end_by_their_own_token_or_their_lease() {
+        let mut h = hit(Algorithm::InFlight, 2, 1000);
+        let mut s = State::fresh(h.algorithm);
+        for (now, token) in [(0, 1), (400, 2)] {
+            h.lease = token;
+            s.settle(&h, now);
+            s.record(&h, now, 1);
+        }
+        assert_eq!((s.count(&h, 500), s.reset_ms(&h, 500)), (2, 500));
+        // The refund of request 2 releases lease 2, not the older lease 1, which runs out at
+        // 1000 on its own; token 0 and an unknown token release nothing.
+        for token in [0, 9, 2] {
+            h.lease = token;
+            s.refund(&h, 600, 1);
+        }
+        assert_eq!(s.count(&h, 600), 1);
+        s.settle(&h, 999);
+        assert_eq!(s.count(&h, 999), 1);
+        s.settle(&h, 1000);
+        assert!(s.is_empty());
+        assert_eq!(s.reset_ms(&h, 1000), 1000);
+        assert_eq!(Algorithm::InFlight.counted_hits(5), 1);
+        assert_eq!(Algorithm::InFlight.counted_hits(0), 0);
+        assert!(!Algorithm::InFlight.rejection_is_stable());
+    }
+
+    #[test]
     fn capacity_and_tags() {
         assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(3), 7);
         assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(0), 0);
@@ -499,6 +565,7 @@ mod tests {
             Algorithm::SlidingCounter,
             Algorithm::Gcra { burst: 1 },
             Algorithm::FixedWindow,
+            Algorithm::InFlight,
         ]
         .map(|a| a.key_tag());
         for t in &tags {

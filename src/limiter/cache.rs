@@ -326,6 +326,7 @@ mod tests {
             kind,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
+            lease: 0,
         }
     }
 

@@ -178,6 +178,7 @@ mod tests {
             kind: HitKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
+            lease: 0,
         }]
     }
 

@@ -9,7 +9,8 @@
 //!   awaits, so holding a std mutex is fine (and cheaper than an async one).
 //! - Memory is bounded: a sliding-log key holds one entry per recording item in its window,
 //!   whatever its weight (at most `limit` entries while items record within the limit; with
-//!   `over_limit: record`, one per recorded request), a quantized log one per quantum, other
+//!   `over_limit: record`, one per recorded request), a quantized log one per quantum, an
+//!   `in_flight` key one per live lease (at most `limit`: only admitted requests take one), other
 //!   algorithms O(1) (see [`Log`](super::log::Log)); expired entries are evicted whenever a key
 //!   is touched and a key whose log becomes empty is removed; every [`SWEEP_EVERY`] decisions
 //!   one shard is swept (at the `now` of that decision) so keys nobody touches again are
@@ -109,6 +110,21 @@ impl MemoryLimiter {
         }
     }
 
+    /// The leases an `in_flight` key holds, as (time, token), sorted (none for an unknown key
+    /// or another algorithm): what the Redis script stores for it, which the differential tests
+    /// compare.
+    pub fn leases(&self, key: &str) -> Vec<(u64, u64)> {
+        let mut leases = match lock(&self.shards[self.shard_of(key)]).get(key) {
+            Some(Entry {
+                state: State::Leases(leases),
+                ..
+            }) => leases.held().collect(),
+            _ => Vec::new(),
+        };
+        leases.sort_unstable();
+        leases
+    }
+
     fn shard_of(&self, key: &str) -> usize {
         // The modulo result is < shards.len(), so the cast back cannot truncate.
         (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
@@ -197,11 +213,11 @@ impl MemoryLimiter {
     }
 }
 
-/// Drops the keys of the shard whose state has emptied by `now`. Only logs keep their
-/// evictions; other states are settled on a copy (see [`decide_batch`] for why).
+/// Drops the keys of the shard whose state has emptied by `now`. Only logs and leases keep
+/// their evictions; other states are settled on a copy (see [`decide_batch`] for why).
 fn sweep(map: &mut Shard, now: u64) {
     map.retain(|_, entry| {
-        if let State::Log(_) = entry.state {
+        if let State::Log(_) | State::Leases(_) = entry.state {
             entry.state.settle(&entry.last_hit, now);
             !entry.state.is_empty()
         } else {
@@ -274,6 +290,7 @@ mod tests {
             kind: HitKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
+            lease: 0,
         }
     }
 

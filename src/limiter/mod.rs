@@ -47,12 +47,19 @@
 //!   what an enforced item would: their hits if they passed on an admitted batch, else their
 //!   [`OverLimit`]'s take, so their log is what enforcement would keep.
 //! - `Refund` items never reject and ignore [`OverLimit`].
+//! - [`Algorithm::InFlight`] keys hold leases, not hits: a recording item holds the lease of its
+//!   [`Hit::lease`] token (one lease per token and key, however many hits: an item counts at
+//!   most 1, [`Algorithm::counted_hits`]), a `Refund` item releases the lease of its token and no
+//!   other (token 0 releases nothing), and a lease counts for `window_ms` at most. Its items
+//!   record only what is admitted: [`OverLimit`] takes are 0 for them (a refused request holds
+//!   no lease, since nothing will ever release it).
 //! - The clock: Redis uses its own `TIME` (instances with skewed clocks agree); the memory backend
 //!   uses the [`Clock`] it was built with. Both also accept an explicit `now` for tests.
 
 pub mod algorithms;
 pub mod cache;
 pub mod guard;
+pub mod leases;
 pub mod log;
 pub mod memory;
 pub mod redis;
@@ -128,12 +135,29 @@ pub struct Hit {
     /// How the key counts ([`algorithms`]); one batch may mix algorithms and stays
     /// all-or-nothing. For GCRA, `limit` is the rate per window and the burst the capacity.
     pub algorithm: Algorithm,
+    /// [`Algorithm::InFlight`] only: the token naming the lease this item records or, for a
+    /// refund, releases (0: none; a refund of token 0 releases nothing). Ignored otherwise.
+    pub lease: u64,
 }
 
 impl Hit {
     /// What the key may hold: the limit, or the burst for GCRA.
     pub fn capacity(&self) -> u64 {
         self.algorithm.capacity(self.limit)
+    }
+
+    /// The hits this item counts with ([`Algorithm::counted_hits`]).
+    pub fn counted_hits(&self) -> u64 {
+        self.algorithm.counted_hits(self.hits)
+    }
+
+    /// The item's parameter as the Redis script takes it: the quantized log's quantum, GCRA's
+    /// burst, the lease token of `in_flight`; 0 otherwise.
+    pub fn param(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::InFlight => self.lease,
+            other => other.param(),
+        }
     }
 }
 

@@ -15,7 +15,7 @@
 //! - a key is assumed to be used with one window (the window is part of the limiter key).
 
 use super::algorithms::State;
-use super::{BatchOutcome, Hit, HitKind, KeyOutcome, OverLimit, MAX_COUNT};
+use super::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, OverLimit, MAX_COUNT};
 
 /// Whether a `Consume`/`Shadow` item passes, given the key's count in the window and the hits
 /// earlier items of the same batch would record on the same key. Checked arithmetic: `hits` may
@@ -33,11 +33,13 @@ pub fn check(count: u64, earlier: u64, hits: u64, limit: u64) -> bool {
 
 /// What an item records when it is not recorded as admitted, by its [`OverLimit`]: nothing; as
 /// much of its cost as fits after `seen` if it did not pass; or its whole cost. Never past
-/// [`MAX_COUNT`].
+/// [`MAX_COUNT`]. Always nothing for `in_flight`: no request would ever release such a lease.
 pub fn over_limit_take(hit: &Hit, passed: bool, seen: u64, capacity: u64) -> u64 {
+    let hits = hit.counted_hits();
     match hit.over_limit {
-        OverLimit::Record => hit.hits.min(MAX_COUNT.saturating_sub(seen)),
-        OverLimit::Fill if !passed => hit.hits.min(capacity.saturating_sub(seen)),
+        _ if hit.algorithm == Algorithm::InFlight => 0,
+        OverLimit::Record => hits.min(MAX_COUNT.saturating_sub(seen)),
+        OverLimit::Fill if !passed => hits.min(capacity.saturating_sub(seen)),
         OverLimit::Fill | OverLimit::Refuse => 0,
     }
 }
@@ -68,7 +70,8 @@ struct Plan {
 ///    items give hits back;
 /// 3. every item reports its key's count and reset after the decision.
 ///
-/// What is kept: a log keeps its evictions (the Redis script evicts in its first phase too);
+/// What is kept: a log or a key's leases keep their evictions (the Redis script evicts in its
+/// first phase too);
 /// any other state is written back only when an item wrote to it, so a verdict that records
 /// nothing changes nothing observable, not even after a later call with an earlier clock.
 pub fn decide_batch(
@@ -93,19 +96,20 @@ pub fn decide_batch(
             dirty[slot] = true;
         }
         state.settle(hit, now);
+        let hits = hit.counted_hits();
         if hit.kind == HitKind::Refund {
             plans.push(Plan {
                 passed: true,
-                if_admitted: hit.hits,
+                if_admitted: hits,
                 if_rejected: 0,
             });
             continue;
         }
         let count = state.count(hit, now);
         let capacity = hit.capacity();
-        let passed = check(count, if_admitted[slot], hit.hits, capacity);
+        let passed = check(count, if_admitted[slot], hits, capacity);
         let admitted_take = if passed || hit.kind == HitKind::Consume {
-            hit.hits
+            hits
         } else {
             over_limit_take(
                 hit,
@@ -174,7 +178,7 @@ pub fn decide_batch(
         })
         .collect();
     for (slot, state) in work.into_iter().enumerate() {
-        if dirty[slot] || matches!(state, State::Log(_)) {
+        if dirty[slot] || matches!(state, State::Log(_) | State::Leases(_)) {
             states[slot] = state;
         }
     }
@@ -213,6 +217,7 @@ mod tests {
             kind,
             over_limit: OverLimit::Refuse,
             algorithm: crate::limiter::Algorithm::SlidingLog,
+            lease: 0,
         }
     }
 
@@ -458,6 +463,40 @@ mod tests {
         let out = run(&[record("k", 10, u64::MAX)], &mut logs, 2);
         assert_eq!(out.items[0].count, crate::limiter::MAX_COUNT);
         assert!(matches!(&logs["k"], State::Log(l) if l.entries() == 3));
+    }
+
+    /// A refused `in_flight` item holds no lease whatever its `over_limit`, and counts one
+    /// request whatever its hits.
+    #[test]
+    fn in_flight_records_leases_of_admitted_requests_only() {
+        let lease = |token, kind, over_limit| Hit {
+            algorithm: crate::limiter::Algorithm::InFlight,
+            lease: token,
+            ..with(over_limit, hit("i", 2, 7, kind))
+        };
+        let mut keys = std::collections::HashMap::new();
+        let out = run(
+            &[lease(1, HitKind::Consume, OverLimit::Record)],
+            &mut keys,
+            0,
+        );
+        assert_eq!((out.admitted, out.items[0].count), (true, 1));
+        let out = run(&[lease(2, HitKind::Shadow, OverLimit::Fill)], &mut keys, 1);
+        assert_eq!(out.items[0].count, 2);
+        for over_limit in [OverLimit::Fill, OverLimit::Record] {
+            let out = run(
+                &[
+                    lease(3, HitKind::Consume, over_limit),
+                    lease(4, HitKind::Shadow, over_limit),
+                ],
+                &mut keys,
+                2,
+            );
+            assert!(!out.admitted);
+            assert_eq!(out.items[1].count, 2, "{over_limit:?}");
+        }
+        let out = run(&[lease(1, HitKind::Refund, OverLimit::Fill)], &mut keys, 3);
+        assert_eq!(out.items[0].count, 1);
     }
 
     #[test]

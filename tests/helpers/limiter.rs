@@ -23,6 +23,7 @@ pub fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> H
         kind,
         over_limit: OverLimit::default(),
         algorithm: Algorithm::SlidingLog,
+        lease: 0,
     }
 }
 

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// The rule of descriptor `key=x` in domain `d`.
+fn rule_of(config: &Config, key: &str) -> Rule {
+    match config.lookup("d", &[Entry::new(key, "x")]) {
+        Lookup::Rule { rule, .. } => rule.clone(),
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
 #[test]
 fn response_headers_inherit_field_by_field() {
     let yaml = "
@@ -98,10 +106,7 @@ descriptors:
     rate_limit: {window: 1500ms, requests_per_unit: 3, algorithm: FIXED_WINDOW}
 ";
     let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("loads");
-    let rule = |k: &str| match config.lookup("d", &[Entry::new(k, "x")]) {
-        Lookup::Rule { rule, .. } => rule.clone(),
-        other => panic!("{k}: {other:?}"),
-    };
+    let rule = |k: &str| rule_of(&config, k);
     let a = rule("a");
     assert_eq!(
         a.limit,
@@ -127,6 +132,51 @@ descriptors:
         (Unit::Second, 1500)
     );
     assert_eq!(e.limits[0].algorithm, LimitAlgorithm::FixedWindow);
+}
+
+/// `in_flight` takes `lease` instead of a unit or window: reported as the nearest unit, counted
+/// with the lease as its window; stacked beside a rate, and with `over_limit: refuse` (what it
+/// does anyway), or any `over_limit` when another limit of the rule counts.
+#[test]
+fn in_flight_takes_a_lease() {
+    let yaml = "
+domain: d
+descriptors:
+  - key: a
+    over_limit: refuse
+    rate_limit: {requests_per_unit: 3, algorithm: in_flight, lease: 2s}
+  - key: b
+    over_limit: record
+    rate_limits:
+      - {requests_per_unit: 10, algorithm: In_Flight, lease: 90s}
+      - {unit: minute, requests_per_unit: 100}
+";
+    let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("loads");
+    let rule = |k: &str| rule_of(&config, k);
+    let a = rule("a");
+    assert_eq!(
+        a.limit,
+        Some(LimitSpec::PerUnit {
+            requests_per_unit: 3,
+            unit: Unit::Second
+        })
+    );
+    assert_eq!(
+        (a.limits[0].algorithm, a.limits[0].window_ms),
+        (LimitAlgorithm::InFlight, 2_000)
+    );
+    let b = rule("b");
+    assert_eq!(b.limits[0].unit, Unit::Minute);
+    assert_eq!(b.limits[0].algorithm, LimitAlgorithm::InFlight);
+    assert_eq!(b.limits[1].algorithm, LimitAlgorithm::SlidingLog);
+    // The rule listing (`/rlconfig`) says how each limit counts.
+    assert_eq!(
+        config.describe(),
+        "d.a: unit=SECOND requests_per_unit=3, algorithm=in_flight, lease=2000ms, \
+         over_limit=refuse\n\
+         d.b: unit=MINUTE requests_per_unit=10, algorithm[0]=in_flight, lease[0]=90000ms, \
+         over_limit=record\n"
+    );
 }
 
 #[test]

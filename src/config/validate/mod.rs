@@ -17,7 +17,9 @@ use super::raw::{
     self, line_of, Extra, RawDescriptor, RawHeaders, RawRoot, DESCRIPTOR_FIELDS, HEADERS_FIELDS,
     ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
 };
-use super::tree::{HeaderFormat, HeaderPolicy, Level, Node, OverLimitSetting, Rule};
+use super::tree::{
+    HeaderFormat, HeaderPolicy, Level, Limit, LimitAlgorithm, Node, OverLimitSetting, Rule,
+};
 use serde_saphyr::Spanned;
 use std::collections::HashMap;
 use std::path::Path;
@@ -170,11 +172,12 @@ impl Checker<'_> {
     }
 
     /// `over_limit: refuse | fill | record` (default fill), only on a descriptor that counts
-    /// (`uncounted`: no `rate_limit`, or `unlimited: true`).
+    /// (`limits` empty: no `rate_limit`, or `unlimited: true`), and not `fill` or `record` on
+    /// one that counts only leases (`in_flight` records nothing for a refused request).
     fn over_limit(
         &mut self,
         raw: Option<&Spanned<String>>,
-        uncounted: bool,
+        limits: &[Limit],
         rule: &str,
     ) -> OverLimitSetting {
         let Some(raw) = raw else {
@@ -192,12 +195,26 @@ impl Checker<'_> {
             );
             return OverLimitSetting::default();
         };
-        if uncounted {
+        if limits.is_empty() {
             self.error(
                 line,
                 rule,
                 "`over_limit` applies only to a descriptor with a counted `rate_limit` or \
                  `rate_limits`",
+            );
+        } else if setting != OverLimitSetting::Refuse
+            && limits
+                .iter()
+                .all(|l| l.algorithm == LimitAlgorithm::InFlight)
+        {
+            self.error(
+                line,
+                rule,
+                format!(
+                    "`over_limit: {}` does not apply to `algorithm: in_flight`: a refused \
+                     request never holds a lease (nothing would release it)",
+                    setting.as_str()
+                ),
             );
         }
         setting
@@ -274,7 +291,7 @@ impl Checker<'_> {
                 (None, Some(stacked)) => self.stacked(stacked, d.rate_limits_line, &path),
                 (None, None) => (None, Vec::new(), None, Vec::new()),
             };
-            let over_limit = self.over_limit(d.over_limit.as_ref(), limits.is_empty(), &path);
+            let over_limit = self.over_limit(d.over_limit.as_ref(), &limits, &path);
             let mut shared_here = shared.to_vec();
             // `share_threshold: false` is the default, wherever it is written (renderings of
             // envoyproxy/ratelimit's structs write it on every descriptor).

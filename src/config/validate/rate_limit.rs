@@ -1,6 +1,6 @@
 //! A descriptor's limits: `rate_limit` (or the stacked `rate_limits`) checked and compiled,
-//! with its unit or custom window, its algorithm and that algorithm's parameters, its `name`
-//! and `replaces`.
+//! with its unit or custom window (or `in_flight`'s lease), its algorithm and that algorithm's
+//! parameters, its `name` and `replaces`.
 //!
 //! Why apart from the walk over levels: these are the rules about one limit, and each bound
 //! here (window, quanta, GCRA token-ms) exists because a backend must represent the limit
@@ -13,7 +13,11 @@ use crate::config::{parse_duration_ms, Unit};
 use serde_saphyr::Spanned;
 
 const VALID_UNITS: &str = "second, minute, hour, day, week, month, year";
-const VALID_ALGORITHMS: &str = "sliding_log, quantized_log, sliding_counter, gcra, fixed_window";
+const VALID_ALGORITHMS: &str =
+    "sliding_log, quantized_log, sliding_counter, gcra, fixed_window, in_flight";
+/// What a malformed `window` or `lease` is told.
+const DURATION_FORMAT: &str =
+    "a positive whole number with ms, s, m, h or d (e.g. 1500ms, 30s, 5m), at most 365d";
 /// Longest custom window: a year, the longest unit.
 const MAX_WINDOW_MS: u64 = 365 * 86_400_000;
 /// Most buckets a quantized log may keep per key (window / quantum).
@@ -106,6 +110,7 @@ impl Checker<'_> {
                 ("algorithm", rl.algorithm.as_ref().map(|v| &v.referenced)),
                 ("quantum", rl.quantum.as_ref().map(|v| &v.referenced)),
                 ("burst", rl.burst.as_ref().map(|v| &v.referenced)),
+                ("lease", rl.lease.as_ref().map(|v| &v.referenced)),
             ] {
                 if let Some(at) = at {
                     self.error(
@@ -119,7 +124,12 @@ impl Checker<'_> {
         } else {
             // envoyproxy/ratelimit defaults a missing count to 0: deny all.
             let requests_per_unit = rl.requests_per_unit.as_ref().map_or(0, |r| r.value);
+            let in_flight = rl
+                .algorithm
+                .as_ref()
+                .is_some_and(|a| a.value.trim().eq_ignore_ascii_case("in_flight"));
             let period = match (&rl.unit, &rl.window) {
+                _ if in_flight => self.lease(&rl, path),
                 (Some(unit), Some(window)) => {
                     self.error(
                         line_of(&window.referenced),
@@ -156,23 +166,7 @@ impl Checker<'_> {
                         None
                     }
                 },
-                (None, Some(window)) => {
-                    match parse_duration_ms(&window.value).filter(|&ms| ms <= MAX_WINDOW_MS) {
-                        Some(ms) => Some((Unit::nearest(ms), ms)),
-                        None => {
-                            self.error(
-                                line_of(&window.referenced),
-                                path,
-                                format!(
-                                "invalid window `{}`: expected a positive whole number with ms, s, \
-                                 m, h or d (e.g. 1500ms, 30s, 5m), at most 365d",
-                                window.value
-                            ),
-                            );
-                            None
-                        }
-                    }
-                }
+                (None, Some(window)) => self.period("window", window, path),
             };
             let algorithm = self.algorithm(&rl, period.map(|(_, ms)| ms), requests_per_unit, path);
             if let (Some((unit, window_ms)), Some(algorithm)) = (period, algorithm) {
@@ -230,6 +224,56 @@ impl Checker<'_> {
         (limit, counted, name, replaces)
     }
 
+    /// `in_flight`'s period: its `lease`, which takes the place of `unit` or `window` (reported
+    /// to Envoy as the nearest unit); `None` (after reporting) when missing or invalid.
+    fn lease(&mut self, rl: &RawRateLimit, path: &str) -> Option<(Unit, u64)> {
+        let at = rl.algorithm.as_ref().and_then(|a| line_of(&a.referenced));
+        let rate = [
+            ("unit", rl.unit.as_ref().map(|u| &u.referenced)),
+            ("window", rl.window.as_ref().map(|w| &w.referenced)),
+        ];
+        if let Some((field, line)) = rate.into_iter().find_map(|(f, l)| Some((f, l?))) {
+            self.error(
+                line_of(line),
+                path,
+                format!(
+                    "`{field}` does not apply to `algorithm: in_flight`, which counts requests \
+                     in flight, not a rate: `lease` (e.g. 60s) bounds how long one counts"
+                ),
+            );
+            return None;
+        }
+        let Some(lease) = &rl.lease else {
+            self.error(
+                at,
+                path,
+                "`algorithm: in_flight` needs `lease` (e.g. 60s): how long a request that never \
+                 says it is done keeps counting; set it above the longest request",
+            );
+            return None;
+        };
+        self.period("lease", lease, path)
+    }
+
+    /// A `window` or `lease` duration, with the unit reported for it (the nearest); `None`
+    /// (after reporting) when malformed or over a year.
+    fn period(&mut self, field: &str, raw: &Spanned<String>, path: &str) -> Option<(Unit, u64)> {
+        match parse_duration_ms(&raw.value).filter(|&ms| ms <= MAX_WINDOW_MS) {
+            Some(ms) => Some((Unit::nearest(ms), ms)),
+            None => {
+                self.error(
+                    line_of(&raw.referenced),
+                    path,
+                    format!(
+                        "invalid {field} `{}`: expected {DURATION_FORMAT}",
+                        raw.value
+                    ),
+                );
+                None
+            }
+        }
+    }
+
     /// `algorithm` with its `quantum` / `burst`; `None` (after reporting) when invalid.
     fn algorithm(
         &mut self,
@@ -262,8 +306,18 @@ impl Checker<'_> {
                 );
             }
         }
+        if name != "in_flight" {
+            if let Some(l) = &rl.lease {
+                self.error(
+                    line_of(&l.referenced),
+                    path,
+                    format!("`lease` applies only to `algorithm: in_flight`, not `{name}`"),
+                );
+            }
+        }
         match name {
             "sliding_log" => Some(LimitAlgorithm::SlidingLog),
+            "in_flight" => Some(LimitAlgorithm::InFlight),
             "sliding_counter" => Some(LimitAlgorithm::SlidingCounter),
             "fixed_window" => Some(LimitAlgorithm::FixedWindow),
             "quantized_log" => {

@@ -382,7 +382,7 @@ impl ClusterLimiter {
                             .iter()
                             .zip(&part.added)
                             .filter(|(&j, &first)| first > 0 && batch[j].key == batch[i].key)
-                            .map(|(&j, _)| batch[j].hits.min(MAX_EXACT))
+                            .map(|(&j, _)| batch[j].counted_hits().min(MAX_EXACT))
                             .sum();
                         item = without_undone(item, &batch[i], undone);
                     }
@@ -454,6 +454,7 @@ mod tests {
             kind: HitKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
+            lease: 0,
         };
         let batch = [hit("sluice:{a}"), hit("sluice:{b}"), hit("sluice:{a}")];
         let mut groups = slot_groups(&batch);

@@ -77,6 +77,8 @@ shared_with_lua! {
     ALGORITHM_GCRA: &str = "g";
     /// See [`ALGORITHM_SLIDING_LOG`].
     ALGORITHM_FIXED_WINDOW: &str = "f";
+    /// See [`ALGORITHM_SLIDING_LOG`].
+    ALGORITHM_IN_FLIGHT: &str = "i";
     /// [`crate::limiter::OverLimit`] codes in `ARGV` ([`crate::limiter::OverLimit::code`]; a
     /// test holds them equal).
     OVER_LIMIT_REFUSE: &str = "n";
@@ -118,10 +120,11 @@ pub const LUA_HEADER: &str = lua_header!();
 /// - then [`ARGS_PER_ITEM`] per item `i` (1-based), from `ARGV[2 + ARGS_PER_ITEM × (i - 1)]`:
 ///   `limit`, `window_ms`, `hits`, `kind` ([`KIND_CONSUME`], [`KIND_SHADOW`], [`KIND_REFUND`],
 ///   [`KIND_QUOTA`]), `algorithm` ([`crate::limiter::Algorithm::code`]: [`ALGORITHM_SLIDING_LOG`]
-///   and the other `ALGORITHM_*`), its parameter (the quantized log's quantum in ms, GCRA's
-///   burst; else 0) and `over_limit` ([`OVER_LIMIT_REFUSE`], [`OVER_LIMIT_FILL`],
-///   [`OVER_LIMIT_RECORD`]). Numbers are decimal integers, each at most [`MAX_EXACT`] (limits
-///   and bursts at most `MAX_EXACT - 1`).
+///   and the other `ALGORITHM_*`), its parameter ([`Hit::param`]: the quantized log's quantum in
+///   ms, GCRA's burst, `in_flight`'s lease token; else 0) and `over_limit`
+///   ([`OVER_LIMIT_REFUSE`], [`OVER_LIMIT_FILL`], [`OVER_LIMIT_RECORD`]). Numbers are decimal
+///   integers, each at most [`MAX_EXACT`] (limits, bursts and lease tokens at most
+///   `MAX_EXACT - 1`).
 ///
 /// Reply: a flat array of integers, `1 + 4n` long:
 /// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n, undo_1, ...,
@@ -214,7 +217,7 @@ pub(super) fn item_args(hit: &Hit) -> ItemArgs {
         hit.hits.min(MAX_EXACT),
         kind,
         hit.algorithm.code(),
-        hit.algorithm.param().min(MAX_EXACT - 1),
+        hit.param().min(MAX_EXACT - 1),
         hit.over_limit.code(),
     )
 }

@@ -128,7 +128,7 @@ for i = 1, #KEYS do
   local algorithm = entry.algorithm
   if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
       and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
-      and algorithm ~= ALGORITHM_FIXED_WINDOW then
+      and algorithm ~= ALGORITHM_FIXED_WINDOW and algorithm ~= ALGORITHM_IN_FLIGHT then
     return redis.error_reply('sluice: bad algorithm in item ' .. i)
   end
   entry.window = math.max(entry.window, 1)
@@ -145,6 +145,10 @@ for i = 1, #KEYS do
     removed = removed + undo_buckets(key, token, hits)
   elseif algorithm == ALGORITHM_GCRA then
     removed = removed + undo_gcra(key, token, hits, entry.window)
+  elseif algorithm == ALGORITHM_IN_FLIGHT then
+    -- The lease the request added (token - 1), if no refund released it since; the key goes
+    -- with its last member.
+    removed = removed + redis.call('ZREM', key, format_integer(token - 1))
   else
     removed = removed + undo_window(key, algorithm, token, hits, entry.window)
   end

@@ -37,9 +37,10 @@
 --
 -- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 unless the item
 -- recorded its hits only because the request was admitted (it passed, and its over_limit is not
--- record); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER + (member number -
--- LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the fixed window and
--- the sliding counter the window start + 1; for GCRA its rate max(limit, 1).
+-- record, which in_flight ignores); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER +
+-- (member number - LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the
+-- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1);
+-- for in_flight the lease token + 1 (0 when it renewed a lease it did not add).
 --
 -- Log entries must be unique per key and short: a listpack stores an integer member of
 -- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (1000000..8388607) in 5 bytes (a 24-bit integer; a UUID
@@ -328,7 +329,7 @@ local function read_items(first_key, first_arg, n)
     local over_limit = ARGV[at + 7]
     -- Whole windows and hits: times and weights are printed as integers.
     if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
-        or hits < 0 then
+        or hits < 0 or param % 1 ~= 0 then
       return nil, 'sluice: bad number in item ' .. i
     end
     if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
@@ -337,8 +338,12 @@ local function read_items(first_key, first_arg, n)
     end
     if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
         and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
-        and algorithm ~= ALGORITHM_FIXED_WINDOW then
+        and algorithm ~= ALGORITHM_FIXED_WINDOW and algorithm ~= ALGORITHM_IN_FLIGHT then
       return nil, 'sluice: bad algorithm in item ' .. i
+    end
+    -- Leases count requests: an in_flight item's hits count as at most 1 (counted_hits).
+    if algorithm == ALGORITHM_IN_FLIGHT and hits > 1 then
+      hits = 1
     end
     if over_limit ~= OVER_LIMIT_FILL and over_limit ~= OVER_LIMIT_REFUSE
         and over_limit ~= OVER_LIMIT_RECORD then
@@ -384,10 +389,13 @@ end
 
 -- What an item records when it is not recorded as admitted (window.rs, over_limit_take):
 -- nothing; as much of its cost as fits after `seen` if it did not pass; or its whole cost;
--- never past MAX_EXACT (the reference's MAX_COUNT).
+-- never past MAX_EXACT (the reference's MAX_COUNT). Nothing for in_flight, whose leases only
+-- admitted requests hold.
 local function over_limit_take(item, seen, capacity)
   local over_limit, limit = item.over_limit, capacity
-  if over_limit == OVER_LIMIT_RECORD then
+  if item.algorithm == ALGORITHM_IN_FLIGHT then
+    return 0
+  elseif over_limit == OVER_LIMIT_RECORD then
     limit = MAX_EXACT
   elseif over_limit == OVER_LIMIT_REFUSE or item.passed then
     return 0
@@ -507,8 +515,10 @@ local function write(items, n, admitted)
     local item = items[i]
     if item.take > 0 then
       local state = item.state
-      -- Recorded only because the request was admitted: what compensation takes back.
-      item.undoable = admitted and item.passed and item.over_limit ~= OVER_LIMIT_RECORD
+      -- Recorded only because the request was admitted: what compensation takes back (an
+      -- in_flight item ignores over_limit: it records nothing unless admitted).
+      item.undoable = admitted and item.passed
+        and (item.over_limit ~= OVER_LIMIT_RECORD or item.algorithm == ALGORITHM_IN_FLIGHT)
       if item.algorithm == ALGORITHM_SLIDING_LOG then
         -- A log's TTL follows the window of the first item that wrote to it.
         if log_write(item, state) and not state.writer then

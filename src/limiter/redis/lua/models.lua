@@ -19,6 +19,12 @@
 --     at now and re-derives T = now + floor(used / rate), r = used mod rate; a refund takes
 --     them off the same way. A clock that lags sees more tokens in use (conservative). At
 --     limits up to 100,000 the value stays an integer. TTL: until empty, plus one window.
+-- - in_flight: a sorted set of leases, member the lease token (decimal), score the ms it was
+--   recorded at, max(now, newest); a lease counts while now - score < lease (the item's window),
+--   so the count is the set's size once what expired is removed (settle, once per key and
+--   request). Recording a token that holds a lease renews it (ZADD moves its score); a refund
+--   removes its token's member and no other. TTL: until the newest lease expires, plus one
+--   lease; an emptied key is deleted.
 -- TTLs outlive the state by about a window, so that a lagging clock finds the same state the
 -- memory backend keeps; an emptied key is deleted.
 
@@ -81,7 +87,10 @@ local function make_models(now_ms)
   -- Reads a key's state, once per request.
   local function load(item, state)
     local algorithm = item.algorithm
-    if algorithm == ALGORITHM_QUANTIZED_LOG then
+    if algorithm == ALGORITHM_IN_FLIGHT then
+      -- Read by settle, which removes what expired first.
+      return
+    elseif algorithm == ALGORITHM_QUANTIZED_LOG then
       -- Buckets {start, hits} sorted by start, and their total.
       local buckets, total = {}, 0
       local flat = redis.call('HGETALL', item.key)
@@ -115,10 +124,25 @@ local function make_models(now_ms)
     end
   end
 
+  -- in_flight: the score of the key's oldest ('0') or newest ('-1') lease, nil when none.
+  local function lease_score(key, at)
+    local lease = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+    if lease[2] then
+      return lease[2] + 0
+    end
+    return nil
+  end
+
   -- Brings the state to now: evict, rotate, decay (State::settle).
   local function settle(item, state)
     local algorithm = item.algorithm
-    if algorithm == ALGORITHM_QUANTIZED_LOG then
+    if algorithm == ALGORITHM_IN_FLIGHT then
+      -- Expired leases leave, once per key and request (the items of a key share its lease).
+      if not state.count then
+        redis.call('ZREMRANGEBYSCORE', item.key, '-inf', format_integer(now_ms - item.window))
+        state.count = redis.call('ZCARD', item.key)
+      end
+    elseif algorithm == ALGORITHM_QUANTIZED_LOG then
       local span = item.window + quantum_of(item)
       local expired = {}
       while state.buckets[1] and state.buckets[1][1] + span <= now_ms do
@@ -151,7 +175,9 @@ local function make_models(now_ms)
   -- What counts against the capacity (State::count).
   local function count(item, state)
     local algorithm = item.algorithm
-    if algorithm == ALGORITHM_QUANTIZED_LOG then
+    if algorithm == ALGORITHM_IN_FLIGHT then
+      return state.count
+    elseif algorithm == ALGORITHM_QUANTIZED_LOG then
       return state.total
     elseif algorithm == ALGORITHM_GCRA then
       return ceil_div(gcra_used(item, state), window_of(item))
@@ -168,7 +194,13 @@ local function make_models(now_ms)
   local function reset_ms(item, state)
     local algorithm = item.algorithm
     local reset
-    if algorithm == ALGORITHM_QUANTIZED_LOG then
+    if algorithm == ALGORITHM_IN_FLIGHT then
+      local oldest = state.count > 0 and lease_score(item.key, '0')
+      if not oldest then
+        return item.window
+      end
+      reset = oldest + item.window - now_ms
+    elseif algorithm == ALGORITHM_QUANTIZED_LOG then
       if not state.buckets[1] then
         return item.window
       end
@@ -187,10 +219,23 @@ local function make_models(now_ms)
   end
 
   -- Records `item.take` (State::record); returns the undo token: the bucket start + 1, the
-  -- window start + 1, or GCRA's rate.
+  -- window start + 1, GCRA's rate, or the lease token + 1 (0 for a lease renewed, which was not
+  -- this request's to take back).
   local function record(item, state)
     local algorithm, hits = item.algorithm, item.take
-    if algorithm == ALGORITHM_QUANTIZED_LOG then
+    if algorithm == ALGORITHM_IN_FLIGHT then
+      local score = now_ms
+      local newest = lease_score(item.key, '-1')
+      if newest and newest > score then
+        score = newest
+      end
+      local added = redis.call('ZADD', item.key, format_integer(score), format_integer(item.param))
+      state.count = state.count + added
+      if added == 0 then
+        return 0
+      end
+      return item.param + 1
+    elseif algorithm == ALGORITHM_QUANTIZED_LOG then
       local quantum = quantum_of(item)
       local start = math.floor(now_ms / quantum) * quantum
       local newest = state.buckets[#state.buckets]
@@ -211,10 +256,15 @@ local function make_models(now_ms)
     return state.start + 1
   end
 
-  -- Gives back up to `item.take`, newest first (State::refund).
+  -- Gives back up to `item.take`, newest first; for in_flight, releases the lease of the item's
+  -- token and no other (token 0 releases nothing) (State::refund).
   local function refund(item, state)
     local algorithm, hits = item.algorithm, item.take
-    if algorithm == ALGORITHM_QUANTIZED_LOG then
+    if algorithm == ALGORITHM_IN_FLIGHT then
+      if item.param ~= 0 then
+        state.count = state.count - redis.call('ZREM', item.key, format_integer(item.param))
+      end
+    elseif algorithm == ALGORITHM_QUANTIZED_LOG then
       while hits > 0 and state.buckets[#state.buckets] do
         local newest = state.buckets[#state.buckets]
         local take = math.min(newest[2], hits)
@@ -240,7 +290,15 @@ local function make_models(now_ms)
   -- Stores a written key with its TTL, or deletes it once empty.
   local function store(item, state)
     local key, algorithm, window = item.key, item.algorithm, window_of(item)
-    if algorithm == ALGORITHM_QUANTIZED_LOG then
+    if algorithm == ALGORITHM_IN_FLIGHT then
+      local newest = state.count > 0 and lease_score(key, '-1')
+      if not newest then
+        redis.call('DEL', key)
+        return
+      end
+      redis.call('PEXPIRE', key, format_integer(math.max(newest + 2 * window - now_ms, 1)))
+      return
+    elseif algorithm == ALGORITHM_QUANTIZED_LOG then
       local newest = state.buckets[#state.buckets]
       if not newest then
         redis.call('DEL', key)

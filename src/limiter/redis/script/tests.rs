@@ -1,3 +1,5 @@
+//! Unit tests of script.rs: the generated header, the codes Rust sends, the reply decoding.
+
 use super::*;
 use crate::limiter::Algorithm;
 use std::collections::BTreeSet;
@@ -46,6 +48,7 @@ fn algorithm_codes_are_the_header_constants() {
         Algorithm::SlidingCounter,
         Algorithm::Gcra { burst: 5 },
         Algorithm::FixedWindow,
+        Algorithm::InFlight,
     ];
     for algorithm in all {
         // Exhaustive: a new algorithm does not compile without its constant.
@@ -55,6 +58,7 @@ fn algorithm_codes_are_the_header_constants() {
             Algorithm::SlidingCounter => ALGORITHM_SLIDING_COUNTER,
             Algorithm::Gcra { .. } => ALGORITHM_GCRA,
             Algorithm::FixedWindow => ALGORITHM_FIXED_WINDOW,
+            Algorithm::InFlight => ALGORITHM_IN_FLIGHT,
         };
         assert_eq!(algorithm.code(), constant, "{algorithm:?}");
     }
@@ -90,6 +94,7 @@ fn an_item_is_args_per_item_arguments() {
         kind: crate::limiter::HitKind::Quota,
         over_limit: crate::limiter::OverLimit::Record,
         algorithm: Algorithm::Gcra { burst: 3 },
+        lease: 0,
     };
     let mut cmd = redis::cmd("EVALSHA");
     push_item_args(&mut cmd, item_args(&hit));

@@ -24,6 +24,7 @@ use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use sluice_bench::{cpu_secs, new_histogram, parse_pid, PreciseTimer};
 use tonic::transport::Channel;
 
 #[derive(Parser, Debug, Clone)]
@@ -95,11 +96,6 @@ struct Args {
     /// Print the Lua script sluice's Redis backend runs (for `redis-benchmark EVALSHA`) and exit.
     #[arg(long)]
     print_lua_script: bool,
-}
-
-fn parse_pid(s: &str) -> Result<(String, u32), String> {
-    let (name, pid) = s.split_once('=').ok_or("expected NAME=PID")?;
-    Ok((name.to_owned(), pid.parse().map_err(|e| format!("{e}"))?))
 }
 
 #[derive(Debug, Default)]
@@ -222,17 +218,6 @@ async fn start_noop(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// CPU seconds (user + system) a process has used so far, from /proc.
-fn cpu_secs(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    // USER_HZ is 100 on Linux for every architecture this project targets.
-    Some((utime + stime) / 100.0)
-}
-
 /// A small xorshift: per-task, deterministic, no shared state on the hot path.
 fn next_random(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -288,73 +273,6 @@ fn take(budget: &AtomicU64) -> bool {
     budget
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1))
         .is_ok()
-}
-
-/// A timer with sub-millisecond precision for async code: a timerfd registered with the
-/// runtime's own epoll. Why: tokio's timer rounds every sleep up to its 1 ms tick, so an open
-/// loop paced with `sleep_until` sent its requests in bursts at each tick, each carrying up to
-/// 1 ms of the generator's own lag. A timerfd wakes the waiting worker at the instant (plus the
-/// kernel's timer slack, ~50 µs) without a thread of its own: a pacer thread handing requests
-/// to the runtime costs two thread wake-ups per tick, and on a loaded 2-core machine each
-/// hand-over waits for the scheduler (measured in docs/performance-history.md).
-struct PreciseTimer {
-    fd: tokio::io::unix::AsyncFd<rustix::fd::OwnedFd>,
-    /// The same instant on both clocks (`Instant` is CLOCK_MONOTONIC on Linux).
-    origin: (Instant, Duration),
-}
-
-impl PreciseTimer {
-    fn new() -> std::io::Result<Self> {
-        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
-        let fd = timerfd_create(
-            TimerfdClockId::Monotonic,
-            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
-        )?;
-        let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let mono = Duration::new(now.tv_sec as u64, now.tv_nsec as u32);
-        // `new` is deprecated because an arbitrary `AsRawFd` may close or swap its descriptor
-        // while registered; an `OwnedFd` moved into the `AsyncFd` cannot, so this use is sound
-        // (the replacement, `register`, is `unsafe`, which this crate does not use).
-        #[allow(deprecated)]
-        let fd = tokio::io::unix::AsyncFd::new(fd)?;
-        Ok(PreciseTimer {
-            fd,
-            origin: (Instant::now(), mono),
-        })
-    }
-
-    async fn sleep_until(&self, at: Instant) -> std::io::Result<()> {
-        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
-        if at <= Instant::now() {
-            return Ok(());
-        }
-        let mono = self.origin.1 + at.saturating_duration_since(self.origin.0);
-        let value = Timespec {
-            tv_sec: mono.as_secs() as i64,
-            tv_nsec: i64::from(mono.subsec_nanos()),
-        };
-        let zero = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        timerfd_settime(
-            self.fd.get_ref(),
-            TimerfdTimerFlags::ABSTIME,
-            &Itimerspec {
-                it_interval: zero,
-                it_value: value,
-            },
-        )?;
-        loop {
-            let mut ready = self.fd.readable().await?;
-            let mut expirations = [0u8; 8];
-            match ready.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
-                Ok(result) => return result.map(|_| ()),
-                // Readiness was stale (already read): wait again.
-                Err(_would_block) => continue,
-            }
-        }
-    }
 }
 
 /// Open loop: requests leave on a fixed schedule whatever the server does, and latency counts
@@ -516,10 +434,6 @@ fn finish(
         schedule_lag_us: None,
         cpu_secs: cpu,
     })
-}
-
-fn new_histogram() -> anyhow::Result<Histogram<u64>> {
-    Ok(Histogram::new_with_bounds(1, 60_000_000, 3)?)
 }
 
 #[tokio::main]
