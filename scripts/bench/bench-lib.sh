@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared by the benchmark scripts (sourced, not run): a work directory, processes stopped on exit,
 # the tools a script needs, the build of sluice and the benchmark tools, ephemeral loopback
-# ports, a redis-server and sluice instances of their own, callgrind totals and Redis's own
+# ports, a redis-server, the no-op RLS server and sluice instances of their own, callgrind totals and Redis's own
 # count of EVALSHA calls.
 #
 # After sourcing: WORK is a fresh temporary directory; every PID appended to PIDS is killed and
@@ -76,6 +76,16 @@ start_redis() { # -> sets REDIS_PORT REDIS_PID; no persistence, loopback only. W
     sleep 0.05
   done
   echo "the replicas of 127.0.0.1:$REDIS_PORT did not get in sync" >&2; return 1
+}
+
+start_noop() { # -> sets NOOP_PORT NOOP_PID: the no-op RLS server (`sluice-bench --serve-noop`), a
+  # process of its own as sluice is (same tonic server, same runtime shape), so a ratio to it
+  # compares like with like
+  NOOP_PORT="$(free_port)"
+  "$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
+  NOOP_PID=$!
+  PIDS+=("$NOOP_PID")
+  wait_port "$NOOP_PORT"
 }
 
 start_sluice() { # redis-url-or-empty [command] -> sets SLUICE_PORT SLUICE_PID: `sluice serve` with

@@ -53,13 +53,7 @@ bench() { # name, then sluice-bench arguments; B_CONC / B_CONNS override the def
 echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //')" >&2
 uptime >"$OUT/uptime-before.txt"
 
-# The no-op ceiling runs as a process of its own, as sluice does (same tonic server, same
-# runtime shape), so the ratio compares like with like.
-NOOP_PORT="$(free_port)"
-"$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
-NOOP_PID=$!
-PIDS+=("$NOOP_PID")
-wait_port "$NOOP_PORT"
+start_noop
 
 start_redis
 REDIS_URL="redis://127.0.0.1:$REDIS_PORT"

@@ -81,11 +81,7 @@ start_envoy() { # name config admin-port -> sets ENVOY_PID
 echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //')" >&2
 uptime >"$OUT/uptime-before.txt"
 
-NOOP_PORT="$(free_port)"
-"$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
-NOOP_PID=$!
-PIDS+=("$NOOP_PID")
-wait_port "$NOOP_PORT"
+start_noop
 start_redis
 start_sluice ""; MEMORY_PORT=$SLUICE_PORT MEMORY_PID=$SLUICE_PID
 start_sluice "redis://127.0.0.1:$REDIS_PORT"; REDIS_SLUICE_PORT=$SLUICE_PORT REDIS_SLUICE_PID=$SLUICE_PID

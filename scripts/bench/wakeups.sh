@@ -29,10 +29,7 @@ perf stat -e "$EVENTS" -- true >/dev/null 2>&1 \
   || { echo "perf cannot count syscall tracepoints here (root or perf_event_paranoid <= -1)" >&2; exit 1; }
 
 start_redis
-NOOP_PORT="$(free_port)"
-target/release/sluice-bench --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
-NOOP_PID=$!; PIDS+=("$NOOP_PID")
-wait_port "$NOOP_PORT"
+start_noop
 
 # Drives `port` at `load` for 5 s and counts `pid`'s events over the last 4; prints one row.
 measure() { # label load port pid
