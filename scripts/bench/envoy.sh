@@ -25,7 +25,7 @@
 # whose filter timed out (500) or rejected (429) says so.
 #
 #   scripts/bench/envoy.sh            # about 4 minutes after the build (5 x 4 s + 3 x 5 s rounds)
-#   scripts/bench/envoy.sh --long     # about 9 minutes (8 x 6 s + 5 x 8 s rounds)
+#   scripts/bench/envoy.sh --long     # about 8 minutes (8 x 6 s + 5 x 8 s rounds)
 #   scripts/bench/envoy.sh --smoke    # seconds, debug build, one short round; no figure means anything
 #   ROUNDS=.. SECS=.. LAT_ROUNDS=.. LAT_SECS=.. CONNECTIONS=.. override the above; RATE=..
 #   sets the open-loop rate instead of half the ceiling
@@ -34,7 +34,7 @@
 #                                   # needs root or kernel.perf_event_paranoid <= -1)
 #   B='label=COMMAND' scripts/bench/envoy.sh   # a sixth variant, redis-label: another sluice on
 #                                   # the same Redis, e.g. B='w1=env TOKIO_WORKER_THREADS=1
-#                                   # target/release/sluice' or B='new=/tmp/sluice --flag', for A/B
+#                                   # target/release/sluice' or B='new=BINARY --flag', for A/B
 #
 # Every process listens on 127.0.0.1 only, bounded in time, and is stopped on exit. Raw JSON per
 # round lands in target/bench/<time>-envoy/ (or $BENCH_OUT/envoy/ when bench.sh calls it).
