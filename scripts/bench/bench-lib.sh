@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared by the benchmark scripts (sourced, not run): a work directory, processes stopped on exit,
-# ephemeral loopback ports, a redis-server of their own, callgrind totals and Redis's own count
-# of EVALSHA calls.
+# the tools a script needs, the build of sluice and the benchmark tools, ephemeral loopback
+# ports, a redis-server, the no-op RLS server and sluice instances of their own, callgrind totals and Redis's own
+# count of EVALSHA calls.
 #
 # After sourcing: WORK is a fresh temporary directory; every PID appended to PIDS is killed and
 # awaited on exit (and WORK removed).
@@ -19,6 +20,24 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT INT TERM
+
+need() { # script tool...: fails unless every tool is on the PATH
+  local script="$1" tool
+  shift
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 \
+      || { echo "$script needs $tool (scripts/setup.sh installs it)" >&2; exit 1; }
+  done
+}
+
+build_bins() { # release|debug -> sets BIN: sluice and the benchmark tools, built in that profile
+  if [ "$1" = release ]; then
+    cargo build --release --locked -p sluice -p sluice-bench --bins -q
+  else
+    cargo build --locked -p sluice -p sluice-bench --bins -q
+  fi
+  BIN="target/$1"
+}
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
@@ -57,6 +76,37 @@ start_redis() { # -> sets REDIS_PORT REDIS_PID; no persistence, loopback only. W
     sleep 0.05
   done
   echo "the replicas of 127.0.0.1:$REDIS_PORT did not get in sync" >&2; return 1
+}
+
+start_noop() { # -> sets NOOP_PORT NOOP_PID: the no-op RLS server (`sluice-bench --serve-noop`), a
+  # process of its own as sluice is (same tonic server, same runtime shape), so a ratio to it
+  # compares like with like
+  NOOP_PORT="$(free_port)"
+  "$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
+  NOOP_PID=$!
+  PIDS+=("$NOOP_PID")
+  wait_port "$NOOP_PORT"
+}
+
+start_sluice() { # redis-url-or-empty [command] -> sets SLUICE_PORT SLUICE_PID: `sluice serve` with
+  # benches/limits on ephemeral loopback ports, the memory backend when the URL is empty. The
+  # command (default: $BIN/sluice) may be `env VAR=value... binary [serve flags]`; `env` execs
+  # the binary, so SLUICE_PID is sluice's own.
+  SLUICE_PORT="$(free_port)"
+  local admin backend=() command=("$BIN/sluice") binary_at=0
+  admin="$(free_port)"
+  [ -n "$1" ] && backend=(--redis-url "$1")
+  [ -n "${2:-}" ] && read -ra command <<<"$2"
+  if [ "${command[0]}" = env ]; then
+    binary_at=1
+    while [[ "${command[$binary_at]}" == *=* ]]; do binary_at=$((binary_at + 1)); done
+  fi
+  RUST_LOG=warn "${command[@]:0:$((binary_at + 1))}" serve --config benches/limits \
+    --grpc-addr "127.0.0.1:$SLUICE_PORT" --admin-addr "127.0.0.1:$admin" "${backend[@]}" \
+    "${command[@]:$((binary_at + 1))}" >"$WORK/sluice-$SLUICE_PORT.log" 2>&1 &
+  SLUICE_PID=$!
+  PIDS+=("$SLUICE_PID")
+  wait_port "$SLUICE_PORT"
 }
 
 callgrind_per() { # pid divisor: dumps the process's callgrind counters (callgrind started with

@@ -29,34 +29,13 @@ fi
 CONC="${BENCH_CONCURRENCY:-64}"
 CONNS="${BENCH_CONNECTIONS:-4}"
 
-for tool in redis-server redis-cli redis-benchmark python3; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "bench.sh needs $tool (scripts/setup.sh installs it)" >&2; exit 1; }
-done
-
-if [ "$PROFILE" = release ]; then
-  cargo build --release --locked -p sluice -p sluice-bench --bins -q
-else
-  cargo build --locked -p sluice -p sluice-bench --bins -q
-fi
-BIN="target/$PROFILE"
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
+need bench.sh redis-server redis-cli redis-benchmark python3
+build_bins "$PROFILE"
 OUT="target/bench/$(date +%Y%m%d-%H%M%S)"
 [ "$SMOKE" = 1 ] && OUT="$OUT-smoke"
 mkdir -p "$OUT"
-# shellcheck source=scripts/bench/bench-lib.sh
-source scripts/bench/bench-lib.sh
-
-start_sluice() { # [redis url] -> sets SLUICE_PORT SLUICE_PID
-  SLUICE_PORT="$(free_port)"
-  local admin; admin="$(free_port)"
-  local backend=()
-  [ -n "${1:-}" ] && backend=(--redis-url "$1")
-  RUST_LOG=warn "$BIN/sluice" serve --config benches/limits \
-    --grpc-addr "127.0.0.1:$SLUICE_PORT" --admin-addr "127.0.0.1:$admin" "${backend[@]}" \
-    >"$WORK/sluice-$SLUICE_PORT.log" 2>&1 &
-  SLUICE_PID=$!
-  PIDS+=("$SLUICE_PID")
-  wait_port "$SLUICE_PORT"
-}
 
 redis_commands() { evalsha_calls "$REDIS_PORT"; }
 
@@ -74,13 +53,7 @@ bench() { # name, then sluice-bench arguments; B_CONC / B_CONNS override the def
 echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //')" >&2
 uptime >"$OUT/uptime-before.txt"
 
-# The no-op ceiling runs as a process of its own, as sluice does (same tonic server, same
-# runtime shape), so the ratio compares like with like.
-NOOP_PORT="$(free_port)"
-"$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
-NOOP_PID=$!
-PIDS+=("$NOOP_PID")
-wait_port "$NOOP_PORT"
+start_noop
 
 start_redis
 REDIS_URL="redis://127.0.0.1:$REDIS_PORT"

@@ -25,7 +25,7 @@
 # whose filter timed out (500) or rejected (429) says so.
 #
 #   scripts/bench/envoy.sh            # about 4 minutes after the build (5 x 4 s + 3 x 5 s rounds)
-#   scripts/bench/envoy.sh --long     # about 9 minutes (8 x 6 s + 5 x 8 s rounds)
+#   scripts/bench/envoy.sh --long     # about 8 minutes (8 x 6 s + 5 x 8 s rounds)
 #   scripts/bench/envoy.sh --smoke    # seconds, debug build, one short round; no figure means anything
 #   ROUNDS=.. SECS=.. LAT_ROUNDS=.. LAT_SECS=.. CONNECTIONS=.. override the above; RATE=..
 #   sets the open-loop rate instead of half the ceiling
@@ -34,7 +34,7 @@
 #                                   # needs root or kernel.perf_event_paranoid <= -1)
 #   B='label=COMMAND' scripts/bench/envoy.sh   # a sixth variant, redis-label: another sluice on
 #                                   # the same Redis, e.g. B='w1=env TOKIO_WORKER_THREADS=1
-#                                   # target/release/sluice' or B='new=/tmp/sluice --flag', for A/B
+#                                   # target/release/sluice' or B='new=BINARY --flag', for A/B
 #
 # Every process listens on 127.0.0.1 only, bounded in time, and is stopped on exit. Raw JSON per
 # round lands in target/bench/<time>-envoy/ (or $BENCH_OUT/envoy/ when bench.sh calls it).
@@ -50,16 +50,10 @@ case "$MODE" in
 esac
 CONNECTIONS="${CONNECTIONS:-32}"
 
-for tool in envoy wrk curl redis-server redis-cli python3; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "envoy.sh needs $tool (scripts/setup.sh installs it)" >&2; exit 1; }
-done
-
-if [ "$PROFILE" = release ]; then
-  cargo build --release --locked -p sluice -p sluice-bench --bins -q
-else
-  cargo build --locked -p sluice -p sluice-bench --bins -q
-fi
-BIN="target/$PROFILE"
+# shellcheck source=scripts/bench/bench-lib.sh
+source scripts/bench/bench-lib.sh
+need envoy.sh envoy wrk curl redis-server redis-cli python3
+build_bins "$PROFILE"
 if [ -n "${BENCH_OUT:-}" ]; then
   OUT="$BENCH_OUT/envoy"
 else
@@ -67,8 +61,6 @@ else
   [ "$MODE" = --smoke ] && OUT="$OUT-smoke"
 fi
 mkdir -p "$OUT"
-# shellcheck source=scripts/bench/bench-lib.sh
-source scripts/bench/bench-lib.sh
 
 wait_ready() { # admin port: Envoy answers /ready with LIVE once its listeners are up
   for _ in $(seq 1 200); do
@@ -76,25 +68,6 @@ wait_ready() { # admin port: Envoy answers /ready with LIVE once its listeners a
     sleep 0.05
   done
   echo "Envoy (admin 127.0.0.1:$1) is not ready" >&2; return 1
-}
-
-start_sluice() { # redis-url-or-empty [command] -> sets SLUICE_PORT SLUICE_PID
-  SLUICE_PORT="$(free_port)"
-  local admin; admin="$(free_port)"
-  local backend=() command=("$BIN/sluice") binary_at=0
-  [ -n "$1" ] && backend=(--redis-url "$1")
-  [ -n "${2:-}" ] && read -ra command <<<"$2"
-  # `env VAR=value binary flags...`: `env` execs the binary, so $! is sluice's own PID.
-  if [ "${command[0]}" = env ]; then
-    binary_at=1
-    while [[ "${command[$binary_at]}" == *=* ]]; do binary_at=$((binary_at + 1)); done
-  fi
-  RUST_LOG=warn "${command[@]:0:$((binary_at + 1))}" serve --config benches/limits \
-    --grpc-addr "127.0.0.1:$SLUICE_PORT" --admin-addr "127.0.0.1:$admin" "${backend[@]}" \
-    "${command[@]:$((binary_at + 1))}" >"$WORK/sluice-$SLUICE_PORT.log" 2>&1 &
-  SLUICE_PID=$!
-  PIDS+=("$SLUICE_PID")
-  wait_port "$SLUICE_PORT"
 }
 
 start_envoy() { # name config admin-port -> sets ENVOY_PID
@@ -108,11 +81,7 @@ start_envoy() { # name config admin-port -> sets ENVOY_PID
 echo "== machine: $(nproc) cores; load before: $(uptime | sed 's/.*load average: //')" >&2
 uptime >"$OUT/uptime-before.txt"
 
-NOOP_PORT="$(free_port)"
-"$BIN/sluice-bench" --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
-NOOP_PID=$!
-PIDS+=("$NOOP_PID")
-wait_port "$NOOP_PORT"
+start_noop
 start_redis
 start_sluice ""; MEMORY_PORT=$SLUICE_PORT MEMORY_PID=$SLUICE_PID
 start_sluice "redis://127.0.0.1:$REDIS_PORT"; REDIS_SLUICE_PORT=$SLUICE_PORT REDIS_SLUICE_PID=$SLUICE_PID

@@ -16,14 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-for tool in perf redis-server redis-cli python3; do
-  command -v "$tool" >/dev/null 2>&1 || { echo "wakeups.sh needs $tool" >&2; exit 1; }
-done
-cargo build --release --locked -p sluice -p sluice-bench --bins -q
-[ "$#" -ge 1 ] || set -- "sluice=target/release/sluice"
-LOADS="${LOADS:-closed 1000 4000 8000}"
 # shellcheck source=scripts/bench/bench-lib.sh
 source scripts/bench/bench-lib.sh
+need wakeups.sh perf redis-server redis-cli python3
+build_bins release
+[ "$#" -ge 1 ] || set -- "sluice=target/release/sluice"
+LOADS="${LOADS:-closed 1000 4000 8000}"
 
 EVENTS=context-switches,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex
 EVENTS+=,syscalls:sys_enter_recvfrom,syscalls:sys_enter_writev,syscalls:sys_enter_write
@@ -31,10 +29,7 @@ perf stat -e "$EVENTS" -- true >/dev/null 2>&1 \
   || { echo "perf cannot count syscall tracepoints here (root or perf_event_paranoid <= -1)" >&2; exit 1; }
 
 start_redis
-NOOP_PORT="$(free_port)"
-target/release/sluice-bench --serve-noop "127.0.0.1:$NOOP_PORT" 2>"$WORK/noop.log" &
-NOOP_PID=$!; PIDS+=("$NOOP_PID")
-wait_port "$NOOP_PORT"
+start_noop
 
 # Drives `port` at `load` for 5 s and counts `pid`'s events over the last 4; prints one row.
 measure() { # label load port pid
@@ -74,21 +69,9 @@ for load in $LOADS; do
   measure no-op "$load" "$NOOP_PORT" "$NOOP_PID"
   for variant in "$@"; do
     label="${variant%%=*}"
-    read -ra command <<<"${variant#*=}"
     redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
-    port="$(free_port)"; admin="$(free_port)"
-    # `env` (if used) execs the binary, so $! is sluice's own PID.
-    binary_at=0
-    if [ "${command[0]}" = env ]; then
-      binary_at=1
-      while [[ "${command[$binary_at]}" == *=* ]]; do binary_at=$((binary_at + 1)); done
-    fi
-    RUST_LOG=warn "${command[@]:0:$((binary_at + 1))}" serve --config benches/limits \
-      --grpc-addr "127.0.0.1:$port" --admin-addr "127.0.0.1:$admin" \
-      --redis-url "redis://127.0.0.1:$REDIS_PORT" "${command[@]:$((binary_at + 1))}" \
-      >"$WORK/sluice-$port.log" 2>&1 &
-    sluice_pid=$!; PIDS+=("$sluice_pid")
-    wait_port "$port"
+    start_sluice "redis://127.0.0.1:$REDIS_PORT" "${variant#*=}"
+    port=$SLUICE_PORT sluice_pid=$SLUICE_PID
     measure "$label" "$load" "$port" "$sluice_pid"
     kill "$sluice_pid"; wait "$sluice_pid" 2>/dev/null || true
   done
