@@ -107,8 +107,13 @@ impl Algorithm {
     /// What an item may hold: the burst for GCRA (none at a rate of 0), else the limit.
     pub const fn capacity(self, limit: u64) -> u64 {
         match self {
-            Algorithm::Gcra { burst } if limit > 0 => burst,
-            Algorithm::Gcra { .. } => 0,
+            Algorithm::Gcra { burst } => {
+                if limit > 0 {
+                    burst
+                } else {
+                    0
+                }
+            }
             _ => limit,
         }
     }
@@ -559,6 +564,11 @@ mod tests {
         assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(3), 7);
         assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(0), 0);
         assert_eq!(Algorithm::FixedWindow.capacity(3), 3);
+        // The script's parameter: the quantum, the burst, 0 for the others.
+        assert_eq!(Algorithm::QuantizedLog { quantum_ms: 250 }.param(), 250);
+        assert_eq!(Algorithm::Gcra { burst: 7 }.param(), 7);
+        assert_eq!(Algorithm::SlidingLog.param(), 0);
+        assert_eq!(Algorithm::InFlight.param(), 0);
         assert_eq!(Algorithm::SlidingLog.key_tag(), "");
         let tags = [
             Algorithm::QuantizedLog { quantum_ms: 1000 },

@@ -127,6 +127,10 @@ mod tests {
         // A clock that steps back never records before the newest lease.
         leases.record(50, 3);
         assert_eq!(leases.newest(), Some(300));
+        assert_eq!(
+            leases.held().collect::<Vec<_>>(),
+            [(200, 2), (300, 1), (300, 3)]
+        );
         leases.evict(1200, 1000);
         assert_eq!(leases.tokens().collect::<Vec<_>>(), [1, 3]);
     }

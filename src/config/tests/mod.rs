@@ -303,6 +303,40 @@ fn numeric_and_boolean_looking_values_stay_text() {
     }
 }
 
+/// A `share_threshold` wildcard is recorded with the request entry it stands for (its depth),
+/// its ancestors' ones kept: the limiter key replaces those entries' values, no other.
+#[test]
+fn shared_wildcards_are_recorded_at_their_depth() {
+    let yaml = r#"
+domain: mongo_cps
+descriptors:
+  - key: tenant
+    value: "team-*"
+    share_threshold: true
+    descriptors:
+      - key: region
+        value: "eu-*"
+        descriptors:
+          - key: path
+            value: "/api/*"
+            share_threshold: true
+            rate_limit: {unit: second, requests_per_unit: 1}
+"#;
+    let c = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("loads");
+    let r = rule(
+        &c,
+        &[
+            ("tenant", "team-a"),
+            ("region", "eu-west"),
+            ("path", "/api/x"),
+        ],
+    );
+    assert_eq!(
+        r.shared_values,
+        [(0, "team-*".to_string()), (2, "/api/*".to_string())]
+    );
+}
+
 fn errors_of(yaml: &str) -> Vec<ConfigError> {
     match Config::from_yaml_str(Path::new("t.yaml"), yaml) {
         Ok(_) => panic!("expected errors for:\n{yaml}"),

@@ -198,6 +198,118 @@ fn nearest_unit_and_durations() {
     }
 }
 
+/// A `window` or `lease` may be as long as a year, the longest unit, and no longer.
+#[test]
+fn windows_and_leases_end_at_a_year() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {window: 365d, requests_per_unit: 1}
+  - key: b
+    rate_limit: {window: 8760h, requests_per_unit: 1, algorithm: sliding_counter}
+  - key: c
+    rate_limit: {lease: 365d, requests_per_unit: 1, algorithm: in_flight}
+";
+    let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("a year loads");
+    for key in ["a", "b", "c"] {
+        let limit = &rule_of(&config, key).limits[0];
+        assert_eq!(
+            (limit.window_ms, limit.unit),
+            (31_536_000_000, Unit::Year),
+            "{key}"
+        );
+    }
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {window: 366d, requests_per_unit: 1}
+  - key: b
+    rate_limit: {window: 31536000001ms, requests_per_unit: 1}
+  - key: c
+    rate_limit: {lease: 8761h, requests_per_unit: 1, algorithm: in_flight}
+";
+    let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
+    let expect = [
+        "t.yaml:4: a: invalid window `366d`",
+        "t.yaml:6: b: invalid window `31536000001ms`",
+        "t.yaml:8: c: invalid lease `8761h`",
+    ];
+    assert_eq!(shown.len(), expect.len(), "{shown:#?}");
+    for (shown, expect) in shown.iter().zip(expect) {
+        assert!(shown.starts_with(expect), "{shown} is not {expect}");
+    }
+}
+
+/// Each algorithm parameter at its bound loads, one past it is refused: a quantum as long as
+/// the window, 3600 buckets, a GCRA `burst × window` of exactly 2^52 token-ms; `quantum` only
+/// on the quantized log; a GCRA rate and burst each of at least 1.
+#[test]
+fn algorithm_parameters_load_up_to_their_bounds() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {window: 10s, requests_per_unit: 1, algorithm: quantized_log, quantum: 10s}
+  - key: b
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: quantized_log, quantum: 1s}
+  - key: c
+    rate_limit: {window: 2097152ms, requests_per_unit: 1, algorithm: gcra, burst: 2147483648}
+  - key: e
+    rate_limit: {window: 1s, requests_per_unit: 5, algorithm: quantized_log, quantum: 250ms}
+";
+    let config = Config::from_yaml_str(Path::new("t.yaml"), yaml).expect("bounds load");
+    let algorithm = |k: &str| rule_of(&config, k).limits[0].algorithm;
+    assert_eq!(
+        algorithm("a"),
+        LimitAlgorithm::QuantizedLog { quantum_ms: 10_000 }
+    );
+    assert_eq!(
+        algorithm("b"),
+        LimitAlgorithm::QuantizedLog { quantum_ms: 1_000 }
+    );
+    assert_eq!(
+        algorithm("c"),
+        LimitAlgorithm::Gcra {
+            burst: 2_147_483_648
+        }
+    );
+    assert_eq!(
+        algorithm("e"),
+        LimitAlgorithm::QuantizedLog { quantum_ms: 250 }
+    );
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {window: 10s, requests_per_unit: 1, algorithm: quantized_log, quantum: 10001ms}
+  - key: b
+    rate_limit: {window: 3601s, requests_per_unit: 1, algorithm: quantized_log, quantum: 1s}
+  - key: c
+    rate_limit: {window: 2097152ms, requests_per_unit: 1, algorithm: gcra, burst: 2147483649}
+  - key: e
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: sliding_counter, quantum: 1s}
+  - key: f
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra, burst: 0}
+  - key: g
+    rate_limit: {unit: second, requests_per_unit: 0, algorithm: gcra, burst: 5}
+";
+    let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
+    let expect = [
+        "t.yaml:4: a: quantum of 10001 ms is longer than the window of 10000 ms",
+        "t.yaml:6: b: quantum of 1000 ms splits the window of 3601000 ms into more than 3600 buckets; set `quantum` to at least 1001 ms",
+        "t.yaml:8: c: gcra: burst 2147483649 × window 2097152 ms exceeds 2^52 token-ms",
+        "t.yaml:10: e: `quantum` applies only to `algorithm: quantized_log`, not `sliding_counter`",
+        "t.yaml:12: f: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
+        "t.yaml:14: g: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
+    ];
+    assert_eq!(shown.len(), expect.len(), "{shown:#?}");
+    for (shown, expect) in shown.iter().zip(expect) {
+        assert!(shown.starts_with(expect), "{shown} is not {expect}");
+    }
+}
+
 #[test]
 fn algorithm_errors_name_file_line_and_rule() {
     let yaml = "\
