@@ -516,6 +516,19 @@ mod tests {
         assert!(s.is_empty());
     }
 
+    /// A remainder left by a faster rate (the limit lowered by a config reload) outlasts its
+    /// arrival time: it drains at the new rate from there, never all at once.
+    #[test]
+    fn gcra_remainder_past_its_arrival_time_drains_at_the_rate() {
+        // Recorded at 100 per second (rem < 100), read at 10 per second: 10 token-ms per ms.
+        assert_eq!(gcra_in_use(1_000, 99, 10, 1_000), 99);
+        assert_eq!(gcra_in_use(1_000, 99, 10, 1_001), 89);
+        assert_eq!(gcra_in_use(1_000, 99, 10, 1_009), 9);
+        assert_eq!(gcra_in_use(1_000, 99, 10, 1_010), 0);
+        // Before its arrival time the remainder stacks on the tokens still owed.
+        assert_eq!(gcra_in_use(1_002, 99, 10, 1_000), 119);
+    }
+
     #[test]
     fn quantized_log_counts_each_hit_at_least_a_window() {
         let h = hit(Algorithm::QuantizedLog { quantum_ms: 100 }, 4, 1000);
@@ -557,6 +570,34 @@ mod tests {
         assert_eq!(Algorithm::InFlight.counted_hits(5), 1);
         assert_eq!(Algorithm::InFlight.counted_hits(0), 0);
         assert!(!Algorithm::InFlight.rejection_is_stable());
+    }
+
+    /// A key's state answers only for its own algorithm (the quantized log shares the sliding
+    /// log's); a key found with another one's state is started afresh.
+    #[test]
+    fn a_state_fits_only_its_own_algorithm() {
+        let all = [
+            Algorithm::SlidingLog,
+            Algorithm::QuantizedLog { quantum_ms: 100 },
+            Algorithm::SlidingCounter,
+            Algorithm::Gcra { burst: 3 },
+            Algorithm::FixedWindow,
+            Algorithm::InFlight,
+        ];
+        for state_of in all {
+            let state = State::fresh(state_of);
+            for algorithm in all {
+                let same = state_of == algorithm
+                    || matches!(
+                        (state_of, algorithm),
+                        (
+                            Algorithm::SlidingLog | Algorithm::QuantizedLog { .. },
+                            Algorithm::SlidingLog | Algorithm::QuantizedLog { .. }
+                        )
+                    );
+                assert_eq!(state.fits(algorithm), same, "{state:?} for {algorithm:?}");
+            }
+        }
     }
 
     #[test]
