@@ -454,6 +454,16 @@ mod tests {
         assert_eq!(s.count(&h, 1250), 8);
         assert_eq!(fill(&mut s, &h, 1250, 10), 2);
         assert_eq!(s.reset_ms(&h, 1250), 750);
+        // A refund takes from this window first, then from the previous one.
+        s.refund(&h, 1250, 5);
+        assert_eq!(
+            s,
+            State::Counter {
+                start: 1000,
+                cur: 0,
+                prev: 7
+            }
+        );
         // Two windows later everything is gone.
         s.settle(&h, 3000);
         assert_eq!(s.count(&h, 3000), 0);
