@@ -12,7 +12,7 @@
 # default target/mutants: its first build compiles every dependency once, later runs reuse
 # it). The tests are the library's unit tests (`cargo test --lib`): the pure core is tested
 # there, and they take seconds; the integration suites (real Redis, Envoy) would take minutes
-# per mutant. Results per file go to SLUICE_MUTANTS_OUT (default target/mutants-out/<file>/),
+# per mutant. For the config files, the loader's fixture tests (`tests/config_errors.rs`) too. Results per file go to SLUICE_MUTANTS_OUT (default target/mutants-out/<file>/),
 # and a summary line per file is printed at the end. Exit status 2 if any mutant was missed
 # or timed out.
 #
@@ -49,8 +49,12 @@ for file in "${files[@]}"; do
   echo "== cargo mutants --file $file"
   # Exit 2: missed mutants, 3: timeouts (reported below); anything else is a failure to run.
   rc=0
-  # --lib for the build too (cargo test --no-run): integration tests are neither built nor run.
-  cargo mutants --file "$file" --jobs 1 --cargo-arg=--lib --output "$out" || rc=$?
+  # --lib for the build too (cargo test --no-run): integration tests are neither built nor run,
+  # except the config loader's fixtures (one bad file per validation rule, no server: seconds),
+  # which are the validator's tests of record.
+  targets=(--cargo-arg=--lib)
+  case $file in src/config/*) targets+=(--cargo-arg=--test=config_errors) ;; esac
+  cargo mutants --file "$file" --jobs 1 "${targets[@]}" --output "$out" || rc=$?
   case $rc in 0 | 2 | 3) ;; *) echo "cargo mutants failed on $file (exit $rc)" >&2; exit "$rc" ;; esac
   [ "$rc" -eq 0 ] || status=2
   summaries+=("$(python3 - "$file" "$out/mutants.out/outcomes.json" <<'PY'
