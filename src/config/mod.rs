@@ -439,20 +439,34 @@ impl Config {
                     ),
                 };
                 out.push_str(&format!("{}.{}: {limit}", domain.name, rule.path));
-                // How each counted limit counts, unless with the default sliding log.
+                // How each counted limit counts, unless with the default sliding log, and its
+                // window where the unit reported does not say it.
                 for (i, l) in rule.limits.iter().enumerate() {
                     let at = if rule.limits.len() > 1 {
                         format!("[{i}]")
                     } else {
                         String::new()
                     };
+                    if l.algorithm != LimitAlgorithm::SlidingLog {
+                        out.push_str(&format!(", algorithm{at}={}", l.algorithm.name()));
+                    }
                     match l.algorithm {
-                        LimitAlgorithm::SlidingLog => {}
-                        LimitAlgorithm::InFlight => out.push_str(&format!(
-                            ", algorithm{at}=in_flight, lease{at}={}ms",
-                            l.window_ms
-                        )),
-                        other => out.push_str(&format!(", algorithm{at}={}", other.name())),
+                        LimitAlgorithm::InFlight => {
+                            out.push_str(&format!(", lease{at}={}ms", l.window_ms))
+                        }
+                        _ if l.window_ms != l.unit.window_ms() => {
+                            out.push_str(&format!(", window{at}={}ms", l.window_ms))
+                        }
+                        _ => {}
+                    }
+                    match l.algorithm {
+                        LimitAlgorithm::Gcra { burst } => {
+                            out.push_str(&format!(", burst{at}={burst}"))
+                        }
+                        LimitAlgorithm::QuantizedLog { quantum_ms } => {
+                            out.push_str(&format!(", quantum{at}={quantum_ms}ms"))
+                        }
+                        _ => {}
                     }
                 }
                 if let Some(name) = &rule.name {

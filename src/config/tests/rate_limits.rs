@@ -11,6 +11,16 @@ fn rule_of(config: &Config, key: &str) -> Rule {
     }
 }
 
+/// Asserts that `yaml` is refused with exactly these errors, in file order, each shown starting
+/// with its `expect` line (`file:line: rule: message`).
+fn assert_errors(yaml: &str, expect: &[&str]) {
+    let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
+    assert_eq!(shown.len(), expect.len(), "{shown:#?}");
+    for (shown, expect) in shown.iter().zip(expect) {
+        assert!(shown.starts_with(expect), "{shown} is not {expect}");
+    }
+}
+
 #[test]
 fn response_headers_inherit_field_by_field() {
     let yaml = "
@@ -132,6 +142,15 @@ descriptors:
         (Unit::Second, 1500)
     );
     assert_eq!(e.limits[0].algorithm, LimitAlgorithm::FixedWindow);
+    // The rule listing (`/rlconfig`) names each limit's algorithm but the sliding log's, its
+    // parameter, and its window where the unit does not say it.
+    assert_eq!(
+        config.describe(),
+        "d.a: unit=MINUTE requests_per_unit=5, algorithm=gcra, window=30000ms, burst=10\n\
+         d.b: unit=MINUTE requests_per_unit=5, algorithm=quantized_log, quantum=1000ms\n\
+         d.c: unit=SECOND requests_per_unit=10, algorithm[1]=sliding_counter, name=per_second\n\
+         d.e: unit=SECOND requests_per_unit=3, algorithm=fixed_window, window=1500ms\n"
+    );
 }
 
 /// `in_flight` takes `lease` instead of a unit or window: reported as the nearest unit, counted
@@ -230,16 +249,14 @@ descriptors:
   - key: c
     rate_limit: {lease: 8761h, requests_per_unit: 1, algorithm: in_flight}
 ";
-    let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
-    let expect = [
-        "t.yaml:4: a: invalid window `366d`",
-        "t.yaml:6: b: invalid window `31536000001ms`",
-        "t.yaml:8: c: invalid lease `8761h`",
-    ];
-    assert_eq!(shown.len(), expect.len(), "{shown:#?}");
-    for (shown, expect) in shown.iter().zip(expect) {
-        assert!(shown.starts_with(expect), "{shown} is not {expect}");
-    }
+    assert_errors(
+        yaml,
+        &[
+            "t.yaml:4: a: invalid window `366d`",
+            "t.yaml:6: b: invalid window `31536000001ms`",
+            "t.yaml:8: c: invalid lease `8761h`",
+        ],
+    );
 }
 
 /// Each algorithm parameter at its bound loads, one past it is refused: a quantum as long as
@@ -295,19 +312,17 @@ descriptors:
   - key: g
     rate_limit: {unit: second, requests_per_unit: 0, algorithm: gcra, burst: 5}
 ";
-    let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
-    let expect = [
-        "t.yaml:4: a: quantum of 10001 ms is longer than the window of 10000 ms",
-        "t.yaml:6: b: quantum of 1000 ms splits the window of 3601000 ms into more than 3600 buckets; set `quantum` to at least 1001 ms",
-        "t.yaml:8: c: gcra: burst 2147483649 × window 2097152 ms exceeds 2^52 token-ms",
-        "t.yaml:10: e: `quantum` applies only to `algorithm: quantized_log`, not `sliding_counter`",
-        "t.yaml:12: f: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
-        "t.yaml:14: g: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
-    ];
-    assert_eq!(shown.len(), expect.len(), "{shown:#?}");
-    for (shown, expect) in shown.iter().zip(expect) {
-        assert!(shown.starts_with(expect), "{shown} is not {expect}");
-    }
+    assert_errors(
+        yaml,
+        &[
+            "t.yaml:4: a: quantum of 10001 ms is longer than the window of 10000 ms",
+            "t.yaml:6: b: quantum of 1000 ms splits the window of 3601000 ms into more than 3600 buckets; set `quantum` to at least 1001 ms",
+            "t.yaml:8: c: gcra: burst 2147483649 × window 2097152 ms exceeds 2^52 token-ms",
+            "t.yaml:10: e: `quantum` applies only to `algorithm: quantized_log`, not `sliding_counter`",
+            "t.yaml:12: f: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
+            "t.yaml:14: g: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
+        ],
+    );
 }
 
 #[test]
@@ -336,24 +351,19 @@ descriptors:
     rate_limits:
       - {unlimited: true}
 ";
-    let shown: Vec<String> = errors_of(yaml).iter().map(ToString::to_string).collect();
-    let expect = [
-        "t.yaml:4: a: `unit: second` and `window: 5s` are both set",
-        "t.yaml:6: b: `rate_limit` has no `unit` and is not `unlimited: true`",
-        "t.yaml:6: b: invalid algorithm `leaky`",
-        "t.yaml:8: c: invalid window `2fortnights`",
-        "t.yaml:10: d: `burst` applies only to `algorithm: gcra`",
-        "t.yaml:12: e: quantum of 1000 ms splits the window of 86400000 ms into more than 3600 buckets; set `quantum` to at least 24000 ms",
-        "t.yaml:14: f: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
-        "t.yaml:17: g: `rate_limit` and `rate_limits` are both set",
-        "t.yaml:19: h: `rate_limits` is empty",
-        "t.yaml:22: i: `unlimited: true` cannot be one of `rate_limits`",
-    ];
-    for e in expect {
-        assert!(
-            shown.iter().any(|s| s.starts_with(e)),
-            "missing {e:?} in {shown:#?}"
-        );
-    }
-    assert_eq!(shown.len(), expect.len(), "{shown:#?}");
+    assert_errors(
+        yaml,
+        &[
+            "t.yaml:4: a: `unit: second` and `window: 5s` are both set",
+            "t.yaml:6: b: `rate_limit` has no `unit` and is not `unlimited: true`",
+            "t.yaml:6: b: invalid algorithm `leaky`",
+            "t.yaml:8: c: invalid window `2fortnights`",
+            "t.yaml:10: d: `burst` applies only to `algorithm: gcra`",
+            "t.yaml:12: e: quantum of 1000 ms splits the window of 86400000 ms into more than 3600 buckets; set `quantum` to at least 24000 ms",
+            "t.yaml:14: f: `algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
+            "t.yaml:17: g: `rate_limit` and `rate_limits` are both set",
+            "t.yaml:19: h: `rate_limits` is empty",
+            "t.yaml:22: i: `unlimited: true` cannot be one of `rate_limits`",
+        ],
+    );
 }
