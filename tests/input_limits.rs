@@ -176,6 +176,46 @@ async fn oversized_message_is_refused_and_the_server_survives() {
     assert_eq!(resp.statuses[0].limit_remaining, 3);
 }
 
+/// The defaults admit the longest names Envoy Gateway writes: its domain is the listener's
+/// name (`NAMESPACE/GATEWAY/LISTENER`, up to 63 + 253 + 253 bytes) and its route descriptor's
+/// key and value the route rule's (`httproute/NAMESPACE/ROUTE/rule/I/match/J/HOSTNAME`, up to
+/// about 600 bytes). Such a request reaches its rule: the second call is over the limit of 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_defaults_admit_envoy_gateways_longest_names() {
+    let namespace = "n".repeat(63);
+    let domain = format!("{namespace}/{}/{}", "g".repeat(253), "l".repeat(253));
+    let route = format!(
+        "httproute/{namespace}/{}/rule/99/match/99/{}",
+        "r".repeat(253),
+        "h".repeat(253)
+    );
+    assert_eq!((domain.len(), route.len()), (571, 598));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let yaml = format!(
+        "domain: {domain}\ndescriptors:\n  - key: {route}\n    value: {route}\n    descriptors:\n      - key: rule-0-match-0\n        value: rule-0-match-0\n        rate_limit: {{unit: minute, requests_per_unit: 1}}\n"
+    );
+    std::fs::write(dir.path().join("eg.yaml"), yaml).expect("config written");
+    let sluice = TestServer::start(test_settings(dir.path(), None));
+    let mut client = sluice.client().await;
+    let call = || {
+        request(
+            &domain,
+            vec![descriptor(&[
+                (route.as_str(), route.as_str()),
+                ("rule-0-match-0", "rule-0-match-0"),
+            ])],
+        )
+    };
+    for expected in [Code::Ok, Code::OverLimit] {
+        let resp = client
+            .should_rate_limit(call())
+            .await
+            .expect("a valid Envoy Gateway request")
+            .into_inner();
+        assert_eq!(resp.overall_code, expected as i32, "{resp:?}");
+    }
+}
+
 /// With the hits limit lifted to u64::MAX, a huge consume is rejected (filling the key) and a
 /// huge refund applied at once on both backends: a log entry carries its hits as a weight, so
 /// neither backend does work in proportion to them.

@@ -92,10 +92,10 @@ impl InputLimits {
         "--max-hits-addend",
         "--max-message-bytes",
     ];
-    pub const DEFAULT_MAX_DOMAIN_BYTES: usize = 256;
+    pub const DEFAULT_MAX_DOMAIN_BYTES: usize = 1024;
     pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
     pub const DEFAULT_MAX_ENTRIES: usize = 32;
-    pub const DEFAULT_MAX_KEY_BYTES: usize = 256;
+    pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
     pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024;
     pub const DEFAULT_MAX_HITS_ADDEND: u64 = 100_000;
     pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
