@@ -8,8 +8,8 @@
 //! Layout: `raw` deserializes the YAML with source lines, `xds` converts envoyproxy/ratelimit's
 //! `RateLimitConfig` xDS resources into the same raw model (so both sources meet the same
 //! rules and errors), `validate` checks and compiles it (collecting every error), `tree` holds
-//! the compiled lookup tree and the matching, `error` the error types. [`Config`] ties them
-//! together.
+//! the compiled lookup tree and the matching, `error` the error types, `listing` the rule
+//! listing of `/rlconfig`. [`Config`] ties them together.
 //!
 //! Compatibility notes (envoyproxy/ratelimit's `config_impl.go`): the accepted fields are its
 //! `validKeys`, all of them honoured: `share_threshold` makes every value matching the wildcard
@@ -26,6 +26,7 @@
 
 mod error;
 mod limits;
+mod listing;
 mod locate;
 mod raw;
 mod read;
@@ -416,78 +417,6 @@ impl Config {
             steps,
             end: TraceEnd::NoMatch { entry: 0 },
         }
-    }
-
-    /// The loaded rules as text, one per line (`/rlconfig`): `domain.path: limit`.
-    pub fn describe(&self) -> String {
-        let mut out = String::new();
-        for domain in &self.domains {
-            let mut rules = Vec::new();
-            domain.root.collect_rules(&mut rules);
-            for (rule, nested) in rules {
-                let limit = match rule.limit {
-                    // README's whitelist: a value with no limit and no nested descriptors.
-                    None if nested => "no limit (nested descriptors only)".to_owned(),
-                    None => "no limit (whitelist)".to_owned(),
-                    Some(LimitSpec::Unlimited) => "unlimited".to_owned(),
-                    Some(LimitSpec::PerUnit {
-                        requests_per_unit,
-                        unit,
-                    }) => format!(
-                        "unit={} requests_per_unit={requests_per_unit}",
-                        unit.as_str().to_ascii_uppercase()
-                    ),
-                };
-                out.push_str(&format!("{}.{}: {limit}", domain.name, rule.path));
-                // How each counted limit counts, unless with the default sliding log, and its
-                // window where the unit reported does not say it.
-                for (i, l) in rule.limits.iter().enumerate() {
-                    let at = if rule.limits.len() > 1 {
-                        format!("[{i}]")
-                    } else {
-                        String::new()
-                    };
-                    if l.algorithm != LimitAlgorithm::SlidingLog {
-                        out.push_str(&format!(", algorithm{at}={}", l.algorithm.name()));
-                    }
-                    match l.algorithm {
-                        LimitAlgorithm::InFlight => {
-                            out.push_str(&format!(", lease{at}={}ms", l.window_ms))
-                        }
-                        _ if l.window_ms != l.unit.window_ms() => {
-                            out.push_str(&format!(", window{at}={}ms", l.window_ms))
-                        }
-                        _ => {}
-                    }
-                    match l.algorithm {
-                        LimitAlgorithm::Gcra { burst } => {
-                            out.push_str(&format!(", burst{at}={burst}"))
-                        }
-                        LimitAlgorithm::QuantizedLog { quantum_ms } => {
-                            out.push_str(&format!(", quantum{at}={quantum_ms}ms"))
-                        }
-                        _ => {}
-                    }
-                }
-                if let Some(name) = &rule.name {
-                    out.push_str(&format!(", name={name}"));
-                }
-                if !rule.replaces.is_empty() {
-                    out.push_str(&format!(", replaces={}", rule.replaces.join(",")));
-                }
-                if rule.shadow_mode {
-                    out.push_str(", shadow_mode=true");
-                }
-                if rule.over_limit != OverLimitSetting::default() {
-                    out.push_str(&format!(", over_limit={}", rule.over_limit.as_str()));
-                }
-                if rule.detailed_metric {
-                    out.push_str(", detailed_metric=true");
-                }
-                out.push('\n');
-            }
-        }
-        out
     }
 
     /// The domain-level response-header policy; the default (none) for unknown domains.
