@@ -58,7 +58,12 @@ impl LeaseTokens {
     const RANGE: u64 = (1 << 52) - 1;
 
     fn new() -> Self {
-        let start = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+        Self::starting_at(
+            std::collections::hash_map::RandomState::new().hash_one(std::process::id()),
+        )
+    }
+
+    fn starting_at(start: u64) -> Self {
         LeaseTokens {
             next: AtomicU64::new(start),
         }

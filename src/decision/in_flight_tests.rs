@@ -19,6 +19,8 @@ descriptors:
     rate_limits:
       - {requests_per_unit: 1, algorithm: in_flight, lease: 60s}
       - {unit: minute, requests_per_unit: 5}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
 ";
 
 fn engine() -> (Engine, Arc<Recording>) {
@@ -114,6 +116,42 @@ async fn stacked_limits_split_refunds_by_lease() {
     };
     assert_eq!(sent(1), [(Algorithm::InFlight, HitKind::Refund, token)]);
     assert_eq!(sent(2), [(Algorithm::SlidingLog, HitKind::Refund, 0)]);
+}
+
+/// A decision names a lease only when its request was admitted and one of its `in_flight`
+/// items recorded one: not when another descriptor refused the request, not for a probe
+/// (`hits_addend: 0`) beside an admitted rate limit, not for a refund beside a probe.
+#[tokio::test]
+async fn a_decision_names_a_lease_only_when_one_was_recorded() {
+    let (engine, _) = engine();
+    assert_eq!(admit(&engine, "user").await.overall, Code::Ok);
+    let refused = engine
+        .decide(&req(&[&[("client", "a")], &[("user", "a")]]))
+        .await
+        .unwrap();
+    assert_eq!(refused.overall, Code::OverLimit);
+    assert_eq!(
+        refused.verdicts[0].code,
+        Code::Ok,
+        "the lease itself fitted"
+    );
+    assert_eq!(refused.lease, None, "refused by the other descriptor");
+
+    let mut probe = req(&[&[("client", "a")], &[("user", "b")]]);
+    probe.descriptors[0].hits_addend = Some(0);
+    let probed = engine.decide(&probe).await.unwrap();
+    assert_eq!(probed.overall, Code::Ok);
+    assert_eq!(probed.lease, None, "a probe records no lease");
+
+    let held = admit(&engine, "client").await.lease.expect("a lease");
+    let mut release = refund("client", Some(held));
+    release
+        .descriptors
+        .push(req(&[&[("route", "a")]]).descriptors.remove(0));
+    release.descriptors[1].hits_addend = Some(0);
+    let released = engine.decide(&release).await.unwrap();
+    assert_eq!(released.verdicts[0].outcome, Outcome::Refunded);
+    assert_eq!(released.lease, None, "a refund holds no lease");
 }
 
 #[test]

@@ -278,3 +278,17 @@ async fn a_failed_backend_is_answered_by_the_policy_and_the_decision_says_which(
         .iter()
         .all(|v| v.remaining == 0 && v.reset_ms == 0));
 }
+
+/// Lease tokens run from 1 to 2^52 - 1 (the script's exact range), never 0 (no lease), and
+/// wrap to 1 past the top.
+#[test]
+fn lease_tokens_stay_in_the_scripts_range_and_skip_zero() {
+    let top = (1u64 << 52) - 1;
+    let tokens = LeaseTokens::starting_at(top - 2);
+    let seen: Vec<u64> = (0..4).map(|_| tokens.next()).collect();
+    assert_eq!(seen, [top - 1, top, 1, 2]);
+    // Whatever the random start, even the counter's own wrap.
+    let tokens = LeaseTokens::starting_at(u64::MAX);
+    let seen: Vec<u64> = (0..2).map(|_| tokens.next()).collect();
+    assert!(seen.iter().all(|&t| (1..=top).contains(&t)), "{seen:?}");
+}
