@@ -6,17 +6,17 @@
 #
 # Usage: scripts/quality/mutants.sh [FILE...]   (default: every file of the pure core below)
 #
-# One file at a time, one job (a 2-core machine shared with others: about half a minute to a
-# minute per mutant, most of it the rebuild), in a copy of the tree (never --in-place: the
-# working tree is never touched), with a target directory of its own (SLUICE_MUTANTS_TARGET,
-# default target/mutants: its first build compiles every dependency once, later runs reuse
-# it). The tests are the library's unit tests (`cargo test --lib`): the pure core is tested
-# there, and they take seconds; the integration suites (real Redis, Envoy) would take minutes
-# per mutant. For the config files, the loader's fixture tests (`tests/config_errors.rs`) too. Results per file go to SLUICE_MUTANTS_OUT (default target/mutants-out/<file>/),
-# and a summary line per file is printed at the end. Exit status 2 if any mutant was missed
-# or timed out.
+# One file at a time, one job (a 2-core machine shared with others: 5 to 20 s per mutant,
+# most of it the rebuild), in a copy of the tree (never --in-place: the working tree is never
+# touched), with a target directory of its own (SLUICE_MUTANTS_TARGET, default target/mutants:
+# its first build compiles every dependency once, later runs reuse it). The tests are the
+# library's unit tests (`cargo test --lib`): the pure core is tested there, and they take
+# seconds; the integration suites (real Redis, Envoy) would take minutes per mutant. For the
+# files under src/config/, the loader's fixture tests (`tests/config_errors.rs`) too. Results
+# per file go to SLUICE_MUTANTS_OUT (default target/mutants-out/<file>/), and a summary line
+# per file is printed at the end. Exit status 2 if any mutant was missed or timed out.
 #
-# CI does not run this: the core's ~460 mutants take about an hour and a half on 2 cores.
+# CI does not run this: the core's ~500 mutants take about an hour on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
