@@ -1,10 +1,10 @@
 //! The rule listing (`GET /rlconfig` on the admin port): one line per loaded rule.
 //!
 //! Each line starts as envoyproxy/ratelimit's does (`domain.path: unit=MINUTE
-//! requests_per_unit=5`, its name, `replaces`, `shadow_mode`), so scripts reading its listing keep
-//! working; then comes what only sluice has, each only where it is not the default: every
-//! counted limit's algorithm, its window where the unit reported to Envoy does not say it (a
-//! custom `window`), its lease, burst or quantum, the rule's `over_limit`.
+//! requests_per_unit=5`), so scripts reading that part keep working. Then come, each only where
+//! it is not the default: every counted limit's algorithm, its window where the unit reported
+//! to Envoy does not say it (a custom `window`), its lease, burst or quantum; the rule's name,
+//! `replaces`, `shadow_mode`, `over_limit` and `detailed_metric`.
 
 use super::{Config, Limit, LimitAlgorithm, LimitSpec, OverLimitSetting, Rule};
 
