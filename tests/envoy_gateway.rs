@@ -6,7 +6,10 @@
 //! loopback instead of `envoy-gateway:18001`), `REDIS_URL` (a test redis-server),
 //! `PROMETHEUS_ADDR` (a free port instead of 19001), the certificate paths (a Secret-shaped
 //! directory instead of `/certs`), and `GRPC_PORT` and `PORT`, which Envoy Gateway leaves unset
-//! (envoyproxy/ratelimit's 8081 and 8080), set to free ports so parallel runs do not collide.
+//! (envoyproxy/ratelimit's 8081 and 8080), set to free ports so parallel runs do not collide,
+//! and `SLUICE_BACKEND_TIMEOUT_MS`, sluice's own per-decision deadline, raised from its 10 ms
+//! default to the suite's test deadline: a debug build on a loaded 2-core machine misses 10 ms
+//! now and then, like Envoy's 20 ms filter timeout below (tests/envoy_faults.rs tests both).
 //!
 //! It checks what Envoy Gateway relies on: the subscription over mutual TLS with node id
 //! `envoy-ratelimit`, health before and after the first config (`/healthcheck` on `PORT`, the
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use helpers::envoy_config::{bootstrap, cluster};
 use helpers::gateway::{self, GatewayPki};
+use helpers::in_process::TEST_BACKEND_TIMEOUT;
 use helpers::secret::SecretVolume;
 use helpers::xds_server::{ServerTls, XdsServer};
 use helpers::{free_port, http_get, Envoy, RedisServer, Req, Sluice, Upstream};
@@ -129,6 +133,10 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
         ),
         ("GRPC_PORT", grpc_port.to_string()),
         ("PORT", http_port.to_string()),
+        (
+            "SLUICE_BACKEND_TIMEOUT_MS",
+            TEST_BACKEND_TIMEOUT.as_millis().to_string(),
+        ),
     ];
     let mut ratelimit = Sluice::start_command(pod(&binary, &env));
     let (grpc, http, prometheus) = (
