@@ -244,38 +244,29 @@ fn agrees_with_memory(
             now = now.saturating_add_signed(step);
             let m = rt.block_on(at(&memory, &batch, now));
             let r = rt.block_on(at(backend, &batch, now));
-            let mut agree = m == r;
-            if let Some(stored) = stored {
-                agree &= LOG_KEYS
+            // (reference, backend) for every log key, and for the leases.
+            let entries: Option<Vec<(usize, usize)>> = stored.map(|stored| {
+                LOG_KEYS
                     .iter()
-                    .all(|key| reference.log_entries(key) == stored(key));
-            }
-            if let Some(held) = held {
-                agree &= reference.leases("i") == held();
-            }
-            if agree {
-                continue;
-            }
-            prop_assume!(
-                expired() == expired_before,
-                "Redis expired a key on its own clock"
-            );
-            prop_assert_eq!(m, r, "batch {:?} at {}", batch, now);
-            if let Some(stored) = stored {
-                for key in LOG_KEYS {
-                    prop_assert_eq!(
-                        reference.log_entries(key),
-                        stored(key),
-                        "entries of {} after {:?} at {}", key, batch, now
-                    );
-                }
-            }
-            if let Some(held) = held {
-                prop_assert_eq!(
-                    reference.leases("i"),
-                    held(),
-                    "leases after {:?} at {}", batch, now
+                    .map(|key| (reference.log_entries(key), stored(key)))
+                    .collect()
+            });
+            let leases = held.map(|held| (reference.leases("i"), held()));
+            let agree = m == r
+                && entries.iter().flatten().all(|(a, b)| a == b)
+                && leases.iter().all(|(a, b)| a == b);
+            if !agree {
+                prop_assume!(
+                    expired() == expired_before,
+                    "Redis expired a key on its own clock"
                 );
+            }
+            prop_assert_eq!(m, r, "batch {:?} at {}", batch, now);
+            for (key, (a, b)) in LOG_KEYS.iter().zip(entries.into_iter().flatten()) {
+                prop_assert_eq!(a, b, "entries of {} after {:?} at {}", key, batch, now);
+            }
+            if let Some((a, b)) = leases {
+                prop_assert_eq!(a, b, "leases after {:?} at {}", batch, now);
             }
         }
     });
