@@ -333,15 +333,7 @@ async fn held_leases(conn: &redis::aio::MultiplexedConnection) -> Vec<(u64, u64)
 
 /// The keys Redis has expired on its own clock since it started (INFO's `expired_keys`).
 async fn expired_keys(conn: &redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut conn.clone())
-        .await
-        .expect("info stats");
-    info.lines()
-        .find_map(|l| l.strip_prefix("expired_keys:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("INFO stats has expired_keys")
+    helpers::info_number(conn, "stats", "expired_keys").await
 }
 
 async fn flushall(conn: &redis::aio::MultiplexedConnection) {

@@ -236,15 +236,7 @@ async fn full_redis() -> (RedisServer, redis::aio::MultiplexedConnection, u64) {
 }
 
 async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(conn)
-        .await
-        .expect("INFO memory");
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory in INFO")
+    helpers::info_number(conn, "memory", "used_memory").await
 }
 
 /// Under OOM the script is refused before it runs, single and batched: nothing is written,

@@ -124,6 +124,23 @@ impl Drop for RedisServer {
     }
 }
 
+/// The number `field` of `INFO section` (e.g. `stats`, `expired_keys`) on `conn`.
+pub async fn info_number(
+    conn: &redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn.clone())
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("INFO {section} has no number {field}:\n{info}"))
+}
+
 /// A multiplexed connection to `url`.
 pub async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
