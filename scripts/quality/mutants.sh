@@ -12,7 +12,7 @@
 # its first build compiles every dependency once, later runs reuse it). The tests are the
 # library's unit tests (`cargo test --lib`): the pure core is tested there, and they take
 # seconds; the integration suites (real Redis, Envoy) would take minutes per mutant. For the
-# files under src/config/, the loader's fixture tests (`tests/config_errors.rs`) too. Results
+# files under src/config/, the loader's fixture tests (`tests/it/config_errors.rs`) too. Results
 # per file go to SLUICE_MUTANTS_OUT (default target/mutants-out/<file>/), and a summary line
 # per file is printed at the end. Exit status 2 if any mutant was missed or timed out.
 #
@@ -52,9 +52,15 @@ for file in "${files[@]}"; do
   rc=0
   # --lib for the build too (cargo test --no-run): integration tests are neither built nor run,
   # except the config loader's fixtures (one bad file per validation rule, no server: seconds),
-  # which are the validator's tests of record.
+  # which are the validator's tests of record. They are the `config_errors` module of the one
+  # integration-test crate, so that crate is built and nextest picks the unit tests and that
+  # module out of it (a libtest name filter would apply to the unit tests too).
   targets=(--cargo-arg=--lib)
-  case $file in src/config/*) targets+=(--cargo-arg=--test=config_errors) ;; esac
+  case $file in
+    src/config/*)
+      targets+=(--test-tool=nextest --cargo-arg=--test=it
+        --cargo-test-arg=-E "--cargo-test-arg=kind(lib) | test(/^config_errors::/)") ;;
+  esac
   cargo mutants --file "$file" --jobs 1 "${targets[@]}" --output "$out" || rc=$?
   case $rc in 0 | 2 | 3) ;; *) echo "cargo mutants failed on $file (exit $rc)" >&2; exit "$rc" ;; esac
   [ "$rc" -eq 0 ] || status=2

@@ -1,0 +1,753 @@
+//! One conformance suite for every limiter backend.
+//!
+//! Why: the trait's semantics (src/limiter/mod.rs) are only worth something if every backend
+//! implements them identically. Each check below is written once against `Arc<dyn Limiter>` and
+//! instantiated per backend by `conformance!`: memory, standalone Redis (batched and not) and a
+//! 3-primary Redis Cluster, each Redis instance on its own `redis-server` from `tests/helpers`.
+//! Checks pass explicit times to `decide` so window edges are exact; only `real_clock` and
+//! `concurrent_single_key` use the backend's own clock. The other suites of the limiter:
+//! `differential` (random traces, every backend against the memory reference) and
+//! `redis_backend` (what the script leaves in Redis, and failures).
+
+use crate::helpers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use helpers::limiter::{
+    at, at_within, c, cluster_limiter, count_at, hit, ko, over, redis_limiter, with, T,
+};
+use sluice::limiter::redis::{RedisLimiter, RedisOptions};
+use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, OverLimit, MAX_COUNT};
+
+async fn admits_up_to_limit_then_rejects(l: Arc<dyn Limiter>) {
+    for i in 0..3 {
+        let out = at(&l, &[c("k", 3, 1)], T + i).await;
+        assert!(out.admitted, "hit {i}");
+        assert_eq!(out.items[0], ko(true, i + 1, 1000 - i));
+    }
+    let out = at(&l, &[c("k", 3, 1)], T + 10).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 3, 990));
+}
+
+async fn window_edge_is_exact(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 1, 1)], T).await.admitted);
+    assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
+    let out = at(&l, &[c("k", 1, 1)], T + 999).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].reset_ms, 1);
+    // Gone at exactly t + window.
+    assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
+    let out = at(&l, &[c("k", 1, 1)], T + 1000).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0], ko(true, 1, 1000));
+}
+
+async fn sliding_not_fixed_window(l: Arc<dyn Limiter>) {
+    // A fixed window aligned on 1000 would admit the second burst.
+    assert!(at(&l, &[c("k", 5, 5)], 999).await.admitted);
+    let out = at(&l, &[c("k", 5, 5)], 1001).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 5, 998));
+    assert!(at(&l, &[c("k", 5, 5)], 1999).await.admitted);
+}
+
+async fn hits_addend_counts_each_hit(l: Arc<dyn Limiter>) {
+    let out = at(&l, &[c("k", 10, 4)], T).await;
+    assert_eq!(out.items[0], ko(true, 4, 1000));
+    let out = at(&l, &[c("k", 10, 6)], T + 100).await;
+    assert_eq!(out.items[0], ko(true, 10, 900));
+    let out = at(&l, &[c("k", 10, 1)], T + 200).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].count, 10);
+}
+
+/// Huge costs are decided at once: each call is waited for 2 s at most (a loop over the hits
+/// would take ages; one call takes milliseconds, even on a loaded 2-core machine).
+async fn hits_over_limit_rejected_quickly(l: Arc<dyn Limiter>) {
+    let quick = |batch: Vec<Hit>, now| {
+        let l = Arc::clone(&l);
+        async move { at_within(&l, &batch, now, Duration::from_secs(2)).await }
+    };
+    let refuse = |limit, hits| over(OverLimit::Refuse, c("k", limit, hits));
+    let out = quick(vec![refuse(10, 11)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 0, 1000));
+    let out = quick(vec![refuse(10, u64::MAX)], T).await;
+    assert!(!out.admitted);
+    let out = quick(vec![refuse(u64::MAX - 1, u64::MAX)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(count_at(&l, "k", 1000, T).await, 0);
+    // Filled or recorded, a huge cost is one entry: as quick, and cut at MAX_COUNT.
+    let out = quick(vec![c("f", 10, u64::MAX)], T).await;
+    assert_eq!(out.items[0], ko(false, 10, 1000));
+    let out = quick(vec![over(OverLimit::Record, c("r", 10, u64::MAX))], T).await;
+    assert_eq!(out.items[0], ko(false, MAX_COUNT, 1000));
+    let out = quick(vec![over(OverLimit::Record, c("r", 10, 5))], T + 1).await;
+    assert_eq!(out.items[0].count, MAX_COUNT);
+    // A huge refund of a huge log is as quick.
+    let out = quick(vec![hit("r", 10, 1000, u64::MAX, HitKind::Refund)], T + 2).await;
+    assert_eq!(out.items[0], ko(true, 0, 1000));
+}
+
+async fn large_hits_are_recorded_exactly(l: Arc<dyn Limiter>) {
+    // More members than one ZADD chunk in the Redis script.
+    let out = at(&l, &[c("k", 5000, 2500)], T).await;
+    assert_eq!(out.items[0], ko(true, 2500, 1000));
+    let out = at(&l, &[c("k", 5000, 2500)], T + 1).await;
+    assert_eq!(out.items[0], ko(true, 5000, 999));
+    assert!(!at(&l, &[c("k", 5000, 1)], T + 2).await.admitted);
+}
+
+async fn check_only_records_nothing(l: Arc<dyn Limiter>) {
+    for _ in 0..5 {
+        let out = at(&l, &[c("k", 2, 0)], T).await;
+        assert!(out.admitted);
+        assert_eq!(out.items[0], ko(true, 0, 1000));
+    }
+    assert!(at(&l, &[c("k", 2, 2)], T).await.admitted);
+    let out = at(&l, &[c("k", 2, 0)], T + 1).await;
+    assert!(!out.admitted, "a full key reports over even for a probe");
+    assert_eq!(out.items[0], ko(false, 2, 999));
+    assert_eq!(count_at(&l, "k", 1000, T + 1).await, 2);
+    // One below the limit: the probe passes.
+    assert!(at(&l, &[c("j", 2, 1)], T).await.admitted);
+    assert!(at(&l, &[c("j", 2, 0)], T).await.admitted);
+}
+
+async fn all_or_nothing_across_keys(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("full", 1, 1)], T).await.admitted);
+    let out = at(&l, &[c("free", 5, 1), c("full", 1, 1)], T + 1).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 1, 999)]);
+    assert_eq!(count_at(&l, "free", 1000, T + 1).await, 0);
+    assert_eq!(count_at(&l, "full", 1000, T + 1).await, 1);
+    let out = at(&l, &[c("free", 5, 1), c("other", 5, 2)], T + 2).await;
+    assert!(out.admitted);
+    assert_eq!(out.items, vec![ko(true, 1, 1000), ko(true, 2, 1000)]);
+}
+
+async fn rejected_batch_changes_nothing(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("a", 3, 2), c("b", 1, 1)], T).await.admitted);
+    let batch = [
+        c("a", 3, 1),
+        hit("a", 3, 1000, 2, HitKind::Refund),
+        hit("s", 9, 1000, 1, HitKind::Shadow),
+        c("b", 1, 1),
+    ];
+    let out = at(&l, &batch, T + 5).await;
+    assert!(!out.admitted);
+    assert_eq!(
+        out.items,
+        vec![
+            ko(true, 2, 995),
+            ko(true, 2, 995),
+            ko(true, 0, 1000),
+            ko(false, 1, 995)
+        ]
+    );
+    assert_eq!(count_at(&l, "a", 1000, T + 5).await, 2);
+    assert_eq!(count_at(&l, "s", 1000, T + 5).await, 0);
+}
+
+async fn same_key_twice_is_cumulative(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 10, 4)], T).await.admitted);
+    let out = at(&l, &[c("k", 10, 3), c("k", 10, 3)], T + 1).await;
+    assert!(out.admitted);
+    assert_eq!(out.items, vec![ko(true, 10, 999), ko(true, 10, 999)]);
+    // Room for one, two items of one hit: the second sees the first's hit and fails, so the
+    // batch is rejected. Refused, it records nothing.
+    let refuse = |key| over(OverLimit::Refuse, c(key, 1, 1));
+    let out = at(&l, &[refuse("j"), refuse("j")], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 0, 1000)]);
+    assert_eq!(count_at(&l, "j", 1000, T).await, 0);
+    // Filled: the first fitted and is dropped with the verdict, so the second's cost fits.
+    let out = at(&l, &[c("i", 1, 1), c("i", 1, 1)], T).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items, vec![ko(true, 1, 1000), ko(false, 1, 1000)]);
+}
+
+async fn shadow_never_vetoes(l: Arc<dyn Limiter>) {
+    let batch = [
+        c("c", 5, 1),
+        over(OverLimit::Refuse, hit("s", 1, 1000, 2, HitKind::Shadow)),
+        hit("p", 5, 1000, 2, HitKind::Shadow),
+        hit("f", 1, 1000, 2, HitKind::Shadow),
+    ];
+    let out = at(&l, &batch, T).await;
+    assert!(out.admitted);
+    // Over its limit, a shadow item records what enforcement would: nothing when refused, its
+    // key filled by default.
+    assert_eq!(
+        out.items,
+        vec![
+            ko(true, 1, 1000),
+            ko(false, 0, 1000),
+            ko(true, 2, 1000),
+            ko(false, 1, 1000)
+        ]
+    );
+    // A shadow item on a rejected batch records nothing even when it passed.
+    let out = at(
+        &l,
+        &[hit("p", 5, 1000, 1, HitKind::Shadow), c("c", 1, 1)],
+        T + 1,
+    )
+    .await;
+    assert!(!out.admitted);
+    assert_eq!(count_at(&l, "p", 1000, T + 1).await, 2);
+}
+
+/// quota_mode: an over-limit quota item fails the batch only when every quota item is over.
+async fn quota_mode_needs_one_quota_item(l: Arc<dyn Limiter>) {
+    let batch = |n: u64| {
+        [
+            hit("qa", 1, 1000, 1, HitKind::Quota),
+            hit("qb", 2, 1000, 1, HitKind::Quota),
+            hit("qc", 10, 1000, 1, HitKind::Consume),
+        ]
+        .map(|mut h| {
+            h.hits = n;
+            h
+        })
+    };
+    // Both quota items pass: everything records.
+    let out = at(&l, &batch(1), T).await;
+    assert!(out.admitted);
+    assert_eq!(
+        out.items.iter().map(|i| i.count).collect::<Vec<_>>(),
+        [1, 1, 1]
+    );
+    // `qa` is over, `qb` still has room: admitted; `qa` records nothing.
+    let out = at(&l, &batch(1), T + 1).await;
+    assert!(out.admitted);
+    assert_eq!(
+        out.items.iter().map(|i| i.passed).collect::<Vec<_>>(),
+        [false, true, true]
+    );
+    assert_eq!(
+        out.items.iter().map(|i| i.count).collect::<Vec<_>>(),
+        [1, 2, 2]
+    );
+    // Both over: rejected, and the consume item records nothing either.
+    let out = at(&l, &batch(1), T + 2).await;
+    assert!(!out.admitted);
+    assert_eq!(
+        out.items.iter().map(|i| i.passed).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    assert_eq!(count_at(&l, "qc", 1000, T + 2).await, 2);
+    assert_eq!(count_at(&l, "qa", 1000, T + 2).await, 1);
+    assert_eq!(count_at(&l, "qb", 1000, T + 2).await, 2);
+}
+
+async fn refund_removes_newest(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 10, 2)], T).await.admitted);
+    assert!(at(&l, &[c("k", 10, 3)], T + 500).await.admitted);
+    let out = at(&l, &[hit("k", 10, 1000, 4, HitKind::Refund)], T + 600).await;
+    assert!(out.admitted);
+    // The 3 at T+500 and one at T went; one entry at T is left.
+    assert_eq!(out.items[0], ko(true, 1, 400));
+    assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
+    assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
+    // Refunding more than there is empties the key; refunds never reject.
+    assert!(at(&l, &[c("r", 10, 2)], T).await.admitted);
+    let out = at(&l, &[hit("r", 10, 1000, 99, HitKind::Refund)], T).await;
+    assert_eq!(out.items[0], ko(true, 0, 1000));
+    let out = at(&l, &[hit("none", 1, 1000, 5, HitKind::Refund)], T).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0], ko(true, 0, 1000));
+}
+
+async fn reset_ms_tracks_oldest_entry(l: Arc<dyn Limiter>) {
+    assert_eq!(at(&l, &[c("k", 9, 1)], T).await.items[0].reset_ms, 1000);
+    assert_eq!(
+        at(&l, &[c("k", 9, 1)], T + 300).await.items[0].reset_ms,
+        700
+    );
+    assert_eq!(
+        at(&l, &[c("k", 9, 1)], T + 900).await.items[0].reset_ms,
+        100
+    );
+    // The T entry left; the oldest is now the one at T+300.
+    let out = at(&l, &[c("k", 9, 0)], T + 1000).await;
+    assert_eq!(out.items[0], ko(true, 2, 300));
+    let out = at(&l, &[hit("w", 9, 60_000, 1, HitKind::Consume)], T).await;
+    assert_eq!(out.items[0].reset_ms, 60_000);
+}
+
+async fn clock_step_back_does_not_shorten_entries(l: Arc<dyn Limiter>) {
+    assert!(at(&l, &[c("k", 5, 1)], T + 1000).await.admitted);
+    // An earlier `now` (another instance's clock, a clock step) records at the newest time.
+    assert!(at(&l, &[c("k", 5, 1)], T + 500).await.admitted);
+    assert_eq!(count_at(&l, "k", 1000, T + 1999).await, 2);
+    assert_eq!(count_at(&l, "k", 1000, T + 2000).await, 0);
+}
+
+async fn real_clock(l: Arc<dyn Limiter>) {
+    let batch = [hit("rt", 2, 300, 1, HitKind::Consume)];
+    let decide = |l: &Arc<dyn Limiter>| {
+        let l = Arc::clone(l);
+        let batch = batch.clone();
+        async move { l.decide(&batch, None).await.expect("decide") }
+    };
+    assert!(decide(&l).await.admitted);
+    assert!(decide(&l).await.admitted);
+    let out = decide(&l).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0].count, 2);
+    assert!(out.items[0].reset_ms <= 300 && out.items[0].reset_ms > 0);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let out = decide(&l).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0].count, 1);
+}
+
+async fn concurrent_single_key(l: Arc<dyn Limiter>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let l = Arc::clone(&l);
+        tasks.spawn(async move {
+            let batch = [hit("hot", 10, 60_000, 1, HitKind::Consume)];
+            l.decide(&batch, None).await.expect("decide").admitted
+        });
+    }
+    let mut admitted = 0;
+    while let Some(res) = tasks.join_next().await {
+        admitted += usize::from(res.expect("task"));
+    }
+    assert_eq!(admitted, 10);
+}
+
+/// Weighted entries: an item's hits are one entry, counted exactly whatever their number (and
+/// whatever the window), and a refund takes the newest weight, splitting an entry.
+async fn weights_count_exactly(l: Arc<dyn Limiter>) {
+    let w = |hits, kind| hit("w", 1_000_000, 2500, hits, kind);
+    let consume = |hits| w(hits, HitKind::Consume);
+    let out = at(&l, &[consume(100_000)], T).await;
+    assert_eq!(out.items[0], ko(true, 100_000, 2500));
+    let out = at(&l, &[consume(1)], T + 1000).await;
+    assert_eq!(out.items[0], ko(true, 100_001, 1500));
+    let out = at(&l, &[consume(2000)], T + 2000).await;
+    assert_eq!(out.items[0], ko(true, 102_001, 500));
+    // The newest 2000 and 1 go whole, 500 comes off the entry of T, which stays with 99,500.
+    let out = at(&l, &[w(2501, HitKind::Refund)], T + 2100).await;
+    assert_eq!(out.items[0], ko(true, 99_500, 400));
+    assert_eq!(count_at(&l, "w", 2500, T + 2499).await, 99_500);
+    assert_eq!(count_at(&l, "w", 2500, T + 2500).await, 0);
+    // At the limit exactly, and one past it.
+    let out = at(&l, &[consume(1_000_000)], T + 2500).await;
+    assert_eq!(out.items[0], ko(true, 1_000_000, 2500));
+    let out = at(&l, &[consume(1)], T + 2501).await;
+    assert_eq!(out.items[0], ko(false, 1_000_000, 2499));
+    // Several entries leave at once, some of them more than the two oldest.
+    for i in 0..5 {
+        assert!(at(&l, &[c("many", 100, i + 1)], T + i).await.admitted);
+    }
+    let probe = [c("many", 100, 0)];
+    assert_eq!(at(&l, &probe, T + 1002).await.items[0], ko(true, 9, 1));
+    assert_eq!(at(&l, &probe, T + 1003).await.items[0], ko(true, 5, 1));
+    assert!(at(&l, &[c("many", 100, 1)], T + 1003).await.admitted);
+    assert_eq!(at(&l, &probe, T + 1004).await.items[0], ko(true, 1, 999));
+}
+
+/// The token budget of an AI or Envoy Gateway (a cost charged after the response): each request is checked with 0 hits on the request path, and its cost (4) is
+/// charged when the stream ends, where the answer is ignored. On every algorithm, with a
+/// window of 1.5 s: the third charge does not fit; by default it fills the budget (record:
+/// overdraws it; refuse: drops it), so the fourth check is refused (refuse: admitted, the
+/// budget never runs out), until the window frees room.
+async fn charges_after_the_response_hold_the_budget(l: Arc<dyn Limiter>) {
+    for alg in ALGORITHMS {
+        let alg = match alg {
+            Algorithm::Gcra { .. } => Algorithm::Gcra { burst: 10 },
+            other => other,
+        };
+        for (over_limit, after_third) in [
+            (OverLimit::Fill, 10),
+            (OverLimit::Record, 12),
+            (OverLimit::Refuse, 8),
+        ] {
+            let key = format!("budget-{}-{}", alg.name(), over_limit.name());
+            let item = |hits| {
+                over(
+                    over_limit,
+                    with(alg, hit(&key, 10, 1500, hits, HitKind::Consume)),
+                )
+            };
+            let what = format!("{} {}", alg.name(), over_limit.name());
+            for (i, count) in [(0, 4), (1, 8)] {
+                assert!(
+                    at(&l, &[item(0)], T + i).await.admitted,
+                    "{what}: check {i}"
+                );
+                let out = at(&l, &[item(4)], T + i).await;
+                assert_eq!((out.admitted, out.items[0].count), (true, count), "{what}");
+            }
+            let check = at(&l, &[item(0)], T + 2).await;
+            assert_eq!((check.admitted, check.items[0].count), (true, 8), "{what}");
+            let charge = at(&l, &[item(4)], T + 2).await;
+            assert!(!charge.admitted, "{what}");
+            assert_eq!(charge.items[0].count, after_third, "{what}: third charge");
+            let next = at(&l, &[item(0)], T + 3).await;
+            assert_eq!(
+                next.admitted,
+                over_limit == OverLimit::Refuse,
+                "{what}: fourth"
+            );
+            // One more hit: at the full budget it records nothing (fill) or overdraws it
+            // (record); under refuse it still fits.
+            let one = at(&l, &[item(1)], T + 3).await;
+            let expected = match over_limit {
+                OverLimit::Fill => after_third,
+                OverLimit::Record | OverLimit::Refuse => after_third + 1,
+            };
+            assert_eq!(one.items[0].count, expected, "{what}: one more hit");
+            // Once the window has slid past every charge: admitted again.
+            let later = at(&l, &[item(0)], T + 3000).await;
+            assert_eq!((later.admitted, later.items[0].count), (true, 0), "{what}");
+        }
+    }
+}
+
+/// On a rejected batch, what each setting records: refuse nothing; fill only the item that did
+/// not fit, up to its capacity; record every item's whole cost.
+async fn over_limit_on_a_rejected_batch(l: Arc<dyn Limiter>) {
+    for (over_limit, fitted, filled) in [
+        (OverLimit::Refuse, 0, 8),
+        (OverLimit::Fill, 0, 10),
+        (OverLimit::Record, 1, 12),
+    ] {
+        let item = |key: &str, hits| over(over_limit, hit(key, 10, 60_000, hits, HitKind::Consume));
+        let full = format!("full-{}", over_limit.name());
+        let other = format!("other-{}", over_limit.name());
+        assert!(at(&l, &[item(&full, 8)], T).await.admitted);
+        let out = at(&l, &[item(&other, 1), item(&full, 4)], T + 10).await;
+        assert!(!out.admitted, "{over_limit:?}");
+        assert_eq!(
+            out.items,
+            vec![ko(true, fitted, 60_000), ko(false, filled, 59_990)],
+            "{over_limit:?}"
+        );
+        assert_eq!(count_at(&l, &other, 60_000, T + 11).await, fitted);
+        assert_eq!(count_at(&l, &full, 60_000, T + 11).await, filled);
+    }
+}
+
+/// `in_flight` (src/limiter/leases.rs): a lease per admitted request, ended by the refund that
+/// names it (and no other) or after the lease; a refused request holds none, whatever its
+/// `over_limit`, also when another key refused its batch (on the cluster: compensated).
+async fn in_flight_leases(l: Arc<dyn Limiter>) {
+    let lease = |token: u64, kind: HitKind| Hit {
+        algorithm: Algorithm::InFlight,
+        lease: token,
+        ..hit("conc", 2, 1000, 1, kind)
+    };
+    let probe = || Hit {
+        hits: 0,
+        ..lease(0, HitKind::Consume)
+    };
+    let out = at(&l, &[lease(1, HitKind::Consume)], T).await;
+    assert_eq!(out.items[0], ko(true, 1, 1000));
+    let out = at(&l, &[lease(2, HitKind::Consume)], T + 400).await;
+    assert_eq!(out.items[0], ko(true, 2, 600));
+    let refused = over(OverLimit::Record, lease(3, HitKind::Consume));
+    let out = at(&l, &[refused], T + 500).await;
+    assert!(!out.admitted);
+    assert_eq!(out.items[0], ko(false, 2, 500));
+    // Request 2 is done: its refund ends lease 2, not the older lease 1.
+    let out = at(&l, &[lease(2, HitKind::Refund)], T + 600).await;
+    assert_eq!(out.items[0], ko(true, 1, 400));
+    // Its refund again, one for a lease never held, or for token 0: nothing more.
+    for token in [2, 3, 9, 0] {
+        let out = at(&l, &[lease(token, HitKind::Refund)], T + 700).await;
+        assert_eq!(out.items[0].count, 1, "refund of {token}");
+    }
+    // More hits still take one lease; a probe takes none.
+    let heavy = Hit {
+        hits: 5,
+        ..lease(4, HitKind::Consume)
+    };
+    assert_eq!(at(&l, &[heavy], T + 800).await.items[0], ko(true, 2, 200));
+    assert_eq!(at(&l, &[probe()], T + 999).await.items[0], ko(false, 2, 1));
+    // Lease 1, never released (a lost refund), ends at exactly T + 1000.
+    assert_eq!(
+        at(&l, &[probe()], T + 1000).await.items[0],
+        ko(true, 1, 800)
+    );
+    // All or nothing: refused by another key, the request holds no lease.
+    let out = at(
+        &l,
+        &[lease(5, HitKind::Consume), c("blocker", 0, 1)],
+        T + 1000,
+    )
+    .await;
+    assert!(!out.admitted);
+    assert_eq!(
+        at(&l, &[probe()], T + 1001).await.items[0],
+        ko(true, 1, 799)
+    );
+    assert_eq!(
+        at(&l, &[probe()], T + 1800).await.items[0],
+        ko(true, 0, 1000)
+    );
+}
+
+const ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::SlidingLog,
+    Algorithm::QuantizedLog { quantum_ms: 100 },
+    Algorithm::SlidingCounter,
+    Algorithm::Gcra { burst: 3 },
+    Algorithm::FixedWindow,
+];
+
+/// Every algorithm keeps the all-or-nothing promise when mixed in one batch: a batch rejected
+/// by one key records nothing on any other (on the cluster, compensation takes each
+/// algorithm's hits back exactly), and an admitted one records on all.
+async fn algorithms_mix_all_or_nothing(l: Arc<dyn Limiter>) {
+    let item = |alg: Algorithm, hits: u64| {
+        with(
+            alg,
+            hit(
+                &format!("mix-{}", alg.name()),
+                3,
+                1000,
+                hits,
+                HitKind::Consume,
+            ),
+        )
+    };
+    let probe = |alg: Algorithm| item(alg, 0);
+    assert!(at(&l, &[c("blocker", 1, 1)], T).await.admitted);
+    let mut batch: Vec<Hit> = ALGORITHMS.iter().map(|&a| item(a, 2)).collect();
+    batch.push(c("blocker", 1, 1));
+    let out = at(&l, &batch, T + 10).await;
+    assert!(!out.admitted);
+    for (alg, o) in ALGORITHMS.iter().zip(&out.items) {
+        assert!(o.passed, "{}", alg.name());
+    }
+    for &alg in &ALGORITHMS {
+        let out = at(&l, &[probe(alg)], T + 20).await;
+        assert_eq!(
+            out.items[0].count,
+            0,
+            "{} after a rejected batch",
+            alg.name()
+        );
+    }
+    batch.pop();
+    let out = at(&l, &batch, T + 30).await;
+    assert!(out.admitted);
+    for (alg, o) in ALGORITHMS.iter().zip(&out.items) {
+        assert_eq!(o.count, 2, "{}", alg.name());
+    }
+    // Capacity 3 everywhere: two more hits are over on every algorithm, and fill the key.
+    for &alg in &ALGORITHMS {
+        let out = at(&l, &[item(alg, 2)], T + 40).await;
+        assert!(!out.admitted, "{}", alg.name());
+        assert_eq!(out.items[0].count, 3, "{}", alg.name());
+    }
+}
+
+/// Per-algorithm arithmetic the models define, checked on every backend.
+async fn algorithm_specifics(l: Arc<dyn Limiter>) {
+    // GCRA: 10 per second, burst 3: one token every 100 ms, exact retry-after.
+    let g = |hits: u64| {
+        with(
+            Algorithm::Gcra { burst: 3 },
+            hit("g", 10, 1000, hits, HitKind::Consume),
+        )
+    };
+    let out = at(&l, &[g(3)], T).await;
+    assert_eq!(out.items[0], ko(true, 3, 100));
+    let out = at(&l, &[g(1)], T + 99).await;
+    assert_eq!(out.items[0], ko(false, 3, 1));
+    let out = at(&l, &[g(1)], T + 100).await;
+    assert_eq!(out.items[0], ko(true, 3, 100));
+    // Refunds give tokens back.
+    let refund = with(
+        Algorithm::Gcra { burst: 3 },
+        hit("g", 10, 1000, 2, HitKind::Refund),
+    );
+    assert_eq!(at(&l, &[refund], T + 100).await.items[0].count, 1);
+
+    // Fixed window: resets at the boundary, reports the window's end.
+    let f = |hits: u64| {
+        with(
+            Algorithm::FixedWindow,
+            hit("f", 2, 1000, hits, HitKind::Consume),
+        )
+    };
+    assert_eq!(at(&l, &[f(2)], T + 900).await.items[0], ko(true, 2, 100));
+    assert!(!at(&l, &[f(1)], T + 999).await.admitted);
+    assert_eq!(at(&l, &[f(2)], T + 1000).await.items[0], ko(true, 2, 1000));
+
+    // Sliding counter: 25% into the next window, 75% of the previous count still counts.
+    let s = |hits: u64| {
+        with(
+            Algorithm::SlidingCounter,
+            hit("s", 10, 1000, hits, HitKind::Consume),
+        )
+    };
+    assert!(at(&l, &[s(10)], T + 500).await.admitted);
+    let out = at(&l, &[s(0)], T + 1250).await;
+    assert_eq!(out.items[0], ko(true, 8, 750));
+    assert!(at(&l, &[s(2)], T + 1250).await.admitted);
+    assert!(!at(&l, &[s(1)], T + 1250).await.admitted);
+
+    // Quantized log: buckets of 100 ms; a bucket counts until start + quantum + window.
+    let q = |hits: u64| {
+        with(
+            Algorithm::QuantizedLog { quantum_ms: 100 },
+            hit("q", 4, 1000, hits, HitKind::Consume),
+        )
+    };
+    assert!(at(&l, &[q(2)], T + 50).await.admitted);
+    assert!(at(&l, &[q(2)], T + 199).await.admitted);
+    assert_eq!(at(&l, &[q(0)], T + 1099).await.items[0], ko(false, 4, 1));
+    assert_eq!(at(&l, &[q(0)], T + 1100).await.items[0], ko(true, 2, 100));
+}
+
+/// The edge table (docs/algorithms.md): `limit` single hits in the last `limit` ms before a
+/// fixed-window boundary, `limit` more in the first ms after it; the most admitted within any
+/// window of the configured length, asserted equal to the published figures (the trace is on a
+/// virtual clock, so they are exact on every backend). The loop makes `2 * limit` attempts, so
+/// only figures below that can tell a sliding algorithm from a fixed window:
+/// - sliding and quantized log: the limit (every hit lies within one window of the others);
+/// - sliding counter: the limit, plus what the previous window's weight frees by the trace's
+///   last attempt, `limit - 1` ms into the new window: `floor(limit * (limit - 1) / 1000)`
+///   (0 at 10, 9 at 100);
+/// - GCRA with burst = limit: the burst, plus one token per `1000 / limit` ms over the
+///   `2 * limit - 1` ms the trace spans: `floor((2 * limit - 1) * limit / 1000)` (0 at 10, 19
+///   at 100);
+/// - fixed window: twice the limit.
+async fn edge_table(l: Arc<dyn Limiter>) {
+    let window = 1000;
+    for limit in [10u64, 100] {
+        for alg in ALGORITHMS {
+            let alg = match alg {
+                Algorithm::Gcra { .. } => Algorithm::Gcra { burst: limit },
+                other => other,
+            };
+            let key = format!("edge-{}-{limit}", alg.name());
+            let boundary = T + 10 * window;
+            let mut admitted = Vec::new();
+            for i in 0..2 * limit {
+                let now = boundary - limit + i;
+                let out = at(
+                    &l,
+                    &[with(alg, hit(&key, limit, window, 1, HitKind::Consume))],
+                    now,
+                )
+                .await;
+                if out.admitted {
+                    admitted.push(now);
+                }
+            }
+            let most = admitted
+                .iter()
+                .map(|&start| {
+                    admitted
+                        .iter()
+                        .filter(|&&t| t >= start && t < start + window)
+                        .count()
+                })
+                .max()
+                .unwrap_or(0) as u64;
+            println!(
+                "edge {:<16} limit {limit:>4}: {most:>4} admitted within one window ({} backend)",
+                alg.name(),
+                l.backend()
+            );
+            let published = match (alg, limit) {
+                (Algorithm::SlidingLog | Algorithm::QuantizedLog { .. }, _) => limit,
+                (Algorithm::SlidingCounter, 10) => 10,
+                (Algorithm::SlidingCounter, 100) => 109,
+                (Algorithm::Gcra { .. }, 10) => 10,
+                (Algorithm::Gcra { .. }, 100) => 119,
+                (Algorithm::FixedWindow, _) => 2 * limit,
+                other => unreachable!("no published figure for {other:?}"),
+            };
+            assert_eq!(most, published, "{} at limit {limit}", alg.name());
+        }
+    }
+}
+
+/// Instantiates every check above for one backend: `$make` is an async block yielding
+/// `(guard, Arc<dyn Limiter>)`, where the guard (e.g. a Redis server) must outlive the test.
+macro_rules! conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            conformance!(@tests $make;
+                admits_up_to_limit_then_rejects,
+                window_edge_is_exact,
+                sliding_not_fixed_window,
+                hits_addend_counts_each_hit,
+                hits_over_limit_rejected_quickly,
+                large_hits_are_recorded_exactly,
+                check_only_records_nothing,
+                all_or_nothing_across_keys,
+                rejected_batch_changes_nothing,
+                same_key_twice_is_cumulative,
+                shadow_never_vetoes,
+                quota_mode_needs_one_quota_item,
+                refund_removes_newest,
+                reset_ms_tracks_oldest_entry,
+                clock_step_back_does_not_shorten_entries,
+                real_clock,
+                concurrent_single_key,
+                algorithms_mix_all_or_nothing,
+                algorithm_specifics,
+                edge_table,
+                weights_count_exactly,
+                charges_after_the_response_hold_the_budget,
+                over_limit_on_a_rejected_batch,
+                in_flight_leases
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (_guard, limiter) = $make.await;
+                super::$name(limiter).await;
+            }
+        )*
+    };
+}
+
+conformance!(memory, async {
+    let limiter: Arc<dyn Limiter> = Arc::new(sluice::limiter::memory::MemoryLimiter::new(
+        Arc::new(sluice::limiter::SystemClock),
+    ));
+    ((), limiter)
+});
+
+conformance!(redis, async {
+    let server = helpers::RedisServer::start();
+    let limiter = redis_limiter(&server).await;
+    (server, limiter)
+});
+
+// The same suite with every decision in a script call of its own (no batching).
+conformance!(redis_unbatched, async {
+    let server = helpers::RedisServer::start();
+    let options = RedisOptions {
+        pool_size: 4,
+        batch_max: 1,
+        ..RedisOptions::new(server.url())
+    };
+    let limiter: Arc<dyn Limiter> = Arc::new(
+        RedisLimiter::open(&options).unwrap_or_else(|e| panic!("open {}: {e}", server.url())),
+    );
+    (server, limiter)
+});
+
+conformance!(redis_cluster, async {
+    let cluster = helpers::RedisCluster::start();
+    let limiter: Arc<dyn Limiter> = Arc::new(cluster_limiter(&cluster).await);
+    (cluster, limiter)
+});

@@ -1,0 +1,125 @@
+//! Measurement behind the connection design (docs/redis.md): Redis commands per decision
+//! with the limiter's shared multiplexed connections versus a deadpool-redis pool, counted by
+//! Redis itself (`INFO commandstats`). deadpool-redis is a dev-dependency only for this.
+//! `cargo test --test pool_round_trips -- --nocapture` prints the figures for docs/redis.md.
+
+use crate::helpers;
+
+use std::collections::BTreeMap;
+
+use helpers::{consume, RedisServer};
+use sluice::limiter::redis::{RedisLimiter, RedisOptions};
+use sluice::limiter::{Hit, Limiter};
+
+const DECISIONS: u64 = 200;
+
+/// Commands the script runs inside Redis: not round trips, so not counted.
+const SCRIPT_INTERNAL: &[&str] = &[
+    "time",
+    "zremrangebyscore",
+    "zcard",
+    "zrange",
+    "zadd",
+    "zpopmax",
+    "pexpire",
+];
+
+/// Client commands so far, as Redis counts them (`INFO` itself and the script's own calls
+/// excluded). deadpool-redis pipelines its recycle check (`UNWATCH` + `PING`), so its two extra
+/// commands are one extra round trip.
+async fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
+    let mut conn = redis::Client::open(server.url())
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("stats connection");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            (name != "info" && !SCRIPT_INTERNAL.contains(&name)).then(|| (name.to_string(), calls))
+        })
+        .collect()
+}
+
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+fn batch(i: u64) -> Vec<Hit> {
+    vec![consume(&format!("sluice:{{k{i}}}"), 10, 1000)]
+}
+
+#[tokio::test]
+async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more() {
+    // The limiter: warm up (script load, CLIENT SETINFO at connect), then count.
+    let server = RedisServer::start();
+    let limiter = RedisLimiter::connect(&RedisOptions {
+        pool_size: 4,
+        ..RedisOptions::new(server.url())
+    })
+    .await
+    .expect("connect");
+    limiter.decide(&batch(0), None).await.expect("warm-up");
+    let before = commandstats(&server).await;
+    for i in 0..DECISIONS {
+        limiter.decide(&batch(i), None).await.expect("decide");
+    }
+    let ours = delta(&before, &commandstats(&server).await);
+    let ours_total: u64 = ours.values().sum();
+    println!(
+        "multiplexed: {:.2} client commands per decision {ours:?}",
+        ours_total as f64 / DECISIONS as f64
+    );
+    assert_eq!(ours_total, DECISIONS, "{ours:?}");
+
+    // The same script through a deadpool-redis pool: one checkout per decision.
+    let server = RedisServer::start();
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("pool");
+    let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
+    let run = |i: u64| {
+        let pool = pool.clone();
+        let script = &script;
+        async move {
+            let mut conn = pool.get().await.expect("checkout");
+            let hit = &batch(i)[0];
+            let _: redis::Value = script
+                .key(&hit.key)
+                .arg("")
+                .arg(hit.limit)
+                .arg(hit.window_ms)
+                .arg(hit.hits)
+                .arg("c")
+                .arg(hit.algorithm.code())
+                .arg(hit.algorithm.param())
+                .arg(hit.over_limit.code())
+                .invoke_async(&mut conn)
+                .await
+                .expect("script via pool");
+        }
+    };
+    run(0).await;
+    let before = commandstats(&server).await;
+    for i in 0..DECISIONS {
+        run(i).await;
+    }
+    let pooled = delta(&before, &commandstats(&server).await);
+    let pooled_total: u64 = pooled.values().sum();
+    println!(
+        "deadpool-redis: {:.2} client commands per decision {pooled:?}",
+        pooled_total as f64 / DECISIONS as f64
+    );
+    // If a deadpool release stops checking on recycle, this fails: revisit docs/redis.md.
+    assert!(pooled_total > DECISIONS, "{pooled:?}");
+}

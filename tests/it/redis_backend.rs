@@ -1,0 +1,687 @@
+//! The Redis backend beyond the conformance suite: what the script leaves in the server (key
+//! shapes, TTLs, encodings, members), script loading, batching of concurrent requests, and
+//! failures (a stopped, paused or unreachable server). Every test has its own `redis-server`.
+
+use crate::helpers;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use helpers::limiter::{at, c, hit, redis_limiter, with, T};
+use helpers::RedisServer;
+use redis::AsyncCommands;
+use sluice::limiter::redis::script::LOG_TOTAL_MEMBER;
+use sluice::limiter::redis::{RedisLimiter, RedisOptions};
+use sluice::limiter::{Algorithm, HitKind, Limiter, LimiterError};
+
+/// The script prints times as integers, so a clock that is not a whole number of ms is
+/// refused like a malformed one, before anything is written; a whole one is decided.
+#[tokio::test]
+async fn a_fractional_clock_is_refused_and_writes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.raw().await;
+    let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
+    let call = |now: &str| {
+        let mut call = script.prepare_invoke();
+        call.arg(now)
+            .key("clock-key")
+            .arg(&["10", "1000", "1", "c", "l", "0", "f"]);
+        call
+    };
+    let refused: redis::RedisResult<redis::Value> =
+        call(&format!("{T}.5")).invoke_async(&mut conn).await;
+    let error = refused.expect_err("a fractional clock must be refused");
+    // redis-rs splits the message at its first word: `"sluice:": bad now`.
+    assert!(error.to_string().contains("bad now"), "{error}");
+    let exists: bool = conn.exists("clock-key").await.expect("exists");
+    assert!(!exists, "a refused call wrote the key");
+
+    let reply: redis::Value = call(&T.to_string())
+        .invoke_async(&mut conn)
+        .await
+        .expect("a whole clock is decided");
+    let outcome = sluice::limiter::redis::script::decode_reply(&reply, 1).expect("reply");
+    assert!(outcome.admitted);
+    let score: Option<f64> = conn.zscore("clock-key", "1000000").await.expect("zscore");
+    assert_eq!(
+        score,
+        Some(T as f64),
+        "the entry's score is the clock, printed whole"
+    );
+}
+
+/// Concurrent requests share script calls, and each is still decided on its own, in some
+/// order, all-or-nothing: 400 requests of two items (one of 5 keys with limit 10, and a
+/// shared key with limit 30) admit exactly 30, at most 10 per key, whatever the batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batched_calls_decide_each_request_on_its_own() {
+    let server = RedisServer::start();
+    let l = Arc::new(
+        RedisLimiter::open(&RedisOptions {
+            pool_size: 1,
+            batch_max: 16,
+            ..RedisOptions::new(server.url())
+        })
+        .expect("open"),
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..400u64 {
+        let l = Arc::clone(&l);
+        tasks.spawn(async move {
+            let own = format!("k{}", i % 5);
+            let batch = [
+                hit(&own, 10, 60_000, 1, HitKind::Consume),
+                hit("shared", 30, 60_000, 1, HitKind::Consume),
+            ];
+            let out = l.decide(&batch, None).await.expect("decide");
+            // The outcome belongs to this request: its own items, its own counts.
+            assert_eq!(out.items.len(), 2);
+            assert_eq!(out.admitted, out.items.iter().all(|item| item.passed));
+            (i % 5, out.admitted)
+        });
+    }
+    let mut per_key = [0u64; 5];
+    while let Some(res) = tasks.join_next().await {
+        let (key, admitted) = res.expect("task");
+        per_key[key as usize] += u64::from(admitted);
+    }
+    assert_eq!(per_key.iter().sum::<u64>(), 30, "{per_key:?}");
+    assert!(per_key.iter().all(|&n| n <= 10), "{per_key:?}");
+    let mut conn = server.raw().await;
+    assert_eq!(log_of(&mut conn, "shared").await, (30, 30));
+    for (k, &admitted) in per_key.iter().enumerate() {
+        let (entries, total) = log_of(&mut conn, &format!("k{k}")).await;
+        assert_eq!((entries, total), (admitted, admitted), "k{k}");
+    }
+    let stats = l.stats().expect("redis stats");
+    assert_eq!(stats.script_decisions, 400);
+    assert!(
+        stats.script_calls < 400,
+        "no call carried two requests: {} calls",
+        stats.script_calls
+    );
+    println!(
+        "400 requests in {} script calls (mean batch {:.1})",
+        stats.script_calls,
+        400.0 / stats.script_calls as f64
+    );
+}
+
+/// The first readiness probe opens every connection and loads the script, so the first
+/// decisions pay neither a connect nor a NOSCRIPT round trip inside their deadline.
+#[tokio::test]
+async fn first_probe_warms_every_connection_and_the_script() {
+    let server = RedisServer::start();
+    let l = RedisLimiter::open(&RedisOptions {
+        pool_size: 4,
+        ..RedisOptions::new(server.url())
+    })
+    .expect("open");
+    let cold = l.stats().expect("stats");
+    assert_eq!((cold.connected, cold.script_loads), (0, 0));
+    l.ping().await.expect("ping");
+    let warm = l.stats().expect("stats");
+    assert_eq!((warm.connected, warm.script_loads), (4, 1));
+    let mut conn = server.raw().await;
+    let loaded: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(redis::Script::new(sluice::limiter::redis::script::SCRIPT).get_hash())
+        .query_async(&mut conn)
+        .await
+        .expect("SCRIPT EXISTS");
+    assert_eq!(loaded, [true]);
+    // The first decision finds the script: no reload.
+    l.decide(&[c("w", 1, 1)], None).await.expect("decide");
+    assert_eq!(l.stats().expect("stats").script_loads, 1);
+}
+
+/// Redis's clock (`TIME`) in ms, which `PEXPIRETIME` counts on.
+async fn redis_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+async fn pexpiretime(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("PEXPIRETIME")
+}
+
+/// Makes an admitted single hit on `k` (limit 5, window 2 s) at virtual `now` and returns the
+/// key's expiry, asserting it is `ttl` ms after Redis's clock while the call ran.
+async fn admitted_expiry(
+    l: &Arc<dyn Limiter>,
+    conn: &mut redis::aio::MultiplexedConnection,
+    now: u64,
+    ttl: i64,
+) -> i64 {
+    let before = redis_ms(conn).await;
+    assert!(
+        at(l, &[hit("k", 5, 2000, 1, HitKind::Consume)], now)
+            .await
+            .admitted
+    );
+    let after = redis_ms(conn).await;
+    let expiry = pexpiretime(conn, "k").await;
+    assert!(
+        (before + ttl..=after + ttl).contains(&expiry),
+        "expiry {expiry} after a hit at {now}: Redis's clock ran {before}..{after}, TTL {ttl}"
+    );
+    expiry
+}
+
+/// A written log key expires when its newest entry leaves the window: `PEXPIRETIME` (absolute,
+/// so it does not drift while the test runs) is the script's TTL (newest + window - now on the
+/// call's virtual clock) added to Redis's clock during the call. Calls that write nothing leave
+/// it exactly as it was: each is made at a virtual time where a rewrite would give another
+/// expiry (a probe or a rejected batch at T + 1000 would set newest + 2000 - 1000 = 2500 ms, not
+/// the 2000 ms the admitted hit at T + 1500 set).
+#[tokio::test]
+async fn keys_expire_within_the_window() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    let item = |hits, limit| [hit("k", limit, 2000, hits, HitKind::Consume)];
+    let mut expiry = 0;
+    // The first hit, then a later one that moves the expiry to its own exit (1500 + 2000 -
+    // 1500): each TTL 2000 from Redis's clock while the call ran.
+    for now in [T, T + 1500] {
+        expiry = admitted_expiry(&l, &mut conn, now, 2000).await;
+    }
+    // A probe (0 hits) and a rejected batch (limit 2, two entries in the window) write nothing.
+    assert!(at(&l, &item(0, 5), T + 1000).await.admitted);
+    assert_eq!(
+        pexpiretime(&mut conn, "k").await,
+        expiry,
+        "a probe rewrote the TTL"
+    );
+    assert!(!at(&l, &item(1, 2), T + 1000).await.admitted);
+    assert_eq!(
+        pexpiretime(&mut conn, "k").await,
+        expiry,
+        "a rejected batch rewrote the TTL"
+    );
+    // An admitted hit at T + 1000 (a lagging clock) is recorded at the newest time, T + 1500,
+    // and keeps the key until that entry leaves: 1500 + 2000 - 1000.
+    admitted_expiry(&l, &mut conn, T + 1000, 2500).await;
+    // Check-only batches create nothing.
+    let _ = at(&l, &[hit("probe", 5, 2000, 0, HitKind::Consume)], T).await;
+    let exists: bool = conn.exists("probe").await.expect("exists");
+    assert!(!exists);
+}
+
+/// A log key's entries and the total stored beside them (`LOG_TOTAL_MEMBER`'s score, negated).
+async fn log_of(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> (u64, u64) {
+    let members: u64 = conn.zcard(key).await.expect("zcard");
+    let total: Option<i64> = conn.zscore(key, LOG_TOTAL_MEMBER).await.expect("zscore");
+    match total {
+        Some(total) => (members - 1, total.unsigned_abs()),
+        None => (members, 0),
+    }
+}
+
+#[tokio::test]
+async fn members_are_short_increasing_integers() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    // A tiny explicit clock (tests) and the real TIME (production) give the same shape.
+    assert!(at(&l, &[c("small", 100, 1)], 5).await.admitted);
+    assert!(at(&l, &[c("small", 100, 2)], 5).await.admitted);
+    let real = [hit("real", 100, 60_000, 1, HitKind::Consume)];
+    assert!(l.decide(&real, None).await.expect("decide").admitted);
+    let real = [hit("real", 100, 60_000, 2, HitKind::Consume)];
+    assert!(l.decide(&real, None).await.expect("decide").admitted);
+    for key in ["small", "real"] {
+        let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("zrange");
+        // The total first (it sorts below every entry), then one entry per item: a new key
+        // starts at the bottom of the 24-bit range, then +1 per entry; a weight above 1 follows
+        // the number.
+        assert_eq!(members, ["t", "1000000", "10000012"], "{key}");
+        assert_eq!(log_of(&mut conn, key).await, (2, 3), "{key}");
+        assert_eq!(encoding(&mut conn, key).await, "listpack");
+    }
+}
+
+/// An item's hits are one member whatever their number: `hits_addend` 100,000 costs what 1
+/// costs (both a member and the total's score), and the total follows expiry and refunds.
+#[tokio::test]
+async fn an_entry_is_one_member_carrying_its_weight() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    let item = |key: &str, hits, kind| hit(key, 1_000_000, 1000, hits, kind);
+    let bytes = |conn: &mut redis::aio::MultiplexedConnection, key: &'static str| {
+        let mut conn = conn.clone();
+        async move { memory_usage(&mut conn, key).await }
+    };
+    assert!(
+        at(&l, &[item("one", 1, HitKind::Consume)], T)
+            .await
+            .admitted
+    );
+    assert!(
+        at(&l, &[item("many", 100_000, HitKind::Consume)], T)
+            .await
+            .admitted
+    );
+    assert_eq!(log_of(&mut conn, "one").await, (1, 1));
+    assert_eq!(log_of(&mut conn, "many").await, (1, 100_000));
+    let members: Vec<String> = conn.zrange("many", 0, -1).await.expect("zrange");
+    assert_eq!(members, ["t", "1000000100000"]);
+    let (one, many) = (
+        bytes(&mut conn, "one").await,
+        bytes(&mut conn, "many").await,
+    );
+    // A 64-bit listpack integer instead of a 24-bit one: 5 bytes more, which may cross one
+    // allocator size class (16 bytes).
+    assert!(
+        many <= one + 16,
+        "100,000 hits take {many} bytes, 1 hit {one}"
+    );
+    // A later entry, then a refund that splits it: 100,000 + 5 - 3.
+    assert!(
+        at(&l, &[item("many", 5, HitKind::Consume)], T + 500)
+            .await
+            .admitted
+    );
+    let out = at(&l, &[item("many", 3, HitKind::Refund)], T + 600).await;
+    assert_eq!(out.items[0].count, 100_002);
+    let members: Vec<String> = conn.zrange("many", 0, -1).await.expect("zrange");
+    assert_eq!(members, ["t", "1000000100000", "10000012"]);
+    // The first entry expires: its weight leaves the total, even on a probe.
+    let out = at(&l, &[item("many", 0, HitKind::Consume)], T + 1000).await;
+    assert_eq!(out.items[0].count, 2);
+    assert_eq!(log_of(&mut conn, "many").await, (1, 2));
+    // Everything expired: the probe deletes the key (total and all).
+    at(&l, &[item("many", 0, HitKind::Consume)], T + 1500).await;
+    let exists: bool = conn.exists("many").await.expect("exists");
+    assert!(!exists);
+}
+
+async fn encoding(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> String {
+    redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("object encoding")
+}
+
+/// The O(1) algorithms store one integer (which Redis keeps without an allocation).
+#[tokio::test]
+async fn counters_are_integers() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    let gcra = Algorithm::Gcra { burst: 5 };
+    // Width digit, counts padded to it, then the window index / the arrival time: GCRA holds
+    // 2 × 1000 token-ms at a rate of 5 per ms, i.e. 400 ms past T + 250, remainder 0.
+    for (key, alg, value) in [
+        ("fw", Algorithm::FixedWindow, "121700000000"),
+        ("sc", Algorithm::SlidingCounter, "1201700000000"),
+        ("g", gcra, "101700000000650"),
+    ] {
+        assert!(at(&l, &[with(alg, c(key, 5, 2))], T + 250).await.admitted);
+        let v: String = conn.get(key).await.expect("get");
+        assert_eq!(v, value, "{key}");
+        assert_eq!(encoding(&mut conn, key).await, "int", "{key}");
+    }
+}
+
+/// One decision item straight through the script: (reply, or the error text).
+async fn eval_log(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    now: u64,
+    hits: u64,
+    kind: &str,
+) -> Result<Vec<i64>, String> {
+    redis::Script::new(sluice::limiter::redis::script::SCRIPT)
+        .key(key)
+        .arg(now)
+        .arg(1000)
+        .arg(1000)
+        .arg(hits)
+        .arg(kind)
+        .arg("l")
+        .arg(0)
+        .arg("f")
+        .invoke_async(conn)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The compensation of one log item, on the clock of `T`.
+async fn undo_log(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    token: i64,
+    hits: u64,
+) -> i64 {
+    redis::Script::new(sluice::limiter::redis::script::COMPENSATE)
+        .key(key)
+        .arg(T)
+        .arg("l")
+        .arg(token)
+        .arg(hits)
+        .arg(1000)
+        .invoke_async(conn)
+        .await
+        .expect("compensate")
+}
+
+/// A log key's entries with their scores, the total's member left out.
+async fn entries(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<(String, u64)> {
+    let all: Vec<(String, i64)> = conn.zrange_withscores(key, 0, -1).await.expect("zrange");
+    all.into_iter()
+        .filter(|(member, _)| member != LOG_TOTAL_MEMBER)
+        .map(|(member, score)| (member, score.unsigned_abs()))
+        .collect()
+}
+
+/// Writes a log key by hand: its entries and their total.
+async fn write_log(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    log: &[(u64, &str, u64)],
+) {
+    let total: u64 = log.iter().map(|&(_, _, weight)| weight).sum();
+    let mut items: Vec<(i64, String)> = log
+        .iter()
+        .map(|&(score, member, _)| (score as i64, member.to_string()))
+        .collect();
+    items.push((-(total as i64), LOG_TOTAL_MEMBER.to_string()));
+    let _: () = conn.zadd_multiple(key, &items).await.expect("zadd");
+}
+
+fn e(member: &str, score: u64) -> (String, u64) {
+    (member.to_string(), score)
+}
+
+/// Member numbers wrap from 8388607 to 1000000 one ms later (so the newest stays on top),
+/// cluster compensation spares entries that reused removed numbers at a later ms and entries
+/// heavier than what it takes back, and a key whose numbers would reach a live one fails
+/// before writing.
+#[tokio::test]
+async fn log_members_wrap_and_undo_checks_scores() {
+    let server = RedisServer::start();
+    let mut conn = server.raw().await;
+
+    let first = eval_log(&mut conn, "k", T, 2, "c").await.expect("add");
+    assert_eq!(entries(&mut conn, "k").await, [e("10000002", T)]);
+    assert!(eval_log(&mut conn, "k", T, 2, "r").await.is_ok());
+    let second = eval_log(&mut conn, "k", T + 5, 2, "c").await.expect("add");
+    assert_eq!(entries(&mut conn, "k").await, [e("10000002", T + 5)]);
+    assert_eq!(undo_log(&mut conn, "k", first[4], 2).await, 0, "not ours");
+    assert_eq!(undo_log(&mut conn, "k", second[4], 2).await, 2);
+    assert!(entries(&mut conn, "k").await.is_empty());
+    let exists: bool = conn.exists("k").await.expect("exists");
+    assert!(!exists, "the total goes with the last entry");
+
+    write_log(&mut conn, "w", &[(T - 5, "8388606", 1)]).await;
+    let added = eval_log(&mut conn, "w", T, 3, "c").await.expect("add");
+    let wrapped = eval_log(&mut conn, "w", T, 1, "c").await.expect("add");
+    assert_eq!(
+        entries(&mut conn, "w").await,
+        [e("8388606", T - 5), e("83886073", T), e("1000000", T + 1)]
+    );
+    assert!(eval_log(&mut conn, "w", T, 1, "r").await.is_ok());
+    let next = eval_log(&mut conn, "w", T + 2, 1, "c").await.expect("add");
+    assert_eq!(entries(&mut conn, "w").await[2], e("1000000", T + 2));
+    // The wrapped entry was refunded; its number, reused 1 ms later, is not its own.
+    assert_eq!(undo_log(&mut conn, "w", wrapped[4], 1).await, 0);
+    assert_eq!(undo_log(&mut conn, "w", next[4], 1).await, 1);
+    // A refund took part of the first item's entry: the rest goes.
+    let out = eval_log(&mut conn, "w", T + 3, 1, "r")
+        .await
+        .expect("refund");
+    assert_eq!(out[2], 3, "1 + 3 - 1");
+    assert_eq!(entries(&mut conn, "w").await[1], e("83886072", T));
+    assert_eq!(
+        undo_log(&mut conn, "w", added[4], 1).await,
+        0,
+        "heavier than 1: not ours"
+    );
+    assert_eq!(undo_log(&mut conn, "w", added[4], 3).await, 2);
+    assert_eq!(entries(&mut conn, "w").await, [e("8388606", T - 5)]);
+    assert_eq!(log_of(&mut conn, "w").await, (1, 1));
+
+    // Top number 8388607 at the same ms as the new entry: the wrapped one goes 1 ms later.
+    write_log(&mut conn, "e", &[(T, "8388607", 1)]).await;
+    assert!(eval_log(&mut conn, "e", T, 1, "c").await.is_ok());
+    assert_eq!(
+        entries(&mut conn, "e").await,
+        [e("8388607", T), e("1000000", T + 1)]
+    );
+
+    // Live numbers spanning every number: the next one would collide.
+    write_log(&mut conn, "full", &[(T, "1000000", 1), (T, "8388607", 1)]).await;
+    let err = eval_log(&mut conn, "full", T, 1, "c")
+        .await
+        .expect_err("full");
+    assert!(err.contains("sluice:"), "{err}");
+    assert_eq!(entries(&mut conn, "full").await.len(), 2);
+}
+
+#[tokio::test]
+async fn script_survives_script_flush() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+    // A fresh server has no script yet: the first call loaded it.
+    let loads = |l: &Arc<dyn Limiter>| l.stats().expect("redis stats").script_loads;
+    assert_eq!(loads(&l), 1);
+    assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+    assert_eq!(loads(&l), 1, "a loaded script is not loaded again");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .expect("script flush");
+    let out = at(&l, &[c("k", 3, 1)], T + 1).await;
+    assert!(out.admitted);
+    assert_eq!(out.items[0].count, 3);
+    assert_eq!(loads(&l), 2, "NOSCRIPT reloads are counted");
+    let stats = l.stats().unwrap();
+    assert_eq!((stats.in_flight, stats.waiting), (0, 0));
+    assert!(stats.connected >= 1 && stats.connected <= stats.connections);
+}
+
+#[tokio::test]
+async fn ping_follows_the_server() {
+    let mut server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    l.ping().await.expect("ping while up");
+    server.stop();
+    assert!(l.ping().await.is_err(), "ping while stopped");
+    match l.decide(&[c("k", 1, 1)], None).await {
+        Err(LimiterError::Unavailable(_)) | Err(LimiterError::Timeout(_)) => {}
+        other => panic!("decide while stopped: {other:?}"),
+    }
+    server.start_again();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l.ping().await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "ping did not recover after restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = at(&l, &[c("k", 1, 1)], T).await;
+    assert!(out.admitted);
+}
+
+#[tokio::test]
+async fn paused_server_times_out() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    server.pause();
+    let started = Instant::now();
+    assert!(l.ping().await.is_err());
+    assert!(started.elapsed() < Duration::from_secs(2));
+    server.resume();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while l.ping().await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "ping did not recover after SIGCONT"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn unreachable_at_connect_is_unavailable() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.stop();
+    match RedisLimiter::connect(&RedisOptions::new(url.clone())).await {
+        Err(LimiterError::Unavailable(_)) => {}
+        other => panic!("connect to a stopped server: {other:?}"),
+    }
+    // The lazy constructor starts anyway and reports through ping.
+    let l = RedisLimiter::open(&RedisOptions::new(url)).expect("open");
+    assert!(l.ping().await.is_err());
+}
+
+/// Rough cost of one decision; not a benchmark suite, just a figure to sanity-check the design
+/// (one round trip per batch, no checkout ping). Run with `--ignored --nocapture` in release.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore]
+async fn redis_decision_cost() {
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let batch = |i: u64| {
+        vec![
+            hit(
+                &format!("k{}", i % 1000),
+                1_000_000,
+                60_000,
+                1,
+                HitKind::Consume,
+            ),
+            hit("global", 1_000_000, 60_000, 1, HitKind::Consume),
+        ]
+    };
+    let n = 5000u64;
+    let started = Instant::now();
+    for i in 0..n {
+        l.decide(&batch(i), None).await.expect("decide");
+    }
+    let sequential = started.elapsed() / n as u32;
+
+    let tasks = 64u64;
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..tasks {
+        let l = Arc::clone(&l);
+        set.spawn(async move {
+            for i in 0..n / 10 {
+                l.decide(&batch(t * 1000 + i), None).await.expect("decide");
+            }
+        });
+    }
+    while let Some(res) = set.join_next().await {
+        res.expect("task");
+    }
+    let total = tasks * (n / 10);
+    let rate = total as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "redis: sequential {sequential:?}/decision (2 keys); {tasks} tasks: {rate:.0} decisions/s"
+    );
+}
+
+/// `MEMORY USAGE key SAMPLES 0`: the key's bytes as Redis counts them (value, name, keyspace
+/// entry).
+async fn memory_usage(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(conn)
+        .await
+        .expect("MEMORY USAGE")
+}
+
+/// `MEMORY STATS`' database 0 figure `name` (0 for an empty database, which the reply leaves out).
+async fn db0_stat(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
+    fn find<'a>(pairs: &'a [redis::Value], name: &str) -> Option<&'a redis::Value> {
+        pairs
+            .chunks(2)
+            .find(|p| matches!(&p[0], redis::Value::BulkString(b) if b == name.as_bytes()))
+            .map(|p| &p[1])
+    }
+    let stats: redis::Value = redis::cmd("MEMORY")
+        .arg("STATS")
+        .query_async(conn)
+        .await
+        .expect("MEMORY STATS");
+    let redis::Value::Array(stats) = stats else {
+        panic!("MEMORY STATS: {stats:?}");
+    };
+    match find(&stats, "db.0") {
+        None => 0,
+        Some(redis::Value::Array(db)) => match find(db, name) {
+            Some(redis::Value::Int(n)) => u64::try_from(*n).expect("a size"),
+            other => panic!("MEMORY STATS db.0 {name}: {other:?}"),
+        },
+        Some(other) => panic!("MEMORY STATS db.0: {other:?}"),
+    }
+}
+
+/// The `sluice_redis_memory_estimate_bytes` figures (`footprint::key_bytes`) against what Redis
+/// itself reports for sliding-log keys the script wrote: `KEYS` keys of `n` single-hit entries
+/// each (key names shaped like the engine's, TTLs set), on both sides of the listpack/skiplist
+/// switch. Redis's figure per key: `MEMORY USAGE key SAMPLES 0` (the value, the name, its entry
+/// in the keyspace) plus its share of the expire table (`MEMORY STATS`'
+/// `overhead.hashtable.expires` over the keys). The estimate is a capacity-planning figure: it
+/// must be within 25 % of that. `-- --nocapture` prints the figures (docs/metrics.md).
+#[tokio::test]
+async fn the_memory_estimate_follows_what_redis_reports() {
+    use sluice::descriptor::{limiter_key, Entry};
+    use sluice::limiter::redis::footprint;
+    const KEYS: u64 = 16;
+    let server = RedisServer::start();
+    let l = redis_limiter(&server).await;
+    let mut conn = server.raw().await;
+    for n in [1u64, 5, 10, 100, 127, 128, 129, 1000] {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut conn)
+            .await
+            .expect("FLUSHALL");
+        let keys: Vec<String> = (0..KEYS)
+            .map(|k| {
+                let user = Entry::new("user", format!("alice-{k:04}"));
+                limiter_key("edge", &[user], 60_000)
+            })
+            .collect();
+        let batch: Vec<_> = keys
+            .iter()
+            .map(|key| hit(key, 1_000_000, 60_000, 1, HitKind::Consume))
+            .collect();
+        for i in 0..n {
+            assert!(at(&l, &batch, T + i).await.admitted);
+        }
+        let mut usage = 0;
+        for key in &keys {
+            usage += memory_usage(&mut conn, key).await;
+        }
+        let expires = db0_stat(&mut conn, "overhead.hashtable.expires").await;
+        let redis = (usage + expires) as f64 / KEYS as f64;
+        let estimate = footprint::key_bytes(n) as f64;
+        println!(
+            "{n:>5} entries: Redis {redis:>8.0} bytes per key, estimate {estimate:>8.0} ({:+.0} %)",
+            (estimate / redis - 1.0) * 100.0
+        );
+        assert!(
+            (estimate - redis).abs() <= 0.25 * redis,
+            "{n} entries: estimate {estimate}, Redis {redis}"
+        );
+    }
+}
