@@ -53,18 +53,6 @@ fn envoy(sluice: &TestServer, client: &Pem, ca: &Path) -> (Upstream, Envoy) {
     (upstream, envoy)
 }
 
-/// The value of Envoy's counter `name`, 0 when absent.
-fn counter(envoy: &Envoy, name: &str) -> u64 {
-    envoy
-        .admin_get("/stats")
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&format!("{name}: "))
-                .map(|v| v.trim().parse().unwrap_or(0))
-        })
-        .unwrap_or(0)
-}
-
 /// Envoy Gateway's token budget over mutual TLS: 8 tokens per minute, each response costing 4
 /// (`x-tokens`); the checks charge nothing, the charges land after each response, and the
 /// third request finds the budget spent.
@@ -110,14 +98,14 @@ async fn envoy_gateway_shapes_answered_over_mutual_tls() {
     );
 
     // Envoy's own view: TLS handshakes to sluice, at TLS 1.2 (its upstream default).
-    let handshakes = counter(&envoy, "cluster.ratelimit_cluster.ssl.handshake");
-    let tls12 = counter(&envoy, "cluster.ratelimit_cluster.ssl.versions.TLSv1.2");
+    let handshakes = envoy.counter("cluster.ratelimit_cluster.ssl.handshake");
+    let tls12 = envoy.counter("cluster.ratelimit_cluster.ssl.versions.TLSv1.2");
     assert!(
         handshakes >= 1 && tls12 == handshakes,
         "handshakes {handshakes}, TLS 1.2 {tls12}"
     );
     assert_eq!(
-        counter(&envoy, "cluster.ratelimit_cluster.ssl.connection_error"),
+        envoy.counter("cluster.ratelimit_cluster.ssl.connection_error"),
         0
     );
 }
@@ -136,14 +124,11 @@ async fn a_client_certificate_of_another_ca_is_refused() {
     let resp = Req::get("/v1/chat").send(envoy.listener("gateway")).await;
     assert_eq!(resp.status, 500, "fail closed: {resp:?}");
     assert!(
-        counter(&envoy, "cluster.ratelimit_cluster.ssl.connection_error") >= 1,
+        envoy.counter("cluster.ratelimit_cluster.ssl.connection_error") >= 1,
         "{}",
         envoy.admin_get("/stats?filter=ratelimit_cluster.ssl")
     );
-    assert_eq!(
-        counter(&envoy, "cluster.ratelimit_cluster.ssl.handshake"),
-        0
-    );
+    assert_eq!(envoy.counter("cluster.ratelimit_cluster.ssl.handshake"), 0);
 }
 
 /// The Secret is rotated to a new CA (Envoy already has the new one's certificate and trusts

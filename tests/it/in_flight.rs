@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use helpers::envoy_config::{
     bootstrap, cluster, generic_key, grpc_cluster, http_listener, ratelimit_filter, route,
 };
-use helpers::{http_request, test_settings, Envoy, RedisServer, Req, TestServer};
+use helpers::{http_request, prometheus, test_settings, Envoy, RedisServer, Req, TestServer};
 use serde_json::json;
 
 const LIMIT: u64 = 3;
@@ -431,16 +431,9 @@ async fn envoy_sends_the_refund_of_a_refused_request_too() {
     .await
     .expect("start Envoy");
     let refunds_seen = || {
-        helpers::in_process::metrics()
-            .render()
-            .lines()
-            .filter(|l| {
-                l.starts_with("sluice_decisions_total{")
-                    && l.contains(r#"rule="concurrency_api""#)
-                    && l.contains(r#"outcome="no_rule""#)
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum::<u64>()
+        let page = helpers::in_process::metrics().render();
+        let labels = [("rule", "concurrency_api"), ("outcome", "no_rule")];
+        prometheus::sum(&page, "sluice_decisions_total", &labels)
     };
     let before = refunds_seen();
     let refused = status(send(envoy.listener("ingress"), "refused")).await;
@@ -454,6 +447,6 @@ async fn envoy_sends_the_refund_of_a_refused_request_too() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(refunds_seen(), before + 1);
+    assert_eq!(refunds_seen(), before + 1.0);
     upstream.release_all();
 }

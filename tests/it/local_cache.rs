@@ -7,6 +7,7 @@ use crate::helpers;
 
 use std::path::PathBuf;
 
+use helpers::redis_server::command_calls;
 use helpers::{descriptor, fixture, request, test_settings, RedisServer, TestServer};
 use sluice::limiter::redis::RedisOptions;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -17,17 +18,8 @@ fn limits() -> PathBuf {
 
 /// Script calls Redis has executed so far.
 async fn evalsha_calls(redis: &RedisServer) -> u64 {
-    let mut conn = redis.raw().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO commandstats");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    let calls = command_calls(&redis.raw().await).await;
+    calls.get("evalsha").copied().unwrap_or(0)
 }
 
 /// Sends `n` requests on the `hammer` key (limit 20 per hour) from 4 concurrent clients;

@@ -4,47 +4,20 @@
 //! recovers; and 100,000 distinct per-user values leave the number of series under a fixed bound.
 
 use crate::helpers;
-use helpers as common;
-use helpers as sluice_process;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::RedisServer;
+use helpers::prometheus::{samples, scrape, value};
+use helpers::{descriptor, http_get, http_request, request, wait_until, RedisServer, Sluice};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice_process::{descriptor, http_get, http_request, request, Sluice};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 fn limits() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/obs/limits")
-}
-
-/// The sample lines of a Prometheus text page (no comments, no blank lines).
-fn samples(page: &str) -> Vec<&str> {
-    page.lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .collect()
-}
-
-/// The value of the one sample whose name and labels are exactly `series`; panics with the page
-/// when it is missing.
-fn value(page: &str, series: &str) -> f64 {
-    samples(page)
-        .into_iter()
-        .find_map(|line| {
-            let (name, v) = line.rsplit_once(' ')?;
-            (name == series).then(|| v.parse().expect("sample value"))
-        })
-        .unwrap_or_else(|| panic!("no series {series} in:\n{page}"))
-}
-
-fn scrape(sluice: &Sluice) -> String {
-    let (status, body) = http_get(sluice.admin_addr, "/metrics");
-    assert_eq!(status, 200, "{body}");
-    body
 }
 
 async fn decide(sluice: &Sluice, req: RateLimitRequest) -> i32 {
@@ -121,7 +94,7 @@ async fn exact_values_after_known_traffic(backend: Backend) {
     // Unknown domain: labelled _unknown, not with the client's name.
     decide(&sluice, request("made-up", vec![descriptor(&[("x", "y")])])).await;
 
-    let page = scrape(&sluice);
+    let page = scrape(sluice.admin_addr);
     let v = |s: &str| value(&page, s);
     let rule =
         |name: &str, labels: &str| format!("{name}{{domain=\"obs\",rule=\"client\"{labels}}}");
@@ -159,18 +132,20 @@ async fn exact_values_after_known_traffic(backend: Backend) {
     assert_eq!(v(&rule("sluice_window_entries", "")), 10.0);
     assert_eq!(v(&rule("sluice_window_keys", "")), 3.0);
     assert_eq!(v(r#"sluice_window_entries{domain="obs",rule="user"}"#), 3.0);
-    let hot: Vec<&str> = samples(&page)
+    let hot: Vec<_> = samples(&page)
         .into_iter()
-        .filter(|l| l.starts_with("sluice_hot_key_entries"))
+        .filter(|s| s.name() == "sluice_hot_key_entries")
         .collect();
     assert_eq!(hot.len(), 2, "--hot-keys 2: {hot:?}");
     assert!(
-        hot[0].starts_with(r#"sluice_hot_key_entries{domain="obs",rule="client",key="client=c1#"#)
-            && hot[0].ends_with("} 7"),
+        hot[0]
+            .series
+            .starts_with(r#"sluice_hot_key_entries{domain="obs",rule="client",key="client=c1#"#)
+            && hot[0].value == 7.0,
         "{hot:?}"
     );
     assert!(
-        hot[1].contains(r#"key="user=alice#"#) && hot[1].ends_with("} 3"),
+        hot[1].series.contains(r#"key="user=alice#"#) && hot[1].value == 3.0,
         "{hot:?}"
     );
 
@@ -194,12 +169,8 @@ async fn exact_values_after_known_traffic(backend: Backend) {
     let docs =
         std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"))
             .expect("docs/metrics.md");
-    for line in samples(&page) {
-        let name = line.split(['{', ' ']).next().unwrap();
-        let family = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
+    for sample in samples(&page) {
+        let family = sample.family();
         assert!(
             docs.contains(&format!("`{family}`")),
             "{family} missing from docs/metrics.md"
@@ -278,7 +249,7 @@ async fn json_decisions_are_recorded_like_grpc() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
 
-    let page = scrape(&sluice);
+    let page = scrape(sluice.admin_addr);
     let v = |s: &str| value(&page, s);
     assert_eq!(v(r#"sluice_requests_total{domain="obs",code="ok"}"#), 7.0);
     assert_eq!(
@@ -326,21 +297,6 @@ async fn serving_status(sluice: &Sluice) -> i32 {
         .status
 }
 
-async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = std::time::Instant::now() + timeout;
-    while std::time::Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_redis_shows_everywhere_then_recovers() {
     let mut redis = RedisServer::start();
@@ -353,11 +309,12 @@ async fn killed_redis_shows_everywhere_then_recovers() {
     assert_eq!(serving_status(&sluice).await, ServingStatus::Serving as i32);
 
     redis.stop();
-    let down = wait_until(Duration::from_secs(5), || async {
-        http_get(admin, "/readyz").0 == 503
-    })
+    wait_until(
+        "/readyz 503 with Redis down",
+        Duration::from_secs(5),
+        || async { http_get(admin, "/readyz").0 == 503 },
+    )
     .await;
-    assert!(down, "/readyz still 200 with Redis down");
     assert_eq!(
         serving_status(&sluice).await,
         ServingStatus::NotServing as i32
@@ -369,7 +326,7 @@ async fn killed_redis_shows_everywhere_then_recovers() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    let page = scrape(&sluice);
+    let page = scrape(sluice.admin_addr);
     assert_eq!(value(&page, "sluice_backend_up"), 0.0);
     assert_eq!(
         value(
@@ -391,15 +348,16 @@ async fn killed_redis_shows_everywhere_then_recovers() {
     );
 
     redis.start_again();
-    let up = wait_until(Duration::from_secs(5), || async {
-        http_get(admin, "/readyz").0 == 200
-    })
+    wait_until(
+        "/readyz 200 again after Redis came back",
+        Duration::from_secs(5),
+        || async { http_get(admin, "/readyz").0 == 200 },
+    )
     .await;
-    assert!(up, "/readyz did not recover after Redis came back");
     assert_eq!(serving_status(&sluice).await, ServingStatus::Serving as i32);
     // The restarted server is empty: one admitted entry, and the script was loaded again.
     assert_eq!(decide(&sluice, c1()).await, Code::Ok as i32);
-    let page = scrape(&sluice);
+    let page = scrape(sluice.admin_addr);
     assert_eq!(value(&page, "sluice_backend_up"), 1.0);
     assert_eq!(value(&page, "sluice_backend_script_loads_total"), 2.0);
     assert_eq!(
@@ -428,7 +386,7 @@ async fn killed_redis_shows_everywhere_then_recovers() {
         .unwrap_err();
     redis.resume();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    let page = scrape(&sluice);
+    let page = scrape(sluice.admin_addr);
     assert_eq!(
         value(
             &page,
@@ -480,14 +438,17 @@ async fn series_stay_bounded_under_100k_distinct_values() {
         task.await.unwrap();
     }
 
-    let page = scrape(&sluice);
+    let page = scrape(sluice.admin_addr);
     let series = samples(&page).len();
     assert!(series < 250, "{series} series:\n{page}");
     // Every value was counted, in bounded series: 100 detailed ones, the rest in the overflow.
     let users: f64 = samples(&page)
         .iter()
-        .filter(|l| l.starts_with(r#"sluice_decisions_total{domain="obs",rule="user_"#))
-        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .filter(|s| {
+            s.series
+                .starts_with(r#"sluice_decisions_total{domain="obs",rule="user_"#)
+        })
+        .map(|s| s.value)
         .sum();
     assert_eq!(users, 100.0);
     assert_eq!(
@@ -514,7 +475,7 @@ async fn series_stay_bounded_under_100k_distinct_values() {
     );
     let hot = samples(&page)
         .iter()
-        .filter(|l| l.starts_with("sluice_hot_key_entries"))
+        .filter(|s| s.name() == "sluice_hot_key_entries")
         .count();
     assert_eq!(hot, 10, "default --hot-keys");
 }

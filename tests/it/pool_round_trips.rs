@@ -1,12 +1,13 @@
 //! Measurement behind the connection design (docs/redis.md): Redis commands per decision
 //! with the limiter's shared multiplexed connections versus a deadpool-redis pool, counted by
 //! Redis itself (`INFO commandstats`). deadpool-redis is a dev-dependency only for this.
-//! `cargo test --test pool_round_trips -- --nocapture` prints the figures for docs/redis.md.
+//! `cargo test --test it pool_round_trips -- --nocapture` prints the figures for docs/redis.md.
 
 use crate::helpers;
 
 use std::collections::BTreeMap;
 
+use helpers::redis_server::command_calls;
 use helpers::{consume, RedisServer};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Hit, Limiter};
@@ -28,23 +29,9 @@ const SCRIPT_INTERNAL: &[&str] = &[
 /// excluded). deadpool-redis pipelines its recycle check (`UNWATCH` + `PING`), so its two extra
 /// commands are one extra round trip.
 async fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
-    let mut conn = redis::Client::open(server.url())
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("stats connection");
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-            let calls = rest.split(',').next()?.parse().ok()?;
-            (name != "info" && !SCRIPT_INTERNAL.contains(&name)).then(|| (name.to_string(), calls))
-        })
-        .collect()
+    let mut calls = command_calls(&server.raw().await).await;
+    calls.retain(|name, _| name != "info" && !SCRIPT_INTERNAL.contains(&name.as_str()));
+    calls
 }
 
 fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {

@@ -19,7 +19,8 @@ use crate::helpers;
 
 use std::time::{Duration, Instant};
 
-use helpers::{descriptor, fixture, http_get, request, test_settings, RedisServer, TestServer};
+use helpers::prometheus::{scrape, value};
+use helpers::{descriptor, fixture, percentile, request, test_settings, RedisServer, TestServer};
 use sluice::decision::FailurePolicy;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -49,11 +50,6 @@ async fn one(
             .map(|r| r.into_inner().overall_code)
             .map_err(|s| s.code()),
     )
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 type Call = (Duration, Result<i32, tonic::Code>);
@@ -248,13 +244,9 @@ async fn failure_policy_decides_the_answer_and_is_counted() {
     // each policy's series counts that server's failures alone (no other test here allows or
     // denies).
     for (sluice, policy) in [(&allow, "allow"), (&deny, "deny")] {
-        let metrics = http_get(sluice.admin_addr, "/metrics").1;
-        let series = format!("sluice_backend_failures_total{{policy=\"{policy}\"}} ");
-        let count: u64 = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series.as_str()))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in {metrics}"));
-        assert!(count >= 10, "{series}{count}");
+        let metrics = scrape(sluice.admin_addr);
+        let series = format!("sluice_backend_failures_total{{policy=\"{policy}\"}}");
+        let count = value(&metrics, &series);
+        assert!(count >= 10.0, "{series} {count}");
     }
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use helpers::sentinel::SentinelSet;
-use helpers::{descriptor, fixture, request, test_settings, TestServer};
+use helpers::{descriptor, fixture, percentile, request, test_settings, TestServer};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// The budget's limit per minute (tests/fixtures/sentinel/limits.yaml); every run fits in
@@ -79,11 +79,6 @@ struct Figures {
     p50: Duration,
     p99: Duration,
     max: Duration,
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(i).copied().unwrap_or_default()
 }
 
 async fn run(scenario: Scenario) -> Figures {

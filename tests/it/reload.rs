@@ -10,7 +10,8 @@ use crate::helpers;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use helpers::{descriptor, http_get, request, Sluice};
+use helpers::prometheus::{scrape, value};
+use helpers::{descriptor, request, Sluice};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn limits(per_minute: u32) -> String {
@@ -132,17 +133,17 @@ async fn configmap_symlink_swap_reloads_and_invalid_update_keeps_serving() {
         1
     );
 
-    let metrics = http_get(sluice.admin_addr, "/metrics").1;
+    let metrics = scrape(sluice.admin_addr);
     // Start-up and the first reload succeeded; the broken generation failed once.
-    assert!(
-        metrics.contains("sluice_config_loads_total{result=\"success\"} 2"),
-        "{metrics}"
+    assert_eq!(
+        value(&metrics, r#"sluice_config_loads_total{result="success"}"#),
+        2.0
     );
-    assert!(
-        metrics.contains("sluice_config_loads_total{result=\"failure\"} 1"),
-        "{metrics}"
+    assert_eq!(
+        value(&metrics, r#"sluice_config_loads_total{result="failure"}"#),
+        1.0
     );
-    assert!(metrics.contains("sluice_config_rules 1"), "{metrics}");
+    assert_eq!(value(&metrics, "sluice_config_rules"), 1.0);
 
     // A fixed generation 4 is picked up again.
     publish(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use helpers::certs::{Issued, TestCa, Usage};
 use helpers::in_process::TEST_BACKEND_TIMEOUT;
+use helpers::prometheus::{samples, scrape, value};
 use helpers::xds_server::{Handshake, ServerTls, XdsServer};
 use helpers::{descriptor, http_get, request, Sluice, TestServer};
 use sluice::app::ConfigSource;
@@ -567,30 +568,27 @@ async fn the_envoy_gateway_environment_subscribes_over_mutual_tls() {
     assert!(xds.next_request().await.request.error_detail.is_some());
 
     let admin = sluice.admin_addr;
-    let metrics = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").1)
+    let metrics = tokio::task::spawn_blocking(move || scrape(admin))
         .await
         .unwrap();
-    for line in [
-        "sluice_xds_connected 1",
-        "sluice_xds_config_version_info{version=\"1\"} 1",
-        "sluice_xds_responses_total{result=\"applied\"} 1",
-        "sluice_xds_responses_total{result=\"invalid_config\"} 1",
-        "sluice_config_loads_total{result=\"failure\"} 1",
+    for series in [
+        "sluice_xds_connected",
+        r#"sluice_xds_config_version_info{version="1"}"#,
+        r#"sluice_xds_responses_total{result="applied"}"#,
+        r#"sluice_xds_responses_total{result="invalid_config"}"#,
+        r#"sluice_config_loads_total{result="failure"}"#,
     ] {
-        assert!(
-            metrics.lines().any(|l| l == line),
-            "/metrics lacks `{line}`:\n{metrics}"
-        );
+        assert_eq!(value(&metrics, series), 1.0, "{series}");
     }
     // Every xDS family on the page is documented.
     let docs = std::fs::read_to_string(
         std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"),
     )
     .expect("docs/metrics.md");
-    for family in metrics
-        .lines()
-        .filter(|l| l.starts_with("sluice_xds_"))
-        .filter_map(|l| l.split(['{', ' ']).next())
+    for family in samples(&metrics)
+        .iter()
+        .map(|s| s.family())
+        .filter(|f| f.starts_with("sluice_xds_"))
     {
         assert!(
             docs.contains(&format!("`{family}`")),

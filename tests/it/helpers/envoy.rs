@@ -213,6 +213,15 @@ impl Envoy {
         resp.body
     }
 
+    /// The value of Envoy's counter `name` (admin `/stats`), 0 when Envoy has none yet.
+    pub fn counter(&self, name: &str) -> u64 {
+        let prefix = format!("{name}: ");
+        self.admin_get("/stats")
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Requests each host of `cluster` has served (`rq_total` of admin `/clusters`), by
     /// address.
     pub fn host_requests(&self, cluster: &str) -> HashMap<String, u64> {

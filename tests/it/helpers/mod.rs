@@ -14,6 +14,8 @@
 //!   [`istio`]: the EnvoyFilters of `deploy/istio/` applied to istiod-shaped configs;
 //!   [`edge_limits`]: what `deploy/base/limits` promises a client through them.
 //! - [`otlp`]: an OTLP trace receiver (gRPC or HTTP) standing in for an OpenTelemetry collector.
+//! - [`prometheus`]: the reader of `/metrics` pages (samples, labels, values).
+//! - [`timing`]: waiting for a condition under a deadline; percentiles of latencies.
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
 //! - [`fuzz_harness`]: the fuzz harnesses, shared with the cargo-fuzz targets under `fuzz/`.
@@ -35,10 +37,12 @@ pub mod istio;
 pub mod limiter;
 pub mod otlp;
 pub mod process;
+pub mod prometheus;
 pub mod redis_server;
 pub mod rpc;
 pub mod secret;
 pub mod sentinel;
+pub mod timing;
 pub mod xds_server;
 
 pub use envoy::{Envoy, Upstream};
@@ -48,6 +52,7 @@ pub use limiter::consume;
 pub use process::Sluice;
 pub use redis_server::{free_port, info_number, raw_connection, RedisCluster, RedisServer};
 pub use rpc::{descriptor, grpc_channel, request};
+pub use timing::{percentile, wait_until, wait_until_blocking};
 
 use std::path::PathBuf;
 

@@ -6,6 +6,7 @@
 //! is killed on drop, so tests run in parallel without sharing state. A missing `redis-server`
 //! is a hard failure, never a skip: a silently skipped backend is an untested backend.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -124,21 +125,45 @@ impl Drop for RedisServer {
     }
 }
 
-/// The number `field` of `INFO section` (e.g. `stats`, `expired_keys`) on `conn`.
-pub async fn info_number(
-    conn: &redis::aio::MultiplexedConnection,
-    section: &str,
-    field: &str,
-) -> u64 {
+/// `INFO section` on `conn` as (field, value) pairs, in order.
+async fn info(conn: &redis::aio::MultiplexedConnection, section: &str) -> Vec<(String, String)> {
     let info: String = redis::cmd("INFO")
         .arg(section)
         .query_async(&mut conn.clone())
         .await
         .expect("INFO");
     info.lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("INFO {section} has no number {field}:\n{info}"))
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// The number `field` of `INFO section` (e.g. `stats`, `expired_keys`) on `conn`.
+pub async fn info_number(
+    conn: &redis::aio::MultiplexedConnection,
+    section: &str,
+    field: &str,
+) -> u64 {
+    let fields = info(conn, section).await;
+    fields
+        .iter()
+        .find_map(|(k, v)| (k == field).then(|| v.parse().ok())?)
+        .unwrap_or_else(|| panic!("INFO {section} has no number {field}:\n{fields:?}"))
+}
+
+/// The calls of each command Redis has executed so far (`INFO commandstats`), by lowercase
+/// command name (`evalsha`, `client|setinfo`); a command never called is absent.
+pub async fn command_calls(conn: &redis::aio::MultiplexedConnection) -> BTreeMap<String, u64> {
+    info(conn, "commandstats")
+        .await
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let name = k.strip_prefix("cmdstat_")?;
+            let calls = v.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
 }
 
 /// A multiplexed connection to `url`.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use super::redis_server::{answers_ping, free_port, spawn_redis_server, RedisCluster, RedisServer};
+use super::timing::wait_until_blocking;
 
 /// The master name the sentinels monitor.
 pub const MASTER: &str = "mymaster";
@@ -51,7 +52,7 @@ impl SentinelSet {
         let replicas: Vec<RedisServer> = (0..replicas)
             .map(|_| RedisServer::start_with(&replicaof))
             .collect();
-        wait_until("the replicas are in sync", Duration::from_secs(20), || {
+        wait_until_blocking("the replicas are in sync", Duration::from_secs(20), || {
             let info = cli(primary.port(), &["INFO", "replication"]);
             info.matches("state=online").count() == replicas.len()
         });
@@ -63,7 +64,7 @@ impl SentinelSet {
             replicas,
             sentinels,
         };
-        wait_until(
+        wait_until_blocking(
             "the sentinels know the replicas and each other",
             Duration::from_secs(20),
             || {
@@ -97,7 +98,7 @@ impl SentinelSet {
     /// is not `old` (a promotion); panics after `timeout`.
     pub fn wait_promotion(&self, old: u16, timeout: Duration) -> u16 {
         let mut promoted = 0;
-        wait_until("a replica is promoted", timeout, || {
+        wait_until_blocking("a replica is promoted", timeout, || {
             let named: Vec<u16> = self
                 .sentinel_ports()
                 .iter()
@@ -156,14 +157,6 @@ fn master_port(port: u16) -> u16 {
 
 fn cli(port: u16, args: &[&str]) -> String {
     RedisCluster::cli(port, args)
-}
-
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn spawn_sentinel(primary: u16) -> SentinelProcess {
