@@ -4,7 +4,6 @@
 # calls it first; it fails loudly if anything is still missing afterwards.
 #
 #   Debian: redis-server, redis-tools (redis-cli, redis-benchmark): tests and benchmark smoke run
-#           openssl: the TLS tests make their certificates with it
 #           lua-check (luacheck): the Lua lint, scripts/ci/lua-lint.sh
 #           kubectl (kustomize built in): deploy/ validation, scripts/ci/validate-deploy.sh
 #           curl: README's session through Envoy, scripts/ci/check_readme.py
@@ -38,7 +37,6 @@ apt_install() { # package...
 debs=()
 have redis-server || debs+=(redis-server)
 { have redis-cli && have redis-benchmark; } || debs+=(redis-tools)
-have openssl || debs+=(openssl)
 have luacheck || debs+=(lua-check)
 have curl || debs+=(curl)
 have wrk || debs+=(wrk)
@@ -75,7 +73,7 @@ fi
 
 missing=()
 cargo nextest --version >/dev/null 2>&1 || missing+=(cargo-nextest)
-for tool in redis-server redis-cli redis-benchmark openssl luacheck curl wrk kubectl grpcurl envoy \
+for tool in redis-server redis-cli redis-benchmark luacheck curl wrk kubectl grpcurl envoy \
   kubernetes-validate; do
   have "$tool" || missing+=("$tool")
 done

@@ -1,5 +1,5 @@
 //! TLS and ACL authentication against real `redis-server` processes: certificates are made by
-//! the test with `openssl` (a private CA and a server certificate for 127.0.0.1), the ACL user
+//! the test with rcgen (a private CA and a server certificate for 127.0.0.1), the ACL user
 //! is created with `--user`. TLS runs in process; the password test runs the binary, because
 //! what it checks is `main`'s: passwords reach sluice from a file or an environment variable
 //! and must never appear in its log.
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use helpers::gateway::openssl;
+use helpers::certs::{TestCa, Usage};
 use helpers::{
     descriptor, fixture, http_get, request, test_settings, RedisServer, Sluice, TestServer,
 };
@@ -27,90 +27,15 @@ fn limits() -> PathBuf {
     fixture("e2e/limits")
 }
 
-/// `openssl req` arguments for a new P-256 key without a passphrase.
-const NEW_EC_KEY: &[&str] = &[
-    "-newkey",
-    "ec",
-    "-pkeyopt",
-    "ec_paramgen_curve:prime256v1",
-    "-nodes",
-];
-
-/// A self-signed CA `NAME.crt` / `NAME.key` in `dir`.
-fn ca(dir: &Path, name: &str) {
-    let (key, crt, subj) = (
-        format!("{name}.key"),
-        format!("{name}.crt"),
-        format!("/CN=sluice test {name}"),
-    );
-    let out = ["-keyout", &key, "-out", &crt, "-days", "1", "-subj", &subj];
-    openssl(dir, &[&["req", "-x509"][..], NEW_EC_KEY, &out].concat());
-}
-
-/// A key `NAME.key` and a certificate `NAME.crt` for `subj`, signed by the CA `ca`, with the
-/// X.509 extension lines `ext`.
-fn signed(dir: &Path, name: &str, ca: &str, subj: &str, ext: &str) {
-    let (key, csr, crt, extfile) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-        format!("{name}.ext"),
-    );
-    let out = ["-keyout", &key, "-out", &csr, "-subj", subj];
-    openssl(dir, &[&["req"][..], NEW_EC_KEY, &out].concat());
-    std::fs::write(dir.join(&extfile), ext).expect("write ext");
-    let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca_crt,
-            "-CAkey",
-            &ca_key,
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "1",
-            "-extfile",
-            &extfile,
-        ],
-    );
-}
-
-/// In a fresh temp dir: a CA (`ca`), a server certificate for IP 127.0.0.1 (`server`) and a
-/// client certificate (`client`) signed by it, and a client certificate signed by another CA
-/// (`stranger`, by `other-ca`).
+/// In a fresh temp dir: a CA (`redis-ca.pem`), a server certificate for IP 127.0.0.1
+/// (`server.pem`, `server-key.pem`) and a client certificate (`client`) signed by it, and a
+/// client certificate signed by another CA (`stranger`, by `other-ca.pem`).
 fn certificates() -> TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
-    let d = dir.path();
-    ca(d, "ca");
-    signed(
-        d,
-        "server",
-        "ca",
-        "/CN=127.0.0.1",
-        "subjectAltName=IP:127.0.0.1\n",
-    );
-    signed(
-        d,
-        "client",
-        "ca",
-        "/CN=sluice",
-        "extendedKeyUsage=clientAuth\n",
-    );
-    ca(d, "other-ca");
-    signed(
-        d,
-        "stranger",
-        "other-ca",
-        "/CN=sluice",
-        "extendedKeyUsage=clientAuth\n",
-    );
+    let ca = TestCa::new(dir.path(), "redis");
+    ca.issue("server", &["127.0.0.1"], Usage::Server);
+    ca.issue("client", &["sluice"], Usage::Client);
+    TestCa::new(dir.path(), "other").issue("stranger", &["sluice"], Usage::Client);
     dir
 }
 
@@ -122,11 +47,11 @@ fn tls_server(certs: &Path) -> (RedisServer, u16) {
         "--tls-port".into(),
         tls_port.to_string(),
         "--tls-cert-file".into(),
-        path("server.crt"),
+        path("server.pem"),
         "--tls-key-file".into(),
-        path("server.key"),
+        path("server-key.pem"),
         "--tls-ca-cert-file".into(),
-        path("ca.crt"),
+        path("redis-ca.pem"),
         "--tls-auth-clients".into(),
         "no".into(),
     ]);
@@ -152,7 +77,7 @@ async fn rediss_with_the_ca_file_decides_and_without_it_fails() {
     let (_server, tls_port) = tls_server(certs.path());
     let url = format!("rediss://127.0.0.1:{tls_port}/");
     let options = RedisOptions {
-        ca_file: Some(certs.path().join("ca.crt")),
+        ca_file: Some(certs.path().join("redis-ca.pem")),
         ..RedisOptions::new(url.clone())
     };
     let limiter: Arc<dyn Limiter> = Arc::new(
@@ -188,7 +113,7 @@ async fn sluice_serves_over_tls_with_a_ca_file() {
     let (_server, tls_port) = tls_server(certs.path());
     let mut settings = test_settings(&limits(), None);
     settings.backend.redis = Some(RedisOptions {
-        ca_file: Some(certs.path().join("ca.crt")),
+        ca_file: Some(certs.path().join("redis-ca.pem")),
         ..RedisOptions::new(format!("rediss://127.0.0.1:{tls_port}/"))
     });
     let sluice = TestServer::start(settings);
@@ -292,9 +217,9 @@ impl MutualTlsRedis {
             Command::new("redis-server")
                 .args(["--port", "0", "--tls-port", &port.to_string()])
                 .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--tls-cert-file", &path("server.crt")])
-                .args(["--tls-key-file", &path("server.key")])
-                .args(["--tls-ca-cert-file", &path("ca.crt")])
+                .args(["--tls-cert-file", &path("server.pem")])
+                .args(["--tls-key-file", &path("server-key.pem")])
+                .args(["--tls-ca-cert-file", &path("redis-ca.pem")])
                 .args(["--tls-auth-clients", "yes"])
                 .arg("--dir")
                 .arg(dir.path()),
@@ -329,13 +254,13 @@ impl Drop for MutualTlsRedis {
 }
 
 /// TLS options for `server`, trusting the test CA and presenting the certificate `client`
-/// (`client.crt`/`client.key` in `certs`), if any.
+/// (`client.pem`/`client-key.pem` in `certs`), if any.
 fn mutual_tls(server: &MutualTlsRedis, certs: &Path, client: Option<&str>) -> RedisOptions {
     RedisOptions {
-        ca_file: Some(certs.join("ca.crt")),
+        ca_file: Some(certs.join("redis-ca.pem")),
         client_cert: client.map(|name| ClientCert {
-            cert: certs.join(format!("{name}.crt")),
-            key: certs.join(format!("{name}.key")),
+            cert: certs.join(format!("{name}.pem")),
+            key: certs.join(format!("{name}-key.pem")),
         }),
         ..RedisOptions::new(server.url())
     }
@@ -389,11 +314,11 @@ async fn a_refused_client_certificate_is_reported_and_keeps_sluice_unready() {
             Some(&server.url()),
             &[
                 "--redis-ca-file",
-                &file("ca.crt"),
+                &file("redis-ca.pem"),
                 "--redis-tls-cert",
-                &file(&format!("{name}.crt")),
+                &file(&format!("{name}.pem")),
                 "--redis-tls-key",
-                &file(&format!("{name}.key")),
+                &file(&format!("{name}-key.pem")),
             ],
         )
     };

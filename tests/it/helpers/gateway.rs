@@ -1,7 +1,7 @@
 //! Envoy Gateway's side of the contract, as it builds it (read from its sources:
 //! `internal/crypto/certgen.go`, `internal/xds/translator/ratelimit.go`):
 //!
-//! - [`GatewayPki`]: the certificates of its certgen, made with `openssl`: one self-signed RSA
+//! - [`GatewayPki`]: the certificates of its certgen, made with rcgen: one self-signed RSA
 //!   CA (CN `envoy-gateway`), leaf certificates with RSA 2048 keys written as PKCS#1 PEM
 //!   (`RSA PRIVATE KEY`), key usages but no extended key usage, and its names (`*.NAMESPACE`
 //!   for Envoy and the rate limiter, the service's names for envoy-gateway).
@@ -20,9 +20,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rsa::pkcs1::{EncodeRsaPrivateKey, LineEnding};
+use rsa::pkcs8::EncodePrivateKey;
 use serde_json::{json, Value};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::ratelimit::config::ratelimit::v3::{
@@ -62,24 +66,7 @@ pub struct GatewayPki {
     /// envoy-gateway's (Secret `envoy-gateway`): its xDS server. Also names 127.0.0.1, which
     /// the tests dial instead of the service name.
     pub gateway: Pem,
-}
-
-/// Runs `openssl` with `args` in `dir`; fails the test with its stderr.
-pub fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl not found: scripts/setup.sh installs it");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).expect("read a certificate file")
+    issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 impl GatewayPki {
@@ -88,53 +75,54 @@ impl GatewayPki {
     pub fn new(dir: &Path, name: &str) -> GatewayPki {
         let dir = dir.join(name);
         std::fs::create_dir_all(&dir).expect("PKI directory");
-        openssl(
-            &dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-sha256",
-                "-days",
-                "365",
-                "-subj",
-                "/CN=envoy-gateway",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,digitalSignature,keyEncipherment",
-            ],
-        );
-        let ca = dir.join("ca.crt");
-        let wildcard = format!("DNS:*.{NAMESPACE}");
-        let gateway = format!(
-            "DNS:envoy-gateway,DNS:envoy-gateway.{NAMESPACE},DNS:envoy-gateway.{NAMESPACE}.svc,\
-             DNS:envoy-gateway.{NAMESPACE}.svc.cluster.local,IP:127.0.0.1"
-        );
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "envoy-gateway");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        let (key, _) = rsa_key();
+        let ca = CertifiedIssuer::self_signed(params, key).expect("CA certificate");
+        let ca_path = dir.join("ca.crt");
+        std::fs::write(&ca_path, ca.pem()).expect("write the CA certificate");
+        let wildcard = format!("*.{NAMESPACE}");
+        let gateway = [
+            "envoy-gateway".to_owned(),
+            format!("envoy-gateway.{NAMESPACE}"),
+            format!("envoy-gateway.{NAMESPACE}.svc"),
+            format!("envoy-gateway.{NAMESPACE}.svc.cluster.local"),
+            "127.0.0.1".to_owned(),
+        ];
         GatewayPki {
-            ca_pem: read(&ca),
-            ca,
+            ca_pem: ca.pem(),
+            ca: ca_path,
             ratelimit: leaf(
                 &dir,
+                &ca,
                 "envoy-rate-limit",
                 "*",
-                &format!("{wildcard},IP:127.0.0.1"),
+                &[&wildcard, "127.0.0.1"],
             ),
-            envoy: leaf(&dir, "envoy", "*", &wildcard),
-            gateway: leaf(&dir, "envoy-gateway", "envoy-gateway", &gateway),
+            envoy: leaf(&dir, &ca, "envoy", "*", &[&wildcard]),
+            gateway: leaf(
+                &dir,
+                &ca,
+                "envoy-gateway",
+                "envoy-gateway",
+                &gateway.iter().map(String::as_str).collect::<Vec<_>>(),
+            ),
+            issuer: ca,
             dir,
         }
     }
 
     /// Another leaf of this CA (see [`leaf`]).
-    pub fn leaf(&self, file: &str, cn: &str, sans: &str) -> Pem {
-        leaf(&self.dir, file, cn, sans)
+    pub fn leaf(&self, file: &str, cn: &str, sans: &[&str]) -> Pem {
+        leaf(&self.dir, &self.issuer, file, cn, sans)
     }
 
     /// The files of the Secret `envoy-rate-limit` as the rate limiter's pod mounts it.
@@ -147,68 +135,47 @@ impl GatewayPki {
     }
 }
 
+/// A new RSA 2048 key, for rcgen and as certgen writes it (PKCS#1 PEM, `RSA PRIVATE KEY`).
+fn rsa_key() -> (KeyPair, String) {
+    let key = rsa::PrivateKey::new(&mut getrandom::SysRng, 2048).expect("RSA key");
+    let pkcs8 = key.to_pkcs8_der().expect("PKCS#8 encoding");
+    let pkcs1 = key.to_pkcs1_pem(LineEnding::LF).expect("PKCS#1 encoding");
+    let pair = KeyPair::try_from(pkcs8.as_bytes()).expect("rcgen takes the RSA key");
+    (pair, pkcs1.to_string())
+}
+
 /// A leaf `dir/FILE.crt` and `dir/FILE.key` with common name `cn` and the subject
-/// alternative names `sans` (openssl's `DNS:...,IP:...`), signed by `dir/ca.crt`.
-fn leaf(dir: &Path, file: &str, cn: &str, sans: &str) -> Pem {
-    let (key, csr, crt, ext) = (
-        format!("{file}.key"),
-        format!("{file}.csr"),
-        format!("{file}.crt"),
-        format!("{file}.ext"),
+/// alternative names `sans` (an IP address is an IP name, anything else a DNS name), signed by
+/// `ca`: certgen's key usages, no extended key usage.
+fn leaf(
+    dir: &Path,
+    ca: &CertifiedIssuer<'static, KeyPair>,
+    file: &str,
+    cn: &str,
+    sans: &[&str],
+) -> Pem {
+    let sans: Vec<String> = sans.iter().map(|s| (*s).to_owned()).collect();
+    let mut params = CertificateParams::new(sans).expect("leaf params");
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+        KeyUsagePurpose::DataEncipherment,
+        KeyUsagePurpose::ContentCommitment,
+    ];
+    let (key, key_pem) = rsa_key();
+    let cert_pem = params.signed_by(&key, ca).expect("sign the leaf").pem();
+    let (cert, key) = (
+        dir.join(format!("{file}.crt")),
+        dir.join(format!("{file}.key")),
     );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            &format!("/CN={cn}"),
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-        ],
-    );
-    std::fs::write(
-        dir.join(&ext),
-        format!(
-            "subjectAltName={sans}\n\
-             keyUsage=critical,digitalSignature,keyEncipherment,dataEncipherment,nonRepudiation\n"
-        ),
-    )
-    .expect("extensions file");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "365",
-            "-sha256",
-            "-extfile",
-            &ext,
-            "-out",
-            &crt,
-        ],
-    );
-    // certgen writes PKCS#1 ("RSA PRIVATE KEY"), not openssl's default PKCS#8.
-    openssl(dir, &["rsa", "-in", &key, "-traditional", "-out", &key]);
-    let (cert, key) = (dir.join(crt), dir.join(key));
+    std::fs::write(&cert, &cert_pem).expect("write the certificate");
+    std::fs::write(&key, &key_pem).expect("write the key");
     Pem {
-        cert_pem: read(&cert),
-        key_pem: read(&key),
         cert,
         key,
+        cert_pem,
+        key_pem,
     }
 }
 
