@@ -548,54 +548,6 @@ async fn unreachable_at_connect_is_unavailable() {
     assert!(l.ping().await.is_err());
 }
 
-/// Rough cost of one decision; not a benchmark suite, just a figure to sanity-check the design
-/// (one round trip per batch, no checkout ping). Run with `--ignored --nocapture` in release.
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore]
-async fn redis_decision_cost() {
-    let server = RedisServer::start();
-    let l = redis_limiter(&server).await;
-    let batch = |i: u64| {
-        vec![
-            hit(
-                &format!("k{}", i % 1000),
-                1_000_000,
-                60_000,
-                1,
-                HitKind::Consume,
-            ),
-            hit("global", 1_000_000, 60_000, 1, HitKind::Consume),
-        ]
-    };
-    let n = 5000u64;
-    let started = Instant::now();
-    for i in 0..n {
-        l.decide(&batch(i), None).await.expect("decide");
-    }
-    let sequential = started.elapsed() / n as u32;
-
-    let tasks = 64u64;
-    let started = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for t in 0..tasks {
-        let l = Arc::clone(&l);
-        set.spawn(async move {
-            for i in 0..n / 10 {
-                l.decide(&batch(t * 1000 + i), None).await.expect("decide");
-            }
-        });
-    }
-    while let Some(res) = set.join_next().await {
-        res.expect("task");
-    }
-    let total = tasks * (n / 10);
-    let rate = total as f64 / started.elapsed().as_secs_f64();
-    println!(
-        "redis: sequential {sequential:?}/decision (2 keys); {tasks} tasks: {rate:.0} decisions/s"
-    );
-}
-
 /// `MEMORY USAGE key SAMPLES 0`: the key's bytes as Redis counts them (value, name, keyspace
 /// entry).
 async fn memory_usage(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
