@@ -19,7 +19,7 @@
    README's command, Envoy with README's flags on deploy/envoy/envoy.yaml; then each `curl` is
    run and its output compared like the grpcurl session's. Changed for the run: every port (to
    free ones, the listener to 127.0.0.1) and the rate-limit filter's 20 ms timeout, raised to
-   1 s as the Rust tests raise it (tests/helpers/envoy_config.rs says why: a debug build on a
+   1 s as the Rust tests raise it (tests/it/helpers/envoy_config.rs says why: a debug build on a
    busy machine misses 20 ms now and then, and a 500 is not what the session shows). Normalised
    besides the countdowns (`t=`, `Retry-After`, `X-RateLimit-Reset`, checked as above): the
    `date` header (must be an HTTP date) and `x-envoy-upstream-service-time` (a number).

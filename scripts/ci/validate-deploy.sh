@@ -5,7 +5,7 @@
 # Dockerfile against each other and against the built binary (`sluice serve --help`,
 # `sluice check-config` on every limits ConfigMap), and `envoy --mode validate` checks every Envoy
 # bootstrap the repository ships (any YAML/JSON file outside target/ whose top level has
-# static_resources). The Istio EnvoyFilters are not bootstraps: tests/istio.rs applies them to
+# static_resources). The Istio EnvoyFilters are not bootstraps: tests/it/istio.rs applies them to
 # istiod-shaped configs and validates and runs the result. Needs kubectl, kubernetes-validate
 # and envoy: scripts/setup.sh installs them.
 set -euo pipefail

@@ -2,7 +2,7 @@
 //!
 //! Why a separate, pure module: every algorithm must behave identically on the memory backend
 //! (which runs these functions) and in the Redis script (a transcription of them), and the
-//! property test in tests/differential.rs holds the two to that on random traces over a virtual
+//! property test in tests/it/differential.rs holds the two to that on random traces over a virtual
 //! clock. Time is always passed in, so every edge is testable with explicit numbers.
 //!
 //! One key holds one [`State`]; its transition for one batch item is

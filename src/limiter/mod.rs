@@ -3,7 +3,7 @@
 //! Why a trait: the decision engine must not care where the log lives. `memory` keeps it in
 //! process (the embedded default, no Redis needed); `redis` keeps it in sorted sets and decides
 //! with one atomic Lua script per request. Both implement the same semantics, and one
-//! conformance suite (tests/conformance.rs) runs against both (and the Redis Cluster backend).
+//! conformance suite (tests/it/conformance.rs) runs against both (and the Redis Cluster backend).
 //! Two wrappers implement the trait around a shared backend: [`guard`] (per-decision deadline,
 //! bounded in-flight calls) and [`cache`] (local answers for requests certain to be rejected).
 //!

@@ -1,10 +1,11 @@
 //! Bounded resources: 1,000,000 distinct keys through the memory backend (through the `Limiter`
 //! trait) keep resident memory under a stated bound, because `with_max_keys` evicts.
 //!
-//! Why its own test binary with a single test: resident memory (`VmHWM`, the peak RSS, from
-//! /proc/self/status) is per process, so no other test may run beside it. The figures it prints
-//! are kept in docs/reliability.md; metric label sets and the local cache have their own bound
-//! tests (src/metrics/tracker.rs, src/metrics/observer.rs, src/limiter/cache.rs).
+//! Why a module with a single test: resident memory (`VmHWM`, the peak RSS, from
+//! /proc/self/status) is per process, so no other test may run beside it (nextest gives each
+//! test a process of its own; by hand, `cargo test --test it bounded_memory::`). The figures
+//! it prints are kept in docs/reliability.md; metric label sets and the local cache have their
+//! own bound tests (src/metrics/tracker.rs, src/metrics/observer.rs, src/limiter/cache.rs).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -547,7 +547,7 @@ async fn three_instances_share_one_redis_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_follow_the_backend() {
-    // A domain of its own: the metrics recorder is shared by every server of this test binary,
+    // A domain of its own: the metrics recorder is shared by every server of this test process,
     // and the exact count below must be this test's alone.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

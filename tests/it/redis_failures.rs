@@ -240,7 +240,7 @@ async fn failure_policy_decides_the_answer_and_is_counted() {
     redis.resume();
 
     // At least the 10 hung calls (a warm-up call may also miss the 10 ms deadline on a loaded
-    // machine, and is then counted too). Both servers render this test binary's one recorder;
+    // machine, and is then counted too). Both servers render this test process's one recorder;
     // each policy's series counts that server's failures alone (no other test here allows or
     // denies).
     for (sluice, policy) in [(&allow, "allow"), (&deny, "deny")] {

@@ -2,7 +2,7 @@
 //! validator's messages and lines on in-memory YAML.
 //!
 //! Why here and not only in `tests/`: these exercise the lookup tree directly and cheaply;
-//! the file-based fixtures in `tests/config_errors.rs` cover the loader end to end.
+//! the file-based fixtures in `tests/it/config_errors.rs` cover the loader end to end.
 //!
 //! This file: matching (precedence, depth, flags, whitelists). `errors`: every problem
 //! collected with its line, and malformed input never panics. `rate_limits`: units, windows,

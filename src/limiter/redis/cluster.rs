@@ -20,7 +20,7 @@
 //!    refunds alone are probed.
 //!
 //! The outcomes are those one script call would report (the differential property test in
-//! tests/differential.rs holds the cluster to the memory backend's reference models); where the
+//! tests/it/differential.rs holds the cluster to the memory backend's reference models); where the
 //! split cannot behave like one script is listed in docs/algorithms.md ("Redis Cluster").
 //!
 //! The guarantee (docs/redis.md): never over-admit, since each group checks its own limits

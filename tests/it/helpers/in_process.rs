@@ -6,10 +6,11 @@
 //! not on the test's: a test that floods it, or blocks a thread on a child process, measures
 //! the server as a client would, and a synchronous test can start one too.
 //!
-//! Metrics: the Prometheus recorder is process-wide, so one is installed per test binary (on
-//! the first start) and every in-process server of that binary renders it on `/metrics`. A test
-//! that asserts an exact count must therefore use label values (a domain, a rule, a policy) no
-//! other test of its binary uses.
+//! Metrics: the Prometheus recorder is process-wide, so one is installed per test process (on
+//! the first start) and every in-process server of that process renders it on `/metrics`.
+//! nextest runs each test in a process of its own; a test that asserts an exact count still
+//! uses label values (a domain, a rule, a policy) of its own, so it holds when `cargo test`
+//! runs the tests as threads of one process.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -38,7 +39,7 @@ pub fn test_settings(config: &Path, redis_url: Option<&str>) -> Settings {
     settings
 }
 
-/// The test binary's one metrics recorder.
+/// The test process's one metrics recorder.
 pub fn metrics() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
