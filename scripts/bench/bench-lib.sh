@@ -43,8 +43,8 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
-wait_port() { # port
-  for _ in $(seq 1 200); do
+wait_port() { # port: up to a minute, so a loaded machine only slows a start-up down
+  for _ in $(seq 1 1200); do
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
     sleep 0.05
   done
@@ -71,7 +71,7 @@ start_redis() { # -> sets REDIS_PORT REDIS_PID; no persistence, loopback only. W
     PIDS+=($!)
     wait_port "$port"
   done
-  for _ in $(seq 1 200); do
+  for _ in $(seq 1 1200); do
     [ "$(redis-cli -p "$REDIS_PORT" INFO replication | grep -c 'state=online')" -ge "${REPLICAS:-0}" ] && return 0
     sleep 0.05
   done

@@ -26,7 +26,8 @@
 #
 #   scripts/bench/envoy.sh            # about 4 minutes after the build (5 x 4 s + 3 x 5 s rounds)
 #   scripts/bench/envoy.sh --long     # about 8 minutes (8 x 6 s + 5 x 8 s rounds)
-#   scripts/bench/envoy.sh --smoke    # seconds, debug build, one short round; no figure means anything
+#   scripts/bench/envoy.sh --smoke    # seconds, debug build, one short round; no figure or status
+#                                     # means anything: it fails only if the harness does not run
 #   ROUNDS=.. SECS=.. LAT_ROUNDS=.. LAT_SECS=.. CONNECTIONS=.. override the above; RATE=..
 #   sets the open-loop rate instead of half the ceiling
 #   WAKEUPS=1 scripts/bench/envoy.sh  # also syscalls and context switches per request of the RLS
@@ -62,8 +63,9 @@ else
 fi
 mkdir -p "$OUT"
 
-wait_ready() { # admin port: Envoy answers /ready with LIVE once its listeners are up
-  for _ in $(seq 1 200); do
+wait_ready() { # admin port: Envoy answers /ready with LIVE once its listeners are up (a minute
+  # at most, as wait_port)
+  for _ in $(seq 1 1200); do
     [ "$(curl -s "http://127.0.0.1:$1/ready" 2>/dev/null)" = LIVE ] && return 0
     sleep 0.05
   done
@@ -295,13 +297,16 @@ def save(name, result):
 # request the filter timed out on may not have been recorded).
 for v in VARIANTS:
     open_loop(v, 1000, 1.5)
+# A smoke run only notes a warm-up that did not get there: a debug build on a loaded machine
+# misses the filter's 20 ms timeout (500) and leaves clients unspent.
 for attempt in range(5):
     warm = open_loop("redis-over", 500, 2.0)
     if warm["statuses"] == {"429": 1000}:
         break
 else:
     print(f"redis-over after the warm-up answered {warm['statuses']}: expected only 429", file=sys.stderr)
-    sys.exit(1)
+    if mode != "--smoke":
+        sys.exit(1)
 
 print(f"== throughput: {rounds} rounds x {len(VARIANTS)} variants x {secs} s", file=sys.stderr)
 tput = {v: [] for v in VARIANTS}
@@ -383,14 +388,21 @@ if WAKEUPS:
                 print(f"| {v} | {name} | " + " | ".join(f"{med(r.get(c, 0) for r in rows):.2f}" for c in cols) + " |")
     print()
 
-# The harness is broken (exit 1) if a round answered nothing, or never answered what its variant
-# is for (2xx, or 429 for redis-over), or redis-over admitted anything. Other statuses (500: the
-# filter's 20 ms timeout) are figures of the run and printed.
+# The harness is broken (exit 1) if a round answered nothing. A measured run is also broken if a
+# round never answered what its variant is for (2xx, or 429 for redis-over), or redis-over
+# admitted anything. A smoke run checks only that the harness runs: its statuses depend on the
+# machine's load (a debug build misses the filter's 20 ms timeout, and an unspent warm-up lets
+# redis-over admit). Other statuses (500: the filter's 20 ms timeout) are figures of the run and
+# printed.
 ok = True
 for v in VARIANTS:
     want = "4xx" if v == "redis-over" else "2xx"
     for x in tput[v] + lat[v]:
-        if not x["statuses"].get(want) or (v == "redis-over" and x["statuses"].get("2xx")):
+        if mode == "--smoke":
+            broken = not any(x["statuses"].get(f"{c}xx") for c in "12345")
+        else:
+            broken = not x["statuses"].get(want) or (v == "redis-over" and x["statuses"].get("2xx"))
+        if broken:
             print(f"{v}: a round answered {x['statuses']}", file=sys.stderr)
             ok = False
     if any(set(x["statuses"]) - {want} for x in tput[v] + lat[v]):
