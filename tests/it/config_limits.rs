@@ -143,7 +143,7 @@ fn a_config_over_max_config_bytes_is_refused_naming_the_flag() {
 }
 
 /// The binary watching its config every 100 ms: the file becomes a FIFO, the watcher reports
-/// it (the old config serving meanwhile), and SIGTERM ends the process within 5 s.
+/// it (the old config serving meanwhile), and SIGTERM ends the process within 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_exits_promptly_with_a_fifo_at_the_config_path() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -180,8 +180,8 @@ async fn sigterm_exits_promptly_with_a_fifo_at_the_config_path() {
     assert!(status.success());
     while sluice.is_running() {
         assert!(
-            signalled.elapsed() < Duration::from_secs(5),
-            "sluice did not exit within 5 s of SIGTERM:\n{}",
+            signalled.elapsed() < Duration::from_secs(10),
+            "sluice did not exit within 10 s of SIGTERM:\n{}",
             sluice.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));

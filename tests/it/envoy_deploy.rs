@@ -7,7 +7,7 @@
 //!
 //! The shipped filter's timeout (20 ms, checked) is raised for these live runs, the one change
 //! besides addresses: `helpers/envoy_config.rs` (`with_test_filter_timeout`) says why;
-//! `tests/envoy_faults.rs` tests the filter at 20 ms.
+//! `tests/it/envoy_faults.rs` tests the filter at 20 ms.
 
 use crate::helpers;
 

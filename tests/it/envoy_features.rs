@@ -7,7 +7,7 @@
 //!
 //! The filters' timeout is [`TIMEOUT_MS`] (1 s): these cases test semantics, and on a 2-core
 //! machine shared with other test processes a scheduler stall past the production 20 ms would
-//! turn an answer into Envoy's failure mode (`tests/envoy_faults.rs` tests the 20 ms budget).
+//! turn an answer into Envoy's failure mode (`tests/it/envoy_faults.rs` tests the 20 ms budget).
 
 use crate::helpers;
 
@@ -109,10 +109,10 @@ async fn budget_remaining(sluice: &TestServer) -> u32 {
     resp.statuses[0].limit_remaining
 }
 
-/// Waits (2 s at most) until the stream-done charge has landed: Envoy sends it after the
-/// response, without waiting for the answer.
+/// Waits (10 s at most: a bound for a loaded machine) until the stream-done charge has landed:
+/// Envoy sends it after the response, without waiting for the answer.
 async fn wait_for_budget(sluice: &TestServer, want: u32) {
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let left = budget_remaining(sluice).await;
         if left == want {
@@ -403,8 +403,9 @@ fn now_ms() -> u64 {
 /// The window edge through Envoy: 5 requests (the limit, 5 per second) in the last 200 ms of a
 /// second, 5 more just after the whole second: a fixed window would admit the second batch, the
 /// sliding log refuses it; a second after the first batch, a slot is free again. Each attempt
-/// uses a client key of its own; an attempt whose first batch did not end before the boundary
-/// (a stall of this shared machine) proves nothing and is repeated, 3 times at most.
+/// uses a client key of its own; an attempt whose first batch did not end before the boundary,
+/// or whose second batch was answered a window after the first began (a stall of this shared
+/// machine), proves nothing and is repeated, 3 times at most.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_edge_through_envoy() {
     let rate_limits = json!([{"actions": [
@@ -420,6 +421,7 @@ async fn window_edge_through_envoy() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let first_second = now_ms() / 1000;
+        let first_batch_start = now_ms();
         for _ in 0..5 {
             assert_eq!(
                 send().await.status,
@@ -434,9 +436,18 @@ async fn window_edge_through_envoy() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut inconclusive = false;
         for nth in 1..=5 {
             let resp = send().await;
+            // Only an answer within a window of the first batch's start must be a refusal.
+            if now_ms() >= first_batch_start + 1000 {
+                inconclusive = true;
+                break;
+            }
             assert_eq!(resp.status, 429, "request {nth} after the edge: {resp:?}");
+        }
+        if inconclusive {
+            continue;
         }
         tokio::time::sleep(Duration::from_millis(1000)).await;
         assert_eq!(
@@ -446,5 +457,5 @@ async fn window_edge_through_envoy() {
         );
         return;
     }
-    panic!("3 attempts could not send 5 requests within 200 ms before a whole second");
+    panic!("3 attempts could not send both batches within a window around a whole second");
 }

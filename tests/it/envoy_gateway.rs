@@ -9,7 +9,7 @@
 //! (envoyproxy/ratelimit's 8081 and 8080), set to free ports so parallel runs do not collide,
 //! and `SLUICE_BACKEND_TIMEOUT_MS`, sluice's own per-decision deadline, raised from its 10 ms
 //! default to the suite's test deadline: a debug build on a loaded 2-core machine misses 10 ms
-//! now and then, like Envoy's 20 ms filter timeout below (tests/envoy_faults.rs tests both).
+//! now and then, like Envoy's 20 ms filter timeout below (tests/it/envoy_faults.rs tests both).
 //!
 //! It checks what Envoy Gateway relies on: the subscription over mutual TLS with node id
 //! `envoy-ratelimit`, health before and after the first config (`/healthcheck` on `PORT`, the
@@ -35,7 +35,7 @@ use helpers::{free_port, http_get, Envoy, RedisServer, Req, Sluice, Upstream};
 use sluice::proto::ratelimit::config::ratelimit::v3::RateLimitUnit;
 
 /// The rate-limit filter's timeout: Envoy Gateway's default is 20 ms; a debug build on a
-/// loaded 2-core machine misses that now and then (tests/envoy_faults.rs tests the budget).
+/// loaded 2-core machine misses that now and then (tests/it/envoy_faults.rs tests the budget).
 const FILTER_TIMEOUT_MS: u64 = 1000;
 
 /// `ratelimit` as Envoy Gateway's pod runs it: user and group 65534, no capabilities (none
@@ -188,7 +188,7 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
     let ack = xds.next_request().await.request;
     assert_eq!(ack.version_info, "1");
     assert!(ack.error_detail.is_none(), "NACK: {ack:?}");
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let healthy = loop {
         let probe = get(http, "/healthcheck").await;
         if probe.0 == 200 || Instant::now() > deadline {

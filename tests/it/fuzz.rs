@@ -1,6 +1,6 @@
-//! The fuzz harnesses (`tests/helpers/fuzz_harness.rs`) run as property tests on stable Rust, for
-//! a bounded number of cases, in CI. The same harnesses are cargo-fuzz targets under `fuzz/`
-//! (nightly only, not run in CI); see README.md "Fuzzing".
+//! The fuzz harnesses (`tests/it/helpers/fuzz_harness.rs`) run as property tests on stable
+//! Rust, for a bounded number of cases, in CI. The same harnesses are cargo-fuzz targets under
+//! `fuzz/` (nightly only, not run in CI); see README.md "Fuzzing".
 //!
 //! Inputs are seeded from the test fixtures: config text is a fixture file with random edits
 //! (deleted, inserted and replaced bytes, duplicated lines), requests use the fixture's keys and

@@ -1,4 +1,4 @@
-//! Redis Cluster under change: a real 3-primary cluster (tests/helpers) with a primary restarted
+//! Redis Cluster under change: a real 3-primary cluster (helpers) with a primary restarted
 //! and a slot migrated while traffic runs, plus the cross-slot compensation seen in the server.
 //!
 //! Exactness under change: a request that got an error may still have recorded its hits (the
@@ -84,7 +84,7 @@ async fn cross_slot_rejection_leaves_nothing_behind() {
 /// of a compensated slot report the reset of the key without their hits (a quantized log kept
 /// the reset of the bucket it had just opened), and items of a refunded key report the key
 /// after the refund (they reported it before). Found by the differential property test
-/// (tests/differential.rs, `memory_and_redis_cluster_agree`).
+/// (tests/it/differential.rs, `memory_and_redis_cluster_agree`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_slot_reports_match_one_script() {
     use sluice::limiter::memory::MemoryLimiter;

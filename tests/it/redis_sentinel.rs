@@ -1,5 +1,5 @@
 //! Redis Sentinel with a real failover: a primary, its replicas and three sentinels
-//! (`tests/helpers/sentinel.rs`), sluice in process on a `redis+sentinel://` URL, the primary
+//! (`tests/it/helpers/sentinel.rs`), sluice in process on a `redis+sentinel://` URL, the primary
 //! killed (SIGKILL) under load.
 //!
 //! What must hold (docs/redis.md, "Sentinel"): sluice follows the promotion without a restart;

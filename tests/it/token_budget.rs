@@ -7,7 +7,7 @@
 //! the charge that overdraws the budget fills it, the next request gets 429, and once the
 //! window slides past the first charges requests are admitted again.
 //!
-//! Real parts: sluice in process on Redis, Envoy 1.40 (tests/helpers/envoy.rs), an HTTP upstream
+//! Real parts: sluice in process on Redis, Envoy 1.40 (tests/it/helpers/envoy.rs), an HTTP upstream
 //! that reports 4 tokens per request. The test prints the request-by-request timeline
 //! (`--nocapture`).
 
@@ -38,7 +38,7 @@ const TOKENS_PER_REQUEST: u64 = 4;
 
 /// How long a charge may take to reach sluice after its response (Envoy sends it when the
 /// stream completes, asynchronously); generous for a loaded machine.
-const CHARGE_TIMEOUT: Duration = Duration::from_secs(5);
+const CHARGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Envoy of the test: the budget's two rate limits in the route's `RateLimitPerRoute` (Envoy
 /// ignores `hits_addend` on route-level `rate_limits`), sluice as the rate-limit service (fail

@@ -121,7 +121,7 @@ pub const TEST_FILTER_TIMEOUT: &str = "1s";
 /// config with one test running: p50 1.5 ms, p99 8.8 ms, max 17 ms per request end to end; with
 /// the suite's tests in parallel, stalls past 20 ms turned a few of ~600 requests into 500s in 3
 /// runs of 5. What a 500 would test (the filter's timeout and failure mode at 20 ms) is tested
-/// at 20 ms by `tests/envoy_faults.rs`; `envoy --mode validate` and the README check run the
+/// at 20 ms by `tests/it/envoy_faults.rs`; `envoy --mode validate` and the README check run the
 /// shipped files unchanged.
 pub fn with_test_filter_timeout(config: &mut Value, shipped: &str) {
     let mut changed = 0;

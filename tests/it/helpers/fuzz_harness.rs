@@ -1,6 +1,6 @@
-//! The fuzz harnesses, shared by the stable property tests (`tests/fuzz.rs`, run in CI) and the
-//! cargo-fuzz targets (`fuzz/fuzz_targets/*.rs`, nightly only), so both exercise the same code
-//! and check the same invariants:
+//! The fuzz harnesses, shared by the stable property tests (`tests/it/fuzz.rs`, run in CI) and
+//! the cargo-fuzz targets (`fuzz/fuzz_targets/*.rs`, nightly only), so both exercise the same
+//! code and check the same invariants:
 //! - [`config_loader`]: any text loads or fails with errors that each name the file, never panics;
 //! - [`descriptor_keys`]: the descriptor -> limiter key function is injective, short and one
 //!   Redis Cluster slot whatever the input;
