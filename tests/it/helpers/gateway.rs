@@ -54,7 +54,6 @@ pub const CLUSTER: &str = "ratelimit_cluster";
 pub use super::certs::Issued as Pem;
 
 pub struct GatewayPki {
-    dir: PathBuf,
     pub ca: PathBuf,
     pub ca_pem: String,
     /// The rate limiter's certificate (Secret `envoy-rate-limit`): its gRPC server and its
@@ -66,7 +65,6 @@ pub struct GatewayPki {
     /// envoy-gateway's (Secret `envoy-gateway`): its xDS server. Also names 127.0.0.1, which
     /// the tests dial instead of the service name.
     pub gateway: Pem,
-    issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 impl GatewayPki {
@@ -115,14 +113,7 @@ impl GatewayPki {
                 "envoy-gateway",
                 &gateway.iter().map(String::as_str).collect::<Vec<_>>(),
             ),
-            issuer: ca,
-            dir,
         }
-    }
-
-    /// Another leaf of this CA (see [`leaf`]).
-    pub fn leaf(&self, file: &str, cn: &str, sans: &[&str]) -> Pem {
-        leaf(&self.dir, &self.issuer, file, cn, sans)
     }
 
     /// The files of the Secret `envoy-rate-limit` as the rate limiter's pod mounts it.

@@ -1,5 +1,6 @@
-//! What every test suite shares, in one folder: each suite says `mod helpers;` and uses what it
-//! needs (the rest is compiled and unused, hence `dead_code` allowed here).
+//! What every test suite shares, in one module of the one test crate: each suite says
+//! `use crate::helpers;` and takes what it needs. The crate is compiled once, so a helper no
+//! suite uses is a dead-code warning (the fuzz harness, also built by `fuzz/`, excepted).
 //!
 //! - [`redis_server`]: throwaway `redis-server` processes and 3-primary clusters.
 //! - [`sentinel`]: a primary, its replicas and three sentinels, for failover tests.
@@ -23,8 +24,6 @@
 //!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
 //!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it;
 //!   [`gateway`]: Envoy Gateway's certificates, rate-limit cluster, route shapes and limits.
-#![allow(dead_code, unused_imports)]
-
 pub mod certs;
 pub mod edge_limits;
 pub mod envoy;
@@ -52,7 +51,7 @@ pub use limiter::consume;
 pub use process::Sluice;
 pub use redis_server::{free_port, info_number, raw_connection, RedisCluster, RedisServer};
 pub use rpc::{descriptor, grpc_channel, request};
-pub use timing::{percentile, wait_until, wait_until_blocking};
+pub use timing::{percentile, wait_until};
 
 use std::path::PathBuf;
 
