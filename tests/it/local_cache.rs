@@ -1,7 +1,7 @@
 //! The local cache of rejections, end to end: a flood on a key that is over its limit must cost
 //! Redis O(1) script calls, not one per request. Calls are counted by Redis itself
 //! (`INFO commandstats`, `cmdstat_evalsha`), so nothing in sluice can fake the figure.
-//! `cargo test --test local_cache -- --nocapture` prints calls per 10,000 requests.
+//! `cargo test --test it local_cache:: -- --nocapture` prints calls per 10,000 requests.
 
 use crate::helpers;
 

@@ -1,13 +1,13 @@
 //! Every integration test of sluice, in one crate: compiled and linked once, the shared
 //! [`helpers`] with it. Each module is one suite (its `//!` says what it proves); nextest names
-//! a test by its path, `redis_failures::hung_redis_is_answered_within_the_deadline_and_decisions_resume`, and
-//! `.config/nextest.toml` selects by that path (`test(/^soak::/)`).
+//! a test by its path (`soak::two_instances_survive_redis_kills_and_a_pause_without_over_admitting`)
+//! and `.config/nextest.toml` selects by that path (`test(/^soak::/)`).
 //!
 //! The runner is cargo-nextest (`bash scripts/test.sh`, docs/testing.md): each test in a process
 //! of its own, so process-wide state (the metrics recorder, the peak resident set
-//! `bounded_memory` reads, the working directory) is a test's own. `cargo test --test it` runs
-//! the tests as threads of one process instead, where tests that assert exact metric counts or
-//! a process's memory may see each other.
+//! `bounded_memory` reads) is a test's own. `cargo test --test it` runs the tests as threads of
+//! one process instead, where tests that assert exact metric counts or a process's memory may
+//! see each other: run one module at a time that way (`cargo test --test it soak::`).
 //!
 //! Fixtures are files under `tests/fixtures` ([`helpers::fixture`]); proptest keeps the failing
 //! cases it found in `tests/proptest-regressions/<module>.txt` (its default place for a crate

@@ -1,7 +1,7 @@
 //! Measurement behind the connection design (docs/redis.md): Redis commands per decision
 //! with the limiter's shared multiplexed connections versus a deadpool-redis pool, counted by
 //! Redis itself (`INFO commandstats`). deadpool-redis is a dev-dependency only for this.
-//! `cargo test --test it pool_round_trips -- --nocapture` prints the figures for docs/redis.md.
+//! `cargo test --test it pool_round_trips:: -- --nocapture` prints the figures for docs/redis.md.
 
 use crate::helpers;
 

@@ -5,7 +5,7 @@
 //! What must hold (docs/redis.md, "Sentinel"): sluice follows the promotion without a restart;
 //! every call is answered within the decision deadline (plus gRPC slack) while there is no
 //! primary, by the failure policy; decisions resume once a replica is promoted. Measured and
-//! printed (`cargo test --test redis_sentinel -- --nocapture`): the calls answered by policy,
+//! printed (`cargo test --test it redis_sentinel:: -- --nocapture`): the calls answered by policy,
 //! the seconds from the kill until decisions resume, and the over-admission: what the load
 //! got admitted in the one window spanning the failover, against the limit. Replication is
 //! asynchronous: what the promoted replica had not received is lost, and admitted again.
