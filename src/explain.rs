@@ -316,8 +316,9 @@ descriptors:
         );
     }
 
-    /// A node with nested descriptors but no limit of its own is not a whitelist entry (README:
-    /// a whitelist is a value with no limit and no children): the walk stopped above its limits.
+    /// A node with nested descriptors but no limit of its own is not a whitelist entry
+    /// (docs/config.md: a whitelist is a value with no limit and no children): the walk stopped
+    /// above its limits.
     #[test]
     fn a_node_with_nested_descriptors_is_not_called_whitelisted() {
         let text = run(&["tier=gold"]);
