@@ -94,7 +94,7 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
         steps(&mut out, entries, &trace);
         match resolution {
             Resolution::Done(verdict) => {
-                let reason = unlimited_reason(verdict.outcome, entries, &trace);
+                let reason = no_limit_reason(verdict.outcome, entries, &trace);
                 let _ = writeln!(out, "  result: OK without a limit ({reason})");
             }
             Resolution::Limited {
@@ -133,7 +133,7 @@ fn steps(out: &mut String, entries: &[Entry], trace: &Trace<'_>) {
 }
 
 /// Why a descriptor settled without the backend is OK without a limit.
-fn unlimited_reason(outcome: Outcome, entries: &[Entry], trace: &Trace<'_>) -> String {
+fn no_limit_reason(outcome: Outcome, entries: &[Entry], trace: &Trace<'_>) -> String {
     match (outcome, trace.end) {
         (Outcome::Unlimited, _) => "unlimited: always OK, never counted".to_owned(),
         (_, TraceEnd::Matched { nested }) => {
