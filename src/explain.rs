@@ -8,8 +8,10 @@
 
 use std::fmt::Write as _;
 
-use crate::config::{Config, HeaderFormat, LimitSpec, MatchKind, TraceEnd};
-use crate::decision::{self, Descriptor, Outcome, Request, Resolution};
+use crate::config::{
+    Config, HeaderFormat, HeaderPolicy, LimitSpec, MatchKind, Rule, Trace, TraceEnd,
+};
+use crate::decision::{self, CurrentLimit, Descriptor, Outcome, Request, Resolution};
 use crate::descriptor::Entry;
 use crate::limiter::{Algorithm, Hit, OverLimit};
 
@@ -89,62 +91,10 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
     for (i, (entries, resolution)) in descriptors.iter().zip(&resolutions).enumerate() {
         let _ = writeln!(out, "descriptor {i}: {}", entries_text(entries));
         let trace = config.trace(domain, entries);
-        for (j, (rule, kind)) in trace.steps.iter().enumerate() {
-            let entry = &entries[j];
-            let limit = match rule.limit {
-                Some(LimitSpec::Unlimited) => " (unlimited)".to_owned(),
-                Some(LimitSpec::PerUnit {
-                    requests_per_unit,
-                    unit,
-                }) => format!(" (limit {requests_per_unit} per {unit})"),
-                None => String::new(),
-            };
-            let _ = writeln!(
-                out,
-                "  entry {j} {}={}: {} match of `{}`{limit}",
-                entry.key,
-                entry.value,
-                kind_text(*kind),
-                rule.path
-            );
-        }
-        let why = match trace.end {
-            TraceEnd::UnknownDomain => "unknown domain".to_owned(),
-            TraceEnd::NoMatch { entry } => format!(
-                "entry {entry} ({}) matches no descriptor at its level",
-                entries
-                    .get(entry)
-                    .map_or(String::new(), |e| format!("{}={}", e.key, e.value))
-            ),
-            TraceEnd::DeeperThanConfig { entry } => format!(
-                "deeper than config: `{}` has no nested descriptors for entry {entry}; a limit \
-                 applies only at the request's last entry",
-                trace.steps.last().map_or("", |(r, _)| r.path.as_str())
-            ),
-            TraceEnd::Matched { .. } => String::new(),
-        };
+        steps(&mut out, entries, &trace);
         match resolution {
             Resolution::Done(verdict) => {
-                let reason = match (verdict.outcome, trace.end) {
-                    (Outcome::Unlimited, _) => "unlimited: always OK, never counted".to_owned(),
-                    (_, TraceEnd::Matched { nested }) => {
-                        match (trace.steps.last().and_then(|(r, _)| r.limit), nested) {
-                            (Some(_), _) => "replaced: another descriptor of this request matched \
-                                             a rule whose `replaces` names this limit"
-                                .to_owned(),
-                            (None, false) => {
-                                "whitelisted: the matched descriptor has no rate_limit and no \
-                                 nested descriptors"
-                                    .to_owned()
-                            }
-                            (None, true) => "no limit at this level: the matched descriptor has \
-                                             no rate_limit of its own, only its nested \
-                                             descriptors do (a longer descriptor reaches them)"
-                                .to_owned(),
-                        }
-                    }
-                    _ => format!("no rule: {why}"),
-                };
+                let reason = no_limit_reason(verdict.outcome, entries, &trace);
                 let _ = writeln!(out, "  result: OK without a limit ({reason})");
             }
             Resolution::Limited {
@@ -153,52 +103,127 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 hit,
                 headers,
                 stacked,
-            } => {
-                let rule_text = rule.map_or("(no rule)".to_owned(), |r| format!("`{}`", r.path));
-                let name = limit
-                    .name
-                    .as_deref()
-                    .map_or(String::new(), |n| format!(", name `{n}`"));
-                let mode = if rule.is_some_and(|r| r.shadow_mode) {
-                    ", shadow mode: over-limit reported OK"
-                } else if rule.is_some_and(|r| r.quota_mode) {
-                    ", quota mode: rejects only when every quota descriptor is over"
-                } else {
-                    ""
-                };
-                let over_limit = match hit.over_limit {
-                    OverLimit::Fill => String::new(),
-                    other => format!(", over limit: {}", other.name()),
-                };
-                let _ = writeln!(
-                    out,
-                    "  result: limit {}{name} from rule {rule_text}{mode}{over_limit}",
-                    limit_text(limit.requests_per_unit, limit.unit, hit)
-                );
-                let _ = writeln!(out, "  limiter key: {} {}", hit.key, counting_text(hit));
-                let _ = writeln!(
-                    out,
-                    "  response headers: {}{}",
-                    format_text(headers.format),
-                    if headers.hide_remaining {
-                        ", remaining count hidden"
-                    } else {
-                        ""
-                    }
-                );
-                for (limit, hit) in stacked {
-                    let _ = writeln!(
-                        out,
-                        "  and stacked limit {}: key {} {}",
-                        limit_text(limit.requests_per_unit, limit.unit, hit),
-                        hit.key,
-                        counting_text(hit)
-                    );
-                }
-            }
+            } => limited(&mut out, *rule, limit, hit, *headers, stacked),
         }
     }
     out
+}
+
+/// A line per entry the walk matched: how, which rule, and that rule's limit.
+fn steps(out: &mut String, entries: &[Entry], trace: &Trace<'_>) {
+    for (j, (rule, kind)) in trace.steps.iter().enumerate() {
+        let entry = &entries[j];
+        let limit = match rule.limit {
+            Some(LimitSpec::Unlimited) => " (unlimited)".to_owned(),
+            Some(LimitSpec::PerUnit {
+                requests_per_unit,
+                unit,
+            }) => format!(" (limit {requests_per_unit} per {unit})"),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  entry {j} {}={}: {} match of `{}`{limit}",
+            entry.key,
+            entry.value,
+            kind_text(*kind),
+            rule.path
+        );
+    }
+}
+
+/// Why a descriptor settled without the backend is OK without a limit.
+fn no_limit_reason(outcome: Outcome, entries: &[Entry], trace: &Trace<'_>) -> String {
+    match (outcome, trace.end) {
+        (Outcome::Unlimited, _) => "unlimited: always OK, never counted".to_owned(),
+        (_, TraceEnd::Matched { nested }) => {
+            match (trace.steps.last().and_then(|(r, _)| r.limit), nested) {
+                (Some(_), _) => "replaced: another descriptor of this request matched a rule \
+                                 whose `replaces` names this limit"
+                    .to_owned(),
+                (None, false) => "whitelisted: the matched descriptor has no rate_limit and no \
+                                  nested descriptors"
+                    .to_owned(),
+                (None, true) => "no limit at this level: the matched descriptor has no \
+                                 rate_limit of its own, only its nested descriptors do (a \
+                                 longer descriptor reaches them)"
+                    .to_owned(),
+            }
+        }
+        _ => format!("no rule: {}", unmatched(entries, trace)),
+    }
+}
+
+/// Why the walk found no rule for the descriptor.
+fn unmatched(entries: &[Entry], trace: &Trace<'_>) -> String {
+    match trace.end {
+        TraceEnd::UnknownDomain => "unknown domain".to_owned(),
+        TraceEnd::NoMatch { entry } => format!(
+            "entry {entry} ({}) matches no descriptor at its level",
+            entries
+                .get(entry)
+                .map_or(String::new(), |e| format!("{}={}", e.key, e.value))
+        ),
+        TraceEnd::DeeperThanConfig { entry } => format!(
+            "deeper than config: `{}` has no nested descriptors for entry {entry}; a limit \
+             applies only at the request's last entry",
+            trace.steps.last().map_or("", |(r, _)| r.path.as_str())
+        ),
+        TraceEnd::Matched { .. } => String::new(),
+    }
+}
+
+/// The lines of a descriptor the backend would count: its limit and rule, the limiter key,
+/// the response headers, and each stacked limit.
+fn limited(
+    out: &mut String,
+    rule: Option<&Rule>,
+    limit: &CurrentLimit,
+    hit: &Hit,
+    headers: HeaderPolicy,
+    stacked: &[(CurrentLimit, Hit)],
+) {
+    let rule_text = rule.map_or("(no rule)".to_owned(), |r| format!("`{}`", r.path));
+    let name = limit
+        .name
+        .as_deref()
+        .map_or(String::new(), |n| format!(", name `{n}`"));
+    let mode = if rule.is_some_and(|r| r.shadow_mode) {
+        ", shadow mode: over-limit reported OK"
+    } else if rule.is_some_and(|r| r.quota_mode) {
+        ", quota mode: rejects only when every quota descriptor is over"
+    } else {
+        ""
+    };
+    let over_limit = match hit.over_limit {
+        OverLimit::Fill => String::new(),
+        other => format!(", over limit: {}", other.name()),
+    };
+    let _ = writeln!(
+        out,
+        "  result: limit {}{name} from rule {rule_text}{mode}{over_limit}",
+        limit_text(limit.requests_per_unit, limit.unit, hit)
+    );
+    let _ = writeln!(out, "  limiter key: {} {}", hit.key, counting_text(hit));
+    let hidden = if headers.hide_remaining {
+        ", remaining count hidden"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "  response headers: {}{hidden}",
+        format_text(headers.format)
+    );
+    for (limit, hit) in stacked {
+        let _ = writeln!(
+            out,
+            "  and stacked limit {}: key {} {}",
+            limit_text(limit.requests_per_unit, limit.unit, hit),
+            hit.key,
+            counting_text(hit)
+        );
+    }
 }
 
 #[cfg(test)]
@@ -291,8 +316,9 @@ descriptors:
         );
     }
 
-    /// A node with nested descriptors but no limit of its own is not a whitelist entry (README:
-    /// a whitelist is a value with no limit and no children): the walk stopped above its limits.
+    /// A node with nested descriptors but no limit of its own is not a whitelist entry
+    /// (docs/config.md: a whitelist is a value with no limit and no children): the walk stopped
+    /// above its limits.
     #[test]
     fn a_node_with_nested_descriptors_is_not_called_whitelisted() {
         let text = run(&["tier=gold"]);

@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
-"""Checks that what README.md shows is what the built binary does, so the two cannot drift:
+"""Checks that what README.md and the pages it moved its reference to (docs/cli.md,
+docs/config.md, docs/architecture.md) show is what the built binary does, so they cannot drift:
 
 1. The grpcurl session (the `console` block under "A grpcurl session") is run command by
-   command against sluice with the example limits, on the memory and on the Redis backend, and
+   command against sluice with the example limits (which the quick start's command serves), on the memory and on the Redis backend, and
    each output shown must equal the real one byte for byte. Only the seconds that depend on
    when the commands ran are normalised: `durationUntilReset`, the `t=` of the `RateLimit`
    header and `Retry-After`. Each of those counts down from the window (README shows the value
    of a session run without delay), so a real value must lie between the shown value minus the
    seconds elapsed since the session's first decision, rounded up, and the shown value. Any
    other value is a failure, not noise.
-2. Every metric name README quotes (`sluice_...`, with its labels when it quotes some) is in
-   the `/metrics` output of those two servers, after the session and after a rejected reload.
-3. The flag table lists exactly the options of `sluice serve --help`, each with its environment
-   variable and default; the synopsis block shows exactly the options of `serve`, `check-config`
-   and `explain`, with the defaults `--help` prints.
+2. Every metric name those pages quote (`sluice_...`, with its labels when they quote some) is
+   in the `/metrics` output of those two servers, after the session and after a rejected reload.
+3. The flag table of docs/cli.md lists exactly the options of `sluice serve --help`, each with
+   its environment variable and default; its synopsis block shows exactly the options of
+   `serve`, `check-config` and `explain`, with the defaults `--help` prints.
 4. The session "With a real Envoy in front" is run for real: the Envoy version README installs
    is the one on the PATH; sluice starts with README's `serve` arguments, the stand-in app with
    README's command, Envoy with README's flags on deploy/envoy/envoy.yaml; then each `curl` is
@@ -48,6 +49,10 @@ import clihelp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE_LIMITS = os.path.join(ROOT, "examples/limits")
+# The flag table and the synopsis.
+CLI_DOC = "docs/cli.md"
+# Pages whose quoted metric names are checked, besides README.
+METRIC_DOCS = ["docs/cli.md", "docs/config.md", "docs/architecture.md"]
 
 errors = []
 
@@ -56,14 +61,19 @@ def fail(where, message):
     errors.append(f"{where}: {message}")
 
 
-# --- README structure ------------------------------------------------------------------------
+# --- page structure --------------------------------------------------------------------------
 
 
-def section(readme, title):
-    """The text of the `## title` or `### title` section, up to the next heading."""
-    m = re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#+ |\Z)", readme, re.M | re.S)
+def read(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def section(text, title, page="README"):
+    """The text of the `## title` or `### title` section of `page`, up to the next heading."""
+    m = re.search(rf"^#+ {re.escape(title)}\n(.*?)(?=^#+ |\Z)", text, re.M | re.S)
     if not m:
-        raise SystemExit(f"README has no section titled {title!r}")
+        raise SystemExit(f"{page} has no section titled {title!r}")
     return m.group(1)
 
 
@@ -189,14 +199,16 @@ class Processes:
 
 def start_sluice(procs, binary, work, name, extra):
     """A sluice on ephemeral ports with a copy of the example limits; returns (grpc, admin,
-    config dir)."""
+    config dir). Its backend deadline is raised from 10 ms to 1 s, as the filter's timeout is
+    for the Envoy session: a debug build on a busy machine misses 10 ms on Redis now and then,
+    and an UNAVAILABLE is not what the session shows."""
     config = os.path.join(work, f"{name}-limits")
     shutil.copytree(EXAMPLE_LIMITS, config)
     grpc, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     log = open(os.path.join(work, f"{name}.log"), "w")
     procs.start(
         [binary, "serve", "--config", config, "--grpc-addr", grpc, "--admin-addr", admin,
-         "--watch-interval-ms", "100", *extra],
+         "--watch-interval-ms", "100", "--backend-timeout-ms", "1000", *extra],
         log,
     )
     wait_for(lambda: "listening" in open(log.name).read(), 10, f"sluice ({name}) to listen")
@@ -232,38 +244,43 @@ def check_health(name, addr):
 # --- 2. metric names -------------------------------------------------------------------------
 
 
-def quoted_metrics(readme):
-    """{`name` or `name{labels}` as README quotes them (inside backticks)}."""
+def quoted_metrics(text):
+    """{`name` or `name{labels}` as `text` quotes them (inside backticks)}."""
     quoted = set()
-    for code in re.findall(r"`([^`\n]+)`", readme):
+    for code in re.findall(r"`([^`\n]+)`", text):
         for m in re.finditer(r"\b(sluice_[a-z0-9_]+)(\{[^}]*\})?", code):
             quoted.add(m.group(0))
     return quoted
 
 
 def check_metrics(quoted, exposition):
+    """`quoted` maps each quoted name to the pages quoting it."""
     families = set(re.findall(r"^# TYPE (\S+) ", exposition, re.M))
     samples = re.findall(r"^([a-z_:][a-z0-9_:]*)(\{[^}]*\})? ", exposition, re.M)
     for metric in sorted(quoted):
         name, _, labels = metric.partition("{")
         if name not in families:
-            fail("README metric", f"`{metric}`: no metric {name} in /metrics")
+            fail(f"{quoted[metric]} metric", f"`{metric}`: no metric {name} in /metrics")
             continue
         pairs = re.findall(r'\w+="[^"]*"', labels)
         series = [l for n, l in samples if n == name or n.startswith(name + "_")]
         if pairs and not any(all(p in l for p in pairs) for l in series):
-            fail("README metric", f"`{metric}`: {name} has no series with {', '.join(pairs)} in /metrics")
+            fail(f"{quoted[metric]} metric", f"`{metric}`: {name} has no series with {', '.join(pairs)} in /metrics")
 
 
 # --- 3. flags --------------------------------------------------------------------------------
 
 
-def check_flag_table(readme, serve):
-    text = section(readme, "Commands, ports and flags")
+FLAG_SECTION = "Flags of `sluice serve`"
+SYNOPSIS_SECTION = "Synopsis"
+
+
+def check_flag_table(cli, serve):
+    text = section(cli, FLAG_SECTION, CLI_DOC)
     lines = text.splitlines()
     header = [i for i, l in enumerate(lines) if re.match(r"\| flag \| env var \| default \|", l)]
     if len(header) != 1:
-        fail("README flag table", "expected one table with the header `| flag | env var | default | ...`")
+        fail(f"{CLI_DOC} flag table", "expected one table with the header `| flag | env var | default | ...`")
         return
     rows = {}
     # A Markdown table ends at the first line that is not a row: a blank line cuts it.
@@ -273,14 +290,14 @@ def check_flag_table(readme, serve):
         cells = [c.strip() for c in line.strip("|").split("|")]
         m = re.fullmatch(r"`--([a-z0-9-]+)`", cells[0])
         if not m:
-            fail("README flag table", f"row does not start with a `--flag` cell: {line}")
+            fail(f"{CLI_DOC} flag table", f"row does not start with a `--flag` cell: {line}")
             continue
         rows[m.group(1)] = cells
     for flag in serve:
         if flag not in rows:
-            fail("README flag table", f"--{flag} (in `sluice serve --help`) has no row in the table")
+            fail(f"{CLI_DOC} flag table", f"--{flag} (in `sluice serve --help`) has no row in the table")
     for flag, cells in rows.items():
-        where = f"README flag table, --{flag}"
+        where = f"{CLI_DOC} flag table, --{flag}"
         if flag not in serve:
             fail(where, "not an option of `sluice serve --help`")
             continue
@@ -294,11 +311,11 @@ def check_flag_table(readme, serve):
             fail(where, f"default {cells[2]}, `--help` says `{default}`")
 
 
-def check_synopsis(readme, binary):
-    blocks = [b for b in fenced(section(readme, "Commands, ports and flags"), "text")
+def check_synopsis(cli, binary):
+    blocks = [b for b in fenced(section(cli, SYNOPSIS_SECTION, CLI_DOC), "text")
               if b.startswith("sluice ")]
     if len(blocks) != 1:
-        fail("README synopsis", "expected one ```text block starting with `sluice `")
+        fail(f"{CLI_DOC} synopsis", "expected one ```text block starting with `sluice `")
         return
     commands = {}
     for line in blocks[0].splitlines():
@@ -310,9 +327,9 @@ def check_synopsis(readme, binary):
             commands[current] += " " + line.strip()
     for name in ("serve", "check-config", "explain"):
         if name not in commands:
-            fail("README synopsis", f"`sluice {name}` is missing")
+            fail(f"{CLI_DOC} synopsis", f"`sluice {name}` is missing")
     for name, text in commands.items():
-        where = f"README synopsis, sluice {name}"
+        where = f"{CLI_DOC} synopsis, sluice {name}"
         try:
             opts = clihelp.options(binary, name)
         except subprocess.CalledProcessError:
@@ -459,6 +476,9 @@ def check_envoy_session(readme, binary):
     return len(steps)
 
 
+QUICK_START = "Quick start (a fresh machine)"
+
+
 # --- main ------------------------------------------------------------------------------------
 
 
@@ -467,10 +487,20 @@ def main():
     readme_path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "README.md")
     with open(readme_path, encoding="utf-8") as f:
         readme = f.read()
+    cli = read(CLI_DOC)
     serve = clihelp.options(binary, "serve")
-    check_flag_table(readme, serve)
-    check_synopsis(readme, binary)
+    check_flag_table(cli, serve)
+    check_synopsis(cli, binary)
+    quoted = {}
+    for page, text in [("README", readme)] + [(p, read(p)) for p in METRIC_DOCS]:
+        for metric in quoted_metrics(text):
+            quoted.setdefault(metric, []).append(page)
+    quoted = {m: ", ".join(pages) for m, pages in quoted.items()}
 
+    quick = [line for block in fenced(section(readme, QUICK_START), "sh") for line in block.splitlines()]
+    if not any(re.match(r"cargo run (--release )?-- serve --config examples/limits$", l) for l in quick):
+        fail(f"README {QUICK_START!r}", "does not run `cargo run -- serve --config examples/limits`, "
+             "the server the grpcurl session is checked against")
     blocks = fenced(section(readme, "A grpcurl session"), "console")
     if len(blocks) != 1:
         raise SystemExit("README's grpcurl session must be one ```console block")
@@ -504,13 +534,13 @@ def main():
             fail("redis backend", "the session wrote no sluice:* key to Redis")
         reject_a_reload(admin, config)
         exposition += scrape(admin)
-    check_metrics(quoted_metrics(readme), exposition)
+    check_metrics(quoted, exposition)
     envoy_steps = check_envoy_session(readme, binary)
 
     for e in errors:
         print(f"FAIL  {e}", file=sys.stderr)
     print(f"README checks: {len(steps)} session steps on 2 backends, {envoy_steps} through Envoy, "
-          f"{len(quoted_metrics(readme))} metric names, {len(serve)} flags; {len(errors)} problems")
+          f"{len(quoted)} metric names, {len(serve)} flags; {len(errors)} problems")
     return 1 if errors else 0
 
 

@@ -27,7 +27,7 @@ impl Config {
 
 fn push_rule(out: &mut String, rule: &Rule, nested: bool) {
     match rule.limit {
-        // README's whitelist: a value with no limit and no nested descriptors.
+        // docs/config.md's whitelist: a value with no limit and no nested descriptors.
         None if nested => out.push_str("no limit (nested descriptors only)"),
         None => out.push_str("no limit (whitelist)"),
         Some(LimitSpec::Unlimited) => out.push_str("unlimited"),

@@ -53,9 +53,9 @@ pub struct Observer {
 
 /// Why cached handles: every `counter!(name, labels)` call builds its labels (one allocation per
 /// label value) and looks the series up in the recorder's registry; per request that was about
-/// a tenth of sluice's instructions (docs/performance.md). A handle is fetched once, through the
-/// same macro, the first time its series is used, so `/metrics` shows exactly the series it
-/// showed before. Domain labels are bounded (configured domains and `_unknown`), rule labels are
+/// a tenth of sluice's instructions (docs/performance-history.md). A handle is fetched once,
+/// through the same macro, the first time its series is used, so `/metrics` shows exactly the
+/// series the macros would. Domain labels are bounded (configured domains and `_unknown`), rule labels are
 /// config paths; `detailed_metric` labels are not cached (they have their own cap).
 #[derive(Default)]
 struct DomainHandles {

@@ -11,6 +11,7 @@
 
 mod rate_limit;
 
+use self::rate_limit::RawLimits;
 use super::error::{ConfigError, DOMAIN_RULE};
 use super::limits::ConfigLimits;
 use super::raw::{
@@ -236,125 +237,169 @@ impl Checker<'_> {
         for spanned in descriptors {
             let line = line_of(&spanned.referenced);
             let d = spanned.value;
-            // envoyproxy/ratelimit treats an empty value as no value.
-            let value = d
-                .value
-                .as_ref()
-                .map(|v| v.value.as_str())
-                .filter(|v| !v.is_empty());
-            let key = d
-                .key
-                .as_ref()
-                .map(|k| k.value.as_str())
-                .filter(|k| !k.is_empty());
-            let segment = match (key, value) {
-                (Some(k), Some(v)) => format!("{k}_{v}"),
-                (Some(k), None) => k.to_string(),
-                (None, _) => "(no key)".to_string(),
-            };
-            let path = if parent.is_empty() {
-                segment.clone()
-            } else {
-                format!("{parent}.{segment}")
-            };
+            let place = Place::of(&d, parent);
+            let key_line = d.key.as_ref().and_then(|k| line_of(&k.referenced)).or(line);
+            let (rule, children) = self.descriptor(d, line, &place, depth, shared, inherited);
 
-            match &d.key {
-                None => self.error(line, &path, "descriptor has no `key`"),
-                Some(k) if k.value.is_empty() => self.error(
-                    line_of(&k.referenced),
-                    &path,
-                    "descriptor has an empty `key`",
-                ),
-                Some(_) => {}
-            }
-            self.extras(
-                &d.extra,
-                &path,
-                DESCRIPTOR_FIELDS,
-                UNSUPPORTED_DESCRIPTOR_FIELDS,
-            );
-
-            let (limit, limits, name, replaces) = match (d.rate_limit, d.rate_limits) {
-                (Some(rl), stacked) => {
-                    if stacked.is_some() {
-                        self.error(
-                            d.rate_limits_line,
-                            &path,
-                            "`rate_limit` and `rate_limits` are both set; use one of them",
-                        );
-                    }
-                    let rl_line = d.rate_limit_line.or_else(|| line_of(&rl.referenced));
-                    let (spec, limit, name, replaces) =
-                        self.rate_limit(rl.value, rl_line, &path, false);
-                    (spec, limit.into_iter().collect(), name, replaces)
-                }
-                (None, Some(stacked)) => self.stacked(stacked, d.rate_limits_line, &path),
-                (None, None) => (None, Vec::new(), None, Vec::new()),
-            };
-            let over_limit = self.over_limit(d.over_limit.as_ref(), &limits, &path);
-            let mut shared_here = shared.to_vec();
-            // `share_threshold: false` is the default, wherever it is written (renderings of
-            // envoyproxy/ratelimit's structs write it on every descriptor).
-            if let Some(share) = d.share_threshold.as_ref().filter(|s| s.value) {
-                match value {
-                    Some(v) if v.contains('*') => shared_here.push((depth, v.to_string())),
-                    _ => self.error(
-                        line_of(&share.referenced),
-                        &path,
-                        "`share_threshold` applies only to a descriptor whose `value` holds a `*` wildcard",
-                    ),
-                }
-            }
-            let headers = self.headers(
-                d.response_headers,
-                d.response_headers_line,
-                &path,
-                inherited,
-            );
-            let children = self.level(
-                d.descriptors.unwrap_or_default(),
-                &path,
-                depth + 1,
-                &shared_here,
-                headers,
-            );
-
-            let Some(key) = key else { continue };
-            let id = (key.to_string(), value.map(str::to_string));
+            let Some(key) = place.key else { continue };
+            let id = (key, place.value);
             if let Some(first) = first_line.get(&id) {
                 let at = first
                     .map(|l| format!(" (first defined at line {l})"))
                     .unwrap_or_default();
-                let this_line = d.key.as_ref().and_then(|k| line_of(&k.referenced)).or(line);
                 self.error(
-                    this_line,
-                    &path,
-                    format!("duplicate descriptor `{segment}` at this level{at}"),
+                    key_line,
+                    &rule.path,
+                    format!("duplicate descriptor `{}` at this level{at}", place.segment),
                 );
                 continue;
             }
-            first_line.insert(id, line);
             let node = Node {
-                key: key.to_string(),
-                value: value.map(str::to_string),
-                rule: Rule {
-                    path,
-                    limit,
-                    limits,
-                    name,
-                    replaces,
-                    shadow_mode: d.shadow_mode.unwrap_or(false),
-                    quota_mode: d.quota_mode.unwrap_or(false),
-                    detailed_metric: d.detailed_metric.unwrap_or(false),
-                    value_to_metric: d.value_to_metric.unwrap_or(false),
-                    over_limit,
-                    shared_values: shared_here,
-                    headers,
-                },
+                key: id.0.clone(),
+                value: id.1.clone(),
+                rule,
                 children,
             };
-            level.insert(key, value, node);
+            level.insert(&id.0, id.1.as_deref(), node);
+            first_line.insert(id, line);
         }
         level
+    }
+
+    /// One descriptor at `place` (its line `line`): its rule, and its nested descriptors
+    /// compiled one level deeper.
+    fn descriptor(
+        &mut self,
+        d: RawDescriptor,
+        line: Option<usize>,
+        place: &Place,
+        depth: usize,
+        shared: &[(usize, String)],
+        inherited: HeaderPolicy,
+    ) -> (Rule, Level) {
+        let path = place.path.as_str();
+        self.key(d.key.as_ref(), line, path);
+        self.extras(
+            &d.extra,
+            path,
+            DESCRIPTOR_FIELDS,
+            UNSUPPORTED_DESCRIPTOR_FIELDS,
+        );
+        let limits = self.limits(
+            RawLimits {
+                rate_limit: d.rate_limit,
+                rate_limit_line: d.rate_limit_line,
+                rate_limits: d.rate_limits,
+                rate_limits_line: d.rate_limits_line,
+            },
+            path,
+        );
+        let over_limit = self.over_limit(d.over_limit.as_ref(), &limits.limits, path);
+        let shared_values = self.shared_values(
+            d.share_threshold.as_ref(),
+            place.value.as_deref(),
+            depth,
+            shared,
+            path,
+        );
+        let headers = self.headers(d.response_headers, d.response_headers_line, path, inherited);
+        let children = self.level(
+            d.descriptors.unwrap_or_default(),
+            path,
+            depth + 1,
+            &shared_values,
+            headers,
+        );
+        let rule = Rule {
+            path: place.path.clone(),
+            limit: limits.limit,
+            limits: limits.limits,
+            name: limits.name,
+            replaces: limits.replaces,
+            shadow_mode: d.shadow_mode.unwrap_or(false),
+            quota_mode: d.quota_mode.unwrap_or(false),
+            detailed_metric: d.detailed_metric.unwrap_or(false),
+            value_to_metric: d.value_to_metric.unwrap_or(false),
+            over_limit,
+            shared_values,
+            headers,
+        };
+        (rule, children)
+    }
+
+    /// A descriptor's `key`: required, not empty.
+    fn key(&mut self, key: Option<&Spanned<String>>, line: Option<usize>, path: &str) {
+        match key {
+            None => self.error(line, path, "descriptor has no `key`"),
+            Some(k) if k.value.is_empty() => self.error(
+                line_of(&k.referenced),
+                path,
+                "descriptor has an empty `key`",
+            ),
+            Some(_) => {}
+        }
+    }
+
+    /// The ancestors' `share_threshold` wildcards, and this descriptor's own when it sets
+    /// `share_threshold: true` on a `value` with a `*` (anything else is an error).
+    fn shared_values(
+        &mut self,
+        share: Option<&Spanned<bool>>,
+        value: Option<&str>,
+        depth: usize,
+        shared: &[(usize, String)],
+        path: &str,
+    ) -> Vec<(usize, String)> {
+        let mut shared_here = shared.to_vec();
+        // `share_threshold: false` is the default, wherever it is written (renderings of
+        // envoyproxy/ratelimit's structs write it on every descriptor).
+        if let Some(share) = share.filter(|s| s.value) {
+            match value {
+                Some(v) if v.contains('*') => shared_here.push((depth, v.to_string())),
+                _ => self.error(
+                    line_of(&share.referenced),
+                    path,
+                    "`share_threshold` applies only to a descriptor whose `value` holds a `*` wildcard",
+                ),
+            }
+        }
+        shared_here
+    }
+}
+
+/// Where a descriptor sits: its key and value (an empty one counts as none, as in
+/// envoyproxy/ratelimit), its segment of the config path (`key_value`, or `key`) and the
+/// path itself (the parent's, then `.` and the segment).
+struct Place {
+    key: Option<String>,
+    value: Option<String>,
+    segment: String,
+    path: String,
+}
+
+impl Place {
+    fn of(d: &RawDescriptor, parent: &str) -> Place {
+        let non_empty = |s: &Option<Spanned<String>>| {
+            s.as_ref()
+                .map(|s| s.value.clone())
+                .filter(|s| !s.is_empty())
+        };
+        let (key, value) = (non_empty(&d.key), non_empty(&d.value));
+        let segment = match (&key, &value) {
+            (Some(k), Some(v)) => format!("{k}_{v}"),
+            (Some(k), None) => k.clone(),
+            (None, _) => "(no key)".to_string(),
+        };
+        let path = if parent.is_empty() {
+            segment.clone()
+        } else {
+            format!("{parent}.{segment}")
+        };
+        Place {
+            key,
+            value,
+            segment,
+            path,
+        }
     }
 }

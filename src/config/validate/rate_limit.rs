@@ -7,7 +7,7 @@
 //! exactly.
 
 use super::Checker;
-use crate::config::raw::{line_of, RawRateLimit, RATE_LIMIT_FIELDS, REPLACE_FIELDS};
+use crate::config::raw::{line_of, RawRateLimit, RawReplace, RATE_LIMIT_FIELDS, REPLACE_FIELDS};
 use crate::config::tree::{Limit, LimitAlgorithm, LimitSpec};
 use crate::config::{parse_duration_ms, Unit};
 use serde_saphyr::Spanned;
@@ -26,24 +26,79 @@ pub(crate) const MAX_QUANTA: u64 = 3_600;
 /// script's doubles.
 const MAX_GCRA_TOKEN_MS: u64 = 1 << 52;
 
-/// What one `rate_limit` entry yields: the limit reported to the caller, the counted limit (if
-/// any), the rule's name and the names it replaces.
-type Compiled = (
-    Option<LimitSpec>,
-    Option<Limit>,
-    Option<String>,
-    Vec<String>,
-);
+/// What one `rate_limit` entry compiles to.
+pub(super) struct Compiled {
+    /// The limit reported to the caller; `None` after an error.
+    pub spec: Option<LimitSpec>,
+    /// The limit the backend counts; `None` for `unlimited: true` or after an error.
+    pub counted: Option<Limit>,
+    /// `name`, when not empty.
+    pub name: Option<String>,
+    /// The names listed in `replaces`.
+    pub replaces: Vec<String>,
+}
+
+/// What one descriptor limits, from its `rate_limit` or its stacked `rate_limits`: the
+/// [`Rule`](crate::config::tree::Rule) fields of the same names.
+#[derive(Default)]
+pub(super) struct DescriptorLimits {
+    /// With stacked `rate_limits`, the first entry's.
+    pub limit: Option<LimitSpec>,
+    /// Every counted limit: at most one for `rate_limit`.
+    pub limits: Vec<Limit>,
+    /// With stacked `rate_limits`, the first entry's.
+    pub name: Option<String>,
+    /// With stacked `rate_limits`, every entry's.
+    pub replaces: Vec<String>,
+}
+
+impl From<Compiled> for DescriptorLimits {
+    fn from(one: Compiled) -> Self {
+        DescriptorLimits {
+            limit: one.spec,
+            limits: one.counted.into_iter().collect(),
+            name: one.name,
+            replaces: one.replaces,
+        }
+    }
+}
+
+/// A descriptor's `rate_limit` and `rate_limits` keys, each with the line of the key itself.
+pub(super) struct RawLimits {
+    pub rate_limit: Option<Spanned<RawRateLimit>>,
+    pub rate_limit_line: Option<usize>,
+    pub rate_limits: Option<Vec<Spanned<RawRateLimit>>>,
+    pub rate_limits_line: Option<usize>,
+}
 
 impl Checker<'_> {
+    /// A descriptor's `rate_limit` or `rate_limits` (not both); none when it has neither.
+    pub(super) fn limits(&mut self, raw: RawLimits, path: &str) -> DescriptorLimits {
+        match (raw.rate_limit, raw.rate_limits) {
+            (Some(rl), stacked) => {
+                if stacked.is_some() {
+                    self.error(
+                        raw.rate_limits_line,
+                        path,
+                        "`rate_limit` and `rate_limits` are both set; use one of them",
+                    );
+                }
+                let rl_line = raw.rate_limit_line.or_else(|| line_of(&rl.referenced));
+                self.rate_limit(rl.value, rl_line, path, false).into()
+            }
+            (None, Some(stacked)) => self.stacked(stacked, raw.rate_limits_line, path),
+            (None, None) => DescriptorLimits::default(),
+        }
+    }
+
     /// `rate_limits: [...]`: every entry a counted limit; the rule's `limit` and `name` are the
     /// first entry's, its `replaces` all entries'.
-    pub(super) fn stacked(
+    fn stacked(
         &mut self,
         entries: Vec<Spanned<RawRateLimit>>,
         line: Option<usize>,
         path: &str,
-    ) -> (Option<LimitSpec>, Vec<Limit>, Option<String>, Vec<String>) {
+    ) -> DescriptorLimits {
         if entries.is_empty() {
             self.error(
                 line,
@@ -51,22 +106,22 @@ impl Checker<'_> {
                 "`rate_limits` is empty: list at least one limit",
             );
         }
-        let (mut first, mut limits, mut first_name, mut replaces) =
-            (None, Vec::new(), None, Vec::new());
+        let mut all = DescriptorLimits::default();
         for (i, entry) in entries.into_iter().enumerate() {
             let entry_line = line_of(&entry.referenced).or(line);
-            let (spec, limit, name, more) = self.rate_limit(entry.value, entry_line, path, true);
+            let one = self.rate_limit(entry.value, entry_line, path, true);
             if i == 0 {
-                first = spec;
-                first_name = name;
+                all.limit = one.spec;
+                all.name = one.name;
             }
-            limits.extend(limit);
-            replaces.extend(more);
+            all.limits.extend(one.counted);
+            all.replaces.extend(one.replaces);
         }
-        (first, limits, first_name, replaces)
+        all
     }
 
-    pub(super) fn rate_limit(
+    /// One `rate_limit` mapping (`stacked`: an entry of `rate_limits`).
+    fn rate_limit(
         &mut self,
         rl: RawRateLimit,
         rl_line: Option<usize>,
@@ -74,129 +129,174 @@ impl Checker<'_> {
         stacked: bool,
     ) -> Compiled {
         self.extras(&rl.extra, path, RATE_LIMIT_FIELDS, &[]);
-        let unlimited = rl.unlimited.as_ref().is_some_and(|u| u.value);
-        let mut counted = None;
-
-        let limit = if unlimited {
-            if stacked {
-                self.error(
-                    rl_line,
-                    path,
-                    "`unlimited: true` cannot be one of `rate_limits`; use `rate_limit: {unlimited: true}`",
-                );
-            }
-            if let Some(unit) = &rl.unit {
-                self.error(
-                    line_of(&unit.referenced),
-                    path,
-                    format!(
-                        "`unit: {}` must not be set together with `unlimited: true`",
-                        unit.value
-                    ),
-                );
-            }
-            if let Some(rpu) = &rl.requests_per_unit {
-                self.error(
-                    line_of(&rpu.referenced),
-                    path,
-                    format!(
-                        "`requests_per_unit: {}` must not be set together with `unlimited: true`",
-                        rpu.value
-                    ),
-                );
-            }
-            for (field, at) in [
-                ("window", rl.window.as_ref().map(|v| &v.referenced)),
-                ("algorithm", rl.algorithm.as_ref().map(|v| &v.referenced)),
-                ("quantum", rl.quantum.as_ref().map(|v| &v.referenced)),
-                ("burst", rl.burst.as_ref().map(|v| &v.referenced)),
-                ("lease", rl.lease.as_ref().map(|v| &v.referenced)),
-            ] {
-                if let Some(at) = at {
-                    self.error(
-                        line_of(at),
-                        path,
-                        format!("`{field}` must not be set together with `unlimited: true`"),
-                    );
-                }
-            }
-            Some(LimitSpec::Unlimited)
+        let (spec, mut counted) = if rl.unlimited.as_ref().is_some_and(|u| u.value) {
+            self.unlimited(&rl, rl_line, path, stacked);
+            (Some(LimitSpec::Unlimited), None)
         } else {
-            // envoyproxy/ratelimit defaults a missing count to 0: deny all.
-            let requests_per_unit = rl.requests_per_unit.as_ref().map_or(0, |r| r.value);
-            let in_flight = rl
-                .algorithm
-                .as_ref()
-                .is_some_and(|a| a.value.trim().eq_ignore_ascii_case("in_flight"));
-            let period = match (&rl.unit, &rl.window) {
-                _ if in_flight => self.lease(&rl, path),
-                (Some(unit), Some(window)) => {
-                    self.error(
-                        line_of(&window.referenced),
-                        path,
-                        format!(
-                            "`unit: {}` and `window: {}` are both set; use one of them",
-                            unit.value, window.value
-                        ),
-                    );
-                    None
-                }
-                (None, None) => {
-                    self.error(
-                        rl_line,
-                        path,
-                        format!(
-                            "`rate_limit` has no `unit` and is not `unlimited: true`; \
-                             valid units: {VALID_UNITS}; or a custom `window` (e.g. 30s)"
-                        ),
-                    );
-                    None
-                }
-                (Some(unit), None) => match Unit::parse(unit.value.trim()) {
-                    Some(u) => Some((u, u.window_ms())),
-                    None => {
-                        self.error(
-                            line_of(&unit.referenced),
-                            path,
-                            format!(
-                                "invalid unit `{}`: expected one of {VALID_UNITS} (any case)",
-                                unit.value
-                            ),
-                        );
-                        None
-                    }
-                },
-                (None, Some(window)) => self.period("window", window, path),
-            };
-            let algorithm = self.algorithm(&rl, period.map(|(_, ms)| ms), requests_per_unit, path);
-            if let (Some((unit, window_ms)), Some(algorithm)) = (period, algorithm) {
-                counted = Some(Limit {
-                    requests_per_unit,
-                    unit,
-                    window_ms,
-                    algorithm,
-                    name: None,
-                });
-            }
-            period.map(|(unit, _)| LimitSpec::PerUnit {
-                requests_per_unit,
-                unit,
-            })
+            self.counted(&rl, rl_line, path)
         };
-
         let name = rl
             .name
             .as_ref()
             .map(|n| n.value.clone())
             .filter(|n| !n.is_empty());
+        let replaces = self.replaces(rl.replaces.unwrap_or_default(), name.as_deref(), path);
+        if let Some(counted) = counted.as_mut() {
+            counted.name.clone_from(&name);
+        }
+        Compiled {
+            spec,
+            counted,
+            name,
+            replaces,
+        }
+    }
+
+    /// `unlimited: true` stands alone: every counting field beside it is an error, and so is
+    /// being one of `rate_limits`.
+    fn unlimited(&mut self, rl: &RawRateLimit, rl_line: Option<usize>, path: &str, stacked: bool) {
+        if stacked {
+            self.error(
+                rl_line,
+                path,
+                "`unlimited: true` cannot be one of `rate_limits`; use `rate_limit: {unlimited: true}`",
+            );
+        }
+        if let Some(unit) = &rl.unit {
+            self.error(
+                line_of(&unit.referenced),
+                path,
+                format!(
+                    "`unit: {}` must not be set together with `unlimited: true`",
+                    unit.value
+                ),
+            );
+        }
+        if let Some(rpu) = &rl.requests_per_unit {
+            self.error(
+                line_of(&rpu.referenced),
+                path,
+                format!(
+                    "`requests_per_unit: {}` must not be set together with `unlimited: true`",
+                    rpu.value
+                ),
+            );
+        }
+        for (field, at) in [
+            ("window", rl.window.as_ref().map(|v| &v.referenced)),
+            ("algorithm", rl.algorithm.as_ref().map(|v| &v.referenced)),
+            ("quantum", rl.quantum.as_ref().map(|v| &v.referenced)),
+            ("burst", rl.burst.as_ref().map(|v| &v.referenced)),
+            ("lease", rl.lease.as_ref().map(|v| &v.referenced)),
+        ] {
+            if let Some(at) = at {
+                self.error(
+                    line_of(at),
+                    path,
+                    format!("`{field}` must not be set together with `unlimited: true`"),
+                );
+            }
+        }
+    }
+
+    /// A limit that counts: the limit reported (`None` when its period is invalid) and the
+    /// limit counted (`None` when its period or its algorithm is invalid), after reporting.
+    fn counted(
+        &mut self,
+        rl: &RawRateLimit,
+        rl_line: Option<usize>,
+        path: &str,
+    ) -> (Option<LimitSpec>, Option<Limit>) {
+        // envoyproxy/ratelimit defaults a missing count to 0: deny all.
+        let requests_per_unit = rl.requests_per_unit.as_ref().map_or(0, |r| r.value);
+        let period = self.rate_period(rl, rl_line, path);
+        let algorithm = self.algorithm(rl, period.map(|(_, ms)| ms), requests_per_unit, path);
+        let spec = period.map(|(unit, _)| LimitSpec::PerUnit {
+            requests_per_unit,
+            unit,
+        });
+        let counted = match (period, algorithm) {
+            (Some((unit, window_ms)), Some(algorithm)) => Some(Limit {
+                requests_per_unit,
+                unit,
+                window_ms,
+                algorithm,
+                name: None,
+            }),
+            _ => None,
+        };
+        (spec, counted)
+    }
+
+    /// The unit reported and the window counted: from `unit` or `window` (exactly one of
+    /// them), or from `lease` for `in_flight`; `None` (after reporting) when invalid.
+    fn rate_period(
+        &mut self,
+        rl: &RawRateLimit,
+        rl_line: Option<usize>,
+        path: &str,
+    ) -> Option<(Unit, u64)> {
+        let in_flight = rl
+            .algorithm
+            .as_ref()
+            .is_some_and(|a| a.value.trim().eq_ignore_ascii_case("in_flight"));
+        match (&rl.unit, &rl.window) {
+            _ if in_flight => self.lease(rl, path),
+            (Some(unit), Some(window)) => {
+                self.error(
+                    line_of(&window.referenced),
+                    path,
+                    format!(
+                        "`unit: {}` and `window: {}` are both set; use one of them",
+                        unit.value, window.value
+                    ),
+                );
+                None
+            }
+            (None, None) => {
+                self.error(
+                    rl_line,
+                    path,
+                    format!(
+                        "`rate_limit` has no `unit` and is not `unlimited: true`; \
+                         valid units: {VALID_UNITS}; or a custom `window` (e.g. 30s)"
+                    ),
+                );
+                None
+            }
+            (Some(unit), None) => match Unit::parse(unit.value.trim()) {
+                Some(u) => Some((u, u.window_ms())),
+                None => {
+                    self.error(
+                        line_of(&unit.referenced),
+                        path,
+                        format!(
+                            "invalid unit `{}`: expected one of {VALID_UNITS} (any case)",
+                            unit.value
+                        ),
+                    );
+                    None
+                }
+            },
+            (None, Some(window)) => self.period("window", window, path),
+        }
+    }
+
+    /// `replaces: [{name: X}, ...]`: the names, each non-empty and not the rule's own `name`.
+    fn replaces(
+        &mut self,
+        entries: Vec<Spanned<RawReplace>>,
+        own_name: Option<&str>,
+        path: &str,
+    ) -> Vec<String> {
         let mut replaces = Vec::new();
-        for entry in rl.replaces.unwrap_or_default() {
+        for entry in entries {
             let entry_line = line_of(&entry.referenced);
             let entry = entry.value;
             self.extras(&entry.extra, path, REPLACE_FIELDS, &[]);
             match entry.name {
                 Some(n) if !n.value.is_empty() => {
-                    if name.as_deref() == Some(n.value.as_str()) {
+                    if own_name == Some(n.value.as_str()) {
                         self.error(
                             line_of(&n.referenced),
                             path,
@@ -218,10 +318,7 @@ impl Checker<'_> {
                 None => self.error(entry_line, path, "`replaces` entry has no `name`"),
             }
         }
-        if let Some(counted) = counted.as_mut() {
-            counted.name.clone_from(&name);
-        }
-        (limit, counted, name, replaces)
+        replaces
     }
 
     /// `in_flight`'s period: its `lease`, which takes the place of `unit` or `window` (reported
@@ -288,106 +385,14 @@ impl Checker<'_> {
             .map(|a| a.value.trim().to_ascii_lowercase());
         let at = rl.algorithm.as_ref().and_then(|a| line_of(&a.referenced));
         let name = name.as_deref().unwrap_or("sliding_log");
-        if name != "quantized_log" {
-            if let Some(q) = &rl.quantum {
-                self.error(
-                    line_of(&q.referenced),
-                    path,
-                    format!("`quantum` applies only to `algorithm: quantized_log`, not `{name}`"),
-                );
-            }
-        }
-        if name != "gcra" {
-            if let Some(b) = &rl.burst {
-                self.error(
-                    line_of(&b.referenced),
-                    path,
-                    format!("`burst` applies only to `algorithm: gcra`, not `{name}`"),
-                );
-            }
-        }
-        if name != "in_flight" {
-            if let Some(l) = &rl.lease {
-                self.error(
-                    line_of(&l.referenced),
-                    path,
-                    format!("`lease` applies only to `algorithm: in_flight`, not `{name}`"),
-                );
-            }
-        }
+        self.foreign_parameters(rl, name, path);
         match name {
             "sliding_log" => Some(LimitAlgorithm::SlidingLog),
             "in_flight" => Some(LimitAlgorithm::InFlight),
             "sliding_counter" => Some(LimitAlgorithm::SlidingCounter),
             "fixed_window" => Some(LimitAlgorithm::FixedWindow),
-            "quantized_log" => {
-                let (quantum_ms, q_line) = match &rl.quantum {
-                    None => (Some(1_000), at),
-                    Some(q) => (parse_duration_ms(&q.value), line_of(&q.referenced)),
-                };
-                let Some(quantum_ms) = quantum_ms else {
-                    let q = rl.quantum.as_ref().map_or("", |q| q.value.as_str());
-                    self.error(
-                        q_line,
-                        path,
-                        format!("invalid quantum `{q}`: expected e.g. 100ms, 1s, 10s"),
-                    );
-                    return None;
-                };
-                let window_ms = window_ms?;
-                if quantum_ms > window_ms {
-                    self.error(
-                        q_line,
-                        path,
-                        format!(
-                            "quantum of {quantum_ms} ms is longer than the window of {window_ms} ms"
-                        ),
-                    );
-                    return None;
-                }
-                if window_ms / quantum_ms > MAX_QUANTA {
-                    self.error(
-                        q_line,
-                        path,
-                        format!(
-                            "quantum of {quantum_ms} ms splits the window of {window_ms} ms into \
-                             more than {MAX_QUANTA} buckets; set `quantum` to at least {} ms",
-                            window_ms.div_ceil(MAX_QUANTA)
-                        ),
-                    );
-                    return None;
-                }
-                Some(LimitAlgorithm::QuantizedLog { quantum_ms })
-            }
-            "gcra" => {
-                let burst = rl.burst.as_ref().map_or(requests_per_unit, |b| b.value);
-                let b_line = rl
-                    .burst
-                    .as_ref()
-                    .and_then(|b| line_of(&b.referenced))
-                    .or(at);
-                if requests_per_unit == 0 || burst == 0 {
-                    self.error(
-                        b_line,
-                        path,
-                        "`algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
-                    );
-                    return None;
-                }
-                let window_ms = window_ms?;
-                if u64::from(burst).saturating_mul(window_ms) > MAX_GCRA_TOKEN_MS {
-                    self.error(
-                        b_line,
-                        path,
-                        format!(
-                            "gcra: burst {burst} × window {window_ms} ms exceeds 2^52 token-ms; \
-                             use a smaller burst or a shorter window"
-                        ),
-                    );
-                    return None;
-                }
-                Some(LimitAlgorithm::Gcra { burst })
-            }
+            "quantized_log" => self.quantized_log(rl.quantum.as_ref(), at, window_ms, path),
+            "gcra" => self.gcra(rl.burst.as_ref(), at, window_ms, requests_per_unit, path),
             other => {
                 self.error(
                     at,
@@ -397,5 +402,112 @@ impl Checker<'_> {
                 None
             }
         }
+    }
+
+    /// Each of `quantum`, `burst` and `lease` set on a limit whose algorithm (`name`) is not
+    /// the one it belongs to.
+    fn foreign_parameters(&mut self, rl: &RawRateLimit, name: &str, path: &str) {
+        for (field, owner, at) in [
+            (
+                "quantum",
+                "quantized_log",
+                rl.quantum.as_ref().map(|v| &v.referenced),
+            ),
+            ("burst", "gcra", rl.burst.as_ref().map(|v| &v.referenced)),
+            (
+                "lease",
+                "in_flight",
+                rl.lease.as_ref().map(|v| &v.referenced),
+            ),
+        ] {
+            if let Some(at) = at.filter(|_| name != owner) {
+                self.error(
+                    line_of(at),
+                    path,
+                    format!("`{field}` applies only to `algorithm: {owner}`, not `{name}`"),
+                );
+            }
+        }
+    }
+
+    /// `quantized_log` with its `quantum` (default 1 s), which must divide the window into at
+    /// most [`MAX_QUANTA`] buckets.
+    fn quantized_log(
+        &mut self,
+        quantum: Option<&Spanned<String>>,
+        at: Option<usize>,
+        window_ms: Option<u64>,
+        path: &str,
+    ) -> Option<LimitAlgorithm> {
+        let (quantum_ms, q_line) = match quantum {
+            None => (Some(1_000), at),
+            Some(q) => (parse_duration_ms(&q.value), line_of(&q.referenced)),
+        };
+        let Some(quantum_ms) = quantum_ms else {
+            let q = quantum.map_or("", |q| q.value.as_str());
+            self.error(
+                q_line,
+                path,
+                format!("invalid quantum `{q}`: expected e.g. 100ms, 1s, 10s"),
+            );
+            return None;
+        };
+        let window_ms = window_ms?;
+        if quantum_ms > window_ms {
+            self.error(
+                q_line,
+                path,
+                format!("quantum of {quantum_ms} ms is longer than the window of {window_ms} ms"),
+            );
+            return None;
+        }
+        if window_ms / quantum_ms > MAX_QUANTA {
+            self.error(
+                q_line,
+                path,
+                format!(
+                    "quantum of {quantum_ms} ms splits the window of {window_ms} ms into \
+                     more than {MAX_QUANTA} buckets; set `quantum` to at least {} ms",
+                    window_ms.div_ceil(MAX_QUANTA)
+                ),
+            );
+            return None;
+        }
+        Some(LimitAlgorithm::QuantizedLog { quantum_ms })
+    }
+
+    /// `gcra` with its `burst` (default `requests_per_unit`), whose token-ms must stay exact in
+    /// the Redis script's doubles.
+    fn gcra(
+        &mut self,
+        burst: Option<&Spanned<u32>>,
+        at: Option<usize>,
+        window_ms: Option<u64>,
+        requests_per_unit: u32,
+        path: &str,
+    ) -> Option<LimitAlgorithm> {
+        let b_line = burst.and_then(|b| line_of(&b.referenced)).or(at);
+        let burst = burst.map_or(requests_per_unit, |b| b.value);
+        if requests_per_unit == 0 || burst == 0 {
+            self.error(
+                b_line,
+                path,
+                "`algorithm: gcra` needs `requests_per_unit` and `burst` of at least 1",
+            );
+            return None;
+        }
+        let window_ms = window_ms?;
+        if u64::from(burst).saturating_mul(window_ms) > MAX_GCRA_TOKEN_MS {
+            self.error(
+                b_line,
+                path,
+                format!(
+                    "gcra: burst {burst} × window {window_ms} ms exceeds 2^52 token-ms; \
+                     use a smaller burst or a shorter window"
+                ),
+            );
+            return None;
+        }
+        Some(LimitAlgorithm::Gcra { burst })
     }
 }
