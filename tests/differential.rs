@@ -363,28 +363,6 @@ fn memory_and_redis_agree() {
     agrees_with_memory(&rt, backend, arb_steps(), 500);
 }
 
-/// The ARGV values of an item, as the Redis limiter sends them (script.rs documents them).
-fn item_argv(h: &Hit) -> Vec<String> {
-    use sluice::limiter::redis::script::{
-        KIND_CONSUME, KIND_QUOTA, KIND_REFUND, KIND_SHADOW, MAX_EXACT,
-    };
-    let kind = match h.kind {
-        HitKind::Consume => KIND_CONSUME,
-        HitKind::Shadow => KIND_SHADOW,
-        HitKind::Refund => KIND_REFUND,
-        HitKind::Quota => KIND_QUOTA,
-    };
-    vec![
-        h.limit.min(MAX_EXACT - 1).to_string(),
-        h.window_ms.min(MAX_EXACT).to_string(),
-        h.hits.min(MAX_EXACT).to_string(),
-        kind.to_string(),
-        h.algorithm.code().to_string(),
-        h.param().min(MAX_EXACT - 1).to_string(),
-        h.over_limit.code().to_string(),
-    ]
-}
-
 /// A batched call (several requests in one `EVALSHA`, sharing one `now`) answers every
 /// request exactly as separate calls in the same order do: same replies, undo tokens
 /// included, on every algorithm. The batched call works on the generator's keys, the separate
@@ -394,7 +372,7 @@ fn item_argv(h: &Hit) -> Vec<String> {
 /// still counts (Redis 7 samples the time once for a transaction).
 #[test]
 fn batched_call_equals_separate_calls() {
-    use sluice::limiter::redis::script::SCRIPT;
+    use sluice::limiter::redis::script::{DecideCall, SCRIPT};
     let server = helpers::RedisServer::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let db = rt.block_on(raw_connection(&server.url()));
@@ -418,29 +396,17 @@ fn batched_call_equals_separate_calls() {
             now += step as u64;
             let mut pipe = redis::pipe();
             pipe.atomic();
-            let call = pipe
-                .cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(requests.iter().map(Vec::len).sum::<usize>());
-            for hit in requests.iter().flatten() {
-                call.arg(&hit.key);
-            }
-            call.arg("b").arg(now).arg(requests.len());
+            let batched: Vec<&[Hit]> = requests.iter().map(Vec::as_slice).collect();
+            pipe.add_command(DecideCall::batched(batched, Some(now)).evalsha(script.get_hash()));
             for request in &requests {
-                call.arg(request.len());
-            }
-            for hit in requests.iter().flatten() {
-                call.arg(item_argv(hit));
-            }
-            for request in &requests {
-                let single = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(request.len());
-                for hit in request {
-                    single.arg(format!("separate:{}", hit.key));
-                }
-                single.arg(now);
-                for hit in request {
-                    single.arg(item_argv(hit));
-                }
+                let separate: Vec<Hit> = request
+                    .iter()
+                    .map(|hit| Hit {
+                        key: format!("separate:{}", hit.key),
+                        ..hit.clone()
+                    })
+                    .collect();
+                pipe.add_command(DecideCall::single(&separate, Some(now)).evalsha(script.get_hash()));
             }
             let mut replies: Vec<redis::Value> = rt
                 .block_on(pipe.query_async(&mut db.clone()))

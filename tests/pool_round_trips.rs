@@ -8,6 +8,7 @@ mod helpers;
 use std::collections::BTreeMap;
 
 use helpers::{consume, RedisServer};
+use sluice::limiter::redis::script::{DecideCall, SCRIPT};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Hit, Limiter};
 
@@ -87,23 +88,14 @@ async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more(
     let pool = deadpool_redis::Config::from_url(server.url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("pool");
-    let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
+    let script = redis::Script::new(SCRIPT);
     let run = |i: u64| {
         let pool = pool.clone();
         let script = &script;
         async move {
             let mut conn = pool.get().await.expect("checkout");
-            let hit = &batch(i)[0];
-            let _: redis::Value = script
-                .key(&hit.key)
-                .arg("")
-                .arg(hit.limit)
-                .arg(hit.window_ms)
-                .arg(hit.hits)
-                .arg("c")
-                .arg(hit.algorithm.code())
-                .arg(hit.algorithm.param())
-                .arg(hit.over_limit.code())
+            let _: redis::Value = DecideCall::single(&batch(i)[..1], None)
+                .invocation(script)
                 .invoke_async(&mut conn)
                 .await
                 .expect("script via pool");

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use helpers::limiter::{at, c, hit, redis_limiter, with, T};
 use helpers::RedisServer;
 use redis::AsyncCommands;
-use sluice::limiter::redis::script::LOG_TOTAL_MEMBER;
+use sluice::limiter::redis::script::{self, CompensateCall, DecideCall, LOG_TOTAL_MEMBER};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, HitKind, Limiter, LimiterError};
+use sluice::limiter::{Algorithm, HitKind, KeyOutcome, Limiter, LimiterError};
 
 /// The script prints times as integers, so a clock that is not a whole number of ms is
 /// refused like a malformed one, before anything is written; a whole one is decided.
@@ -20,13 +20,12 @@ use sluice::limiter::{Algorithm, HitKind, Limiter, LimiterError};
 async fn a_fractional_clock_is_refused_and_writes_nothing() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
-    let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
-    let call = |now: &str| {
-        let mut call = script.prepare_invoke();
-        call.arg(now)
-            .key("clock-key")
-            .arg(&["10", "1000", "1", "c", "l", "0", "f"]);
-        call
+    let script = redis::Script::new(script::SCRIPT);
+    let item = [c("clock-key", 10, 1)];
+    let call = |clock: &str| {
+        DecideCall::single(&item, None)
+            .with_clock_arg(clock)
+            .invocation(&script)
     };
     let refused: redis::RedisResult<redis::Value> =
         call(&format!("{T}.5")).invoke_async(&mut conn).await;
@@ -40,7 +39,7 @@ async fn a_fractional_clock_is_refused_and_writes_nothing() {
         .invoke_async(&mut conn)
         .await
         .expect("a whole clock is decided");
-    let outcome = sluice::limiter::redis::script::decode_reply(&reply, 1).expect("reply");
+    let outcome = script::decode_reply(&reply, 1).expect("reply");
     assert!(outcome.admitted);
     let score: Option<f64> = conn.zscore("clock-key", "1000000").await.expect("zscore");
     assert_eq!(
@@ -125,7 +124,7 @@ async fn first_probe_warms_every_connection_and_the_script() {
     let mut conn = server.raw().await;
     let loaded: Vec<bool> = redis::cmd("SCRIPT")
         .arg("EXISTS")
-        .arg(redis::Script::new(sluice::limiter::redis::script::SCRIPT).get_hash())
+        .arg(redis::Script::new(script::SCRIPT).get_hash())
         .query_async(&mut conn)
         .await
         .expect("SCRIPT EXISTS");
@@ -331,43 +330,36 @@ async fn counters_are_integers() {
     }
 }
 
-/// One decision item straight through the script: (reply, or the error text).
+/// One sliding-log item of window 1000 straight through the script: the item's outcome and
+/// undo token, or the error text.
 async fn eval_log(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
     now: u64,
     hits: u64,
-    kind: &str,
-) -> Result<Vec<i64>, String> {
-    redis::Script::new(sluice::limiter::redis::script::SCRIPT)
-        .key(key)
-        .arg(now)
-        .arg(1000)
-        .arg(1000)
-        .arg(hits)
-        .arg(kind)
-        .arg("l")
-        .arg(0)
-        .arg("f")
+    kind: HitKind,
+) -> Result<(KeyOutcome, u64), String> {
+    let item = [hit(key, 1000, 1000, hits, kind)];
+    let reply: redis::Value = DecideCall::single(&item, Some(now))
+        .invocation(&redis::Script::new(script::SCRIPT))
         .invoke_async(conn)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    let (outcome, undo) = script::decode_reply_with_undo(&reply, 1).map_err(|e| e.to_string())?;
+    Ok((outcome.items[0], undo[0]))
 }
 
-/// The compensation of one log item, on the clock of `T`.
+/// The compensation of one log item of `hits` that got undo token `token`, on the clock of `T`.
 async fn undo_log(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
-    token: i64,
+    token: u64,
     hits: u64,
 ) -> i64 {
-    redis::Script::new(sluice::limiter::redis::script::COMPENSATE)
-        .key(key)
-        .arg(T)
-        .arg("l")
-        .arg(token)
-        .arg(hits)
-        .arg(1000)
+    let item = hit(key, 1000, 1000, hits, HitKind::Consume);
+    CompensateCall::new(Some(T))
+        .undo(&item, token)
+        .invocation(&redis::Script::new(script::COMPENSATE))
         .invoke_async(conn)
         .await
         .expect("compensate")
@@ -410,48 +402,64 @@ async fn log_members_wrap_and_undo_checks_scores() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
 
-    let first = eval_log(&mut conn, "k", T, 2, "c").await.expect("add");
+    let first = eval_log(&mut conn, "k", T, 2, HitKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(entries(&mut conn, "k").await, [e("10000002", T)]);
-    assert!(eval_log(&mut conn, "k", T, 2, "r").await.is_ok());
-    let second = eval_log(&mut conn, "k", T + 5, 2, "c").await.expect("add");
+    assert!(eval_log(&mut conn, "k", T, 2, HitKind::Refund)
+        .await
+        .is_ok());
+    let second = eval_log(&mut conn, "k", T + 5, 2, HitKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(entries(&mut conn, "k").await, [e("10000002", T + 5)]);
-    assert_eq!(undo_log(&mut conn, "k", first[4], 2).await, 0, "not ours");
-    assert_eq!(undo_log(&mut conn, "k", second[4], 2).await, 2);
+    assert_eq!(undo_log(&mut conn, "k", first.1, 2).await, 0, "not ours");
+    assert_eq!(undo_log(&mut conn, "k", second.1, 2).await, 2);
     assert!(entries(&mut conn, "k").await.is_empty());
     let exists: bool = conn.exists("k").await.expect("exists");
     assert!(!exists, "the total goes with the last entry");
 
     write_log(&mut conn, "w", &[(T - 5, "8388606", 1)]).await;
-    let added = eval_log(&mut conn, "w", T, 3, "c").await.expect("add");
-    let wrapped = eval_log(&mut conn, "w", T, 1, "c").await.expect("add");
+    let added = eval_log(&mut conn, "w", T, 3, HitKind::Consume)
+        .await
+        .expect("add");
+    let wrapped = eval_log(&mut conn, "w", T, 1, HitKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(
         entries(&mut conn, "w").await,
         [e("8388606", T - 5), e("83886073", T), e("1000000", T + 1)]
     );
-    assert!(eval_log(&mut conn, "w", T, 1, "r").await.is_ok());
-    let next = eval_log(&mut conn, "w", T + 2, 1, "c").await.expect("add");
+    assert!(eval_log(&mut conn, "w", T, 1, HitKind::Refund)
+        .await
+        .is_ok());
+    let next = eval_log(&mut conn, "w", T + 2, 1, HitKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(entries(&mut conn, "w").await[2], e("1000000", T + 2));
     // The wrapped entry was refunded; its number, reused 1 ms later, is not its own.
-    assert_eq!(undo_log(&mut conn, "w", wrapped[4], 1).await, 0);
-    assert_eq!(undo_log(&mut conn, "w", next[4], 1).await, 1);
+    assert_eq!(undo_log(&mut conn, "w", wrapped.1, 1).await, 0);
+    assert_eq!(undo_log(&mut conn, "w", next.1, 1).await, 1);
     // A refund took part of the first item's entry: the rest goes.
-    let out = eval_log(&mut conn, "w", T + 3, 1, "r")
+    let out = eval_log(&mut conn, "w", T + 3, 1, HitKind::Refund)
         .await
         .expect("refund");
-    assert_eq!(out[2], 3, "1 + 3 - 1");
+    assert_eq!(out.0.count, 3, "1 + 3 - 1");
     assert_eq!(entries(&mut conn, "w").await[1], e("83886072", T));
     assert_eq!(
-        undo_log(&mut conn, "w", added[4], 1).await,
+        undo_log(&mut conn, "w", added.1, 1).await,
         0,
         "heavier than 1: not ours"
     );
-    assert_eq!(undo_log(&mut conn, "w", added[4], 3).await, 2);
+    assert_eq!(undo_log(&mut conn, "w", added.1, 3).await, 2);
     assert_eq!(entries(&mut conn, "w").await, [e("8388606", T - 5)]);
     assert_eq!(log_of(&mut conn, "w").await, (1, 1));
 
     // Top number 8388607 at the same ms as the new entry: the wrapped one goes 1 ms later.
     write_log(&mut conn, "e", &[(T, "8388607", 1)]).await;
-    assert!(eval_log(&mut conn, "e", T, 1, "c").await.is_ok());
+    assert!(eval_log(&mut conn, "e", T, 1, HitKind::Consume)
+        .await
+        .is_ok());
     assert_eq!(
         entries(&mut conn, "e").await,
         [e("8388607", T), e("1000000", T + 1)]
@@ -459,7 +467,7 @@ async fn log_members_wrap_and_undo_checks_scores() {
 
     // Live numbers spanning every number: the next one would collide.
     write_log(&mut conn, "full", &[(T, "1000000", 1), (T, "8388607", 1)]).await;
-    let err = eval_log(&mut conn, "full", T, 1, "c")
+    let err = eval_log(&mut conn, "full", T, 1, HitKind::Consume)
         .await
         .expect_err("full");
     assert!(err.contains("sluice:"), "{err}");

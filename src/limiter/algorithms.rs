@@ -82,28 +82,6 @@ impl Algorithm {
         }
     }
 
-    /// The one-letter code the Redis script dispatches on (its `ALGORITHM_*` constants in
-    /// `redis/script.rs`, which a test holds equal to these).
-    pub const fn code(self) -> &'static str {
-        match self {
-            Algorithm::SlidingLog => "l",
-            Algorithm::QuantizedLog { .. } => "q",
-            Algorithm::SlidingCounter => "s",
-            Algorithm::Gcra { .. } => "g",
-            Algorithm::FixedWindow => "f",
-            Algorithm::InFlight => "i",
-        }
-    }
-
-    /// The algorithm's parameter as the script takes it (quantum, burst; 0 otherwise).
-    pub const fn param(self) -> u64 {
-        match self {
-            Algorithm::QuantizedLog { quantum_ms } => quantum_ms,
-            Algorithm::Gcra { burst } => burst,
-            _ => 0,
-        }
-    }
-
     /// What an item may hold: the burst for GCRA (none at a rate of 0), else the limit.
     pub const fn capacity(self, limit: u64) -> u64 {
         match self {

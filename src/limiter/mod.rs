@@ -103,16 +103,6 @@ impl OverLimit {
             OverLimit::Record => "record",
         }
     }
-
-    /// The code the Redis script dispatches on (its `OVER_LIMIT_*` constants, which a test
-    /// holds equal to these).
-    pub const fn code(self) -> &'static str {
-        match self {
-            OverLimit::Refuse => "n",
-            OverLimit::Fill => "f",
-            OverLimit::Record => "a",
-        }
-    }
 }
 
 /// No key counts more than this (2^52): what an item records is cut so that its key's count
@@ -149,15 +139,6 @@ impl Hit {
     /// The hits this item counts with ([`Algorithm::counted_hits`]).
     pub fn counted_hits(&self) -> u64 {
         self.algorithm.counted_hits(self.hits)
-    }
-
-    /// The item's parameter as the Redis script takes it: the quantized log's quantum, GCRA's
-    /// burst, the lease token of `in_flight`; 0 otherwise.
-    pub fn param(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::InFlight => self.lease,
-            other => other.param(),
-        }
     }
 }
 

@@ -217,11 +217,6 @@ fn capacity_and_tags() {
     assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(3), 7);
     assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(0), 0);
     assert_eq!(Algorithm::FixedWindow.capacity(3), 3);
-    // The script's parameter: the quantum, the burst, 0 for the others.
-    assert_eq!(Algorithm::QuantizedLog { quantum_ms: 250 }.param(), 250);
-    assert_eq!(Algorithm::Gcra { burst: 7 }.param(), 7);
-    assert_eq!(Algorithm::SlidingLog.param(), 0);
-    assert_eq!(Algorithm::InFlight.param(), 0);
     assert_eq!(Algorithm::SlidingLog.key_tag(), "");
     let tags = [
         Algorithm::QuantizedLog { quantum_ms: 1000 },

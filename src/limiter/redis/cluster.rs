@@ -42,7 +42,7 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions, SettingError};
 use super::script::{
-    decode_reply_with_added, invocation, now_arg, undo_args, COMPENSATE, MAX_EXACT, SCRIPT,
+    decode_reply_with_undo, CompensateCall, DecideCall, COMPENSATE, MAX_EXACT, SCRIPT,
 };
 use super::slot::{probe_within_timeout, Slot};
 use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
@@ -141,7 +141,7 @@ enum Mode {
 struct Part {
     indices: Vec<usize>,
     outcome: BatchOutcome,
-    added: Vec<u64>,
+    undo: Vec<u64>,
 }
 
 pub struct ClusterLimiter {
@@ -229,7 +229,7 @@ impl ClusterLimiter {
             }
         }
         let mut conn = conn.clone();
-        let invocation = invocation(&self.script, &hits, now);
+        let invocation = DecideCall::single(&hits, now).invocation(&self.script);
         let mut attempt = 0;
         let reply: Value = loop {
             match invocation.invoke_async(&mut conn).await {
@@ -245,7 +245,7 @@ impl ClusterLimiter {
                 Err(e) => return Err(self.fail(&e)),
             }
         };
-        let (mut outcome, added) = decode_reply_with_added(&reply, hits.len())?;
+        let (mut outcome, undo) = decode_reply_with_undo(&reply, hits.len())?;
         for (item, &i) in outcome.items.iter_mut().zip(&indices) {
             // A refund item passes whatever its probe saw.
             item.passed |= batch[i].kind == HitKind::Refund;
@@ -253,7 +253,7 @@ impl ClusterLimiter {
         Ok(Part {
             indices,
             outcome,
-            added,
+            undo,
         })
     }
 
@@ -265,22 +265,18 @@ impl ClusterLimiter {
         part: &Part,
         now: Option<u64>,
     ) -> Result<(), LimiterError> {
-        let mut invocation = self.compensate.prepare_invoke();
-        invocation.arg(now_arg(now));
-        let mut any = false;
-        for (k, &i) in part.indices.iter().enumerate() {
-            if part.added[k] > 0 {
-                any = true;
-                invocation
-                    .key(batch[i].key.as_str())
-                    .arg(&undo_args(&batch[i], part.added[k])[..]);
+        let mut call = CompensateCall::new(now);
+        for (&i, &token) in part.indices.iter().zip(&part.undo) {
+            if token > 0 {
+                call.undo(&batch[i], token);
             }
         }
-        if !any {
+        if call.is_empty() {
             return Ok(());
         }
         let mut conn = conn.clone();
-        let _: Value = invocation
+        let _: Value = call
+            .invocation(&self.compensate)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.fail(&e))?;
@@ -380,7 +376,7 @@ impl ClusterLimiter {
                         let undone: u64 = part
                             .indices
                             .iter()
-                            .zip(&part.added)
+                            .zip(&part.undo)
                             .filter(|(&j, &first)| first > 0 && batch[j].key == batch[i].key)
                             .map(|(&j, _)| batch[j].counted_hits().min(MAX_EXACT))
                             .sum();

@@ -52,7 +52,7 @@ use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerEr
 
 use super::{BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
-use script::{decode_reply, item_args, now_arg, push_item_args, SCRIPT};
+use script::{decode_reply, DecideCall, SCRIPT};
 
 /// Time allowed to establish one connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -193,14 +193,7 @@ impl Shared {
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         let mut evalsha = self.evalsha(1);
-        evalsha.arg(batch.len());
-        for hit in batch {
-            evalsha.arg(hit.key.as_str());
-        }
-        evalsha.arg(now_arg(now));
-        for hit in batch {
-            push_item_args(&mut evalsha, item_args(hit));
-        }
+        DecideCall::single(batch, now).write(&mut evalsha);
         let reply = self.call(slot, &mut evalsha).await?;
         decode_reply(&reply, batch.len())
     }

@@ -321,12 +321,14 @@ end
 -- item, before anything is read from or written to Redis.
 local function read_items(first_key, first_arg, n)
   local items = {}
+  local at = first_arg
   for i = 1, n do
-    local key, at = KEYS[first_key + i], first_arg + (i - 1) * ARGS_PER_ITEM
-    local limit, window, hits = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-      tonumber(ARGV[at + 3])
-    local kind, algorithm, param = ARGV[at + 4], ARGV[at + 5], tonumber(ARGV[at + 6])
-    local over_limit = ARGV[at + 7]
+    local key = KEYS[first_key + i]
+    local limit, window, hits = tonumber(ARGV[at + ARG_LIMIT]), tonumber(ARGV[at + ARG_WINDOW_MS]),
+      tonumber(ARGV[at + ARG_HITS])
+    local kind, algorithm = ARGV[at + ARG_KIND], ARGV[at + ARG_ALGORITHM]
+    local param, over_limit = tonumber(ARGV[at + ARG_PARAM]), ARGV[at + ARG_OVER_LIMIT]
+    at = at + ARGS_PER_ITEM
     -- Whole windows and hits: times and weights are printed as integers.
     if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
         or hits < 0 or param % 1 ~= 0 then
@@ -554,25 +556,25 @@ local function write(items, n, admitted)
   return nil
 end
 
--- The reply of a decided request (see `SCRIPT` in script.rs): {admitted, then passed, count and
--- reset_ms per item, then the undo token per item}. Filled in index order, so the table only
--- ever grows its array part.
+-- The reply of a decided request (see `SCRIPT` in script.rs): the verdict (REPLY_HEAD
+-- elements), then each item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index
+-- order (the offsets' order), so the table only ever grows its array part.
 local function outcomes(items, n, admitted)
   local reply = {admitted and 1 or 0}
+  local at = REPLY_HEAD
   for i = 1, n do
     local item = items[i]
     local state = item.state
-    reply[3 * i - 1] = item.passed and 1 or 0
+    reply[at + REPLY_PASSED] = item.passed and 1 or 0
     if item.algorithm == ALGORITHM_SLIDING_LOG then
-      reply[3 * i] = state.total
-      reply[3 * i + 1] = log_reset_ms(item, state)
+      reply[at + REPLY_COUNT] = state.total
+      reply[at + REPLY_RESET_MS] = log_reset_ms(item, state)
     else
-      reply[3 * i] = models().count(item, state)
-      reply[3 * i + 1] = models().reset_ms(item, state)
+      reply[at + REPLY_COUNT] = models().count(item, state)
+      reply[at + REPLY_RESET_MS] = models().reset_ms(item, state)
     end
-  end
-  for i = 1, n do
-    reply[1 + 3 * n + i] = items[i].undo
+    reply[at + REPLY_UNDO] = item.undo
+    at = at + REPLY_PER_ITEM
   end
   return reply
 end
