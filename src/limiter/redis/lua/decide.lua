@@ -316,77 +316,69 @@ local function models()
   return lua_models
 end
 
--- Reads the `n` items of one request, KEYS[first_key + 1 ..] and ARGV[first_arg + 1 ..]: one
--- table per item, each with its key's state. Returns nil and an error message for a malformed
--- item, before anything is read from or written to Redis.
-local function read_items(first_key, first_arg, n)
-  local items = {}
-  local at = first_arg
-  for i = 1, n do
-    local key = KEYS[first_key + i]
-    local limit, window, hits = tonumber(ARGV[at + ARG_LIMIT]), tonumber(ARGV[at + ARG_WINDOW_MS]),
-      tonumber(ARGV[at + ARG_HITS])
-    local kind, algorithm = ARGV[at + ARG_KIND], ARGV[at + ARG_ALGORITHM]
-    local param, over_limit = tonumber(ARGV[at + ARG_PARAM]), ARGV[at + ARG_OVER_LIMIT]
-    at = at + ARGS_PER_ITEM
-    -- Whole windows and hits: times and weights are printed as integers.
-    if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
-        or hits < 0 or param % 1 ~= 0 then
-      return nil, 'sluice: bad number in item ' .. i
-    end
-    if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
-        and kind ~= KIND_QUOTA then
-      return nil, 'sluice: bad kind in item ' .. i
-    end
-    if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
-        and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
-        and algorithm ~= ALGORITHM_FIXED_WINDOW and algorithm ~= ALGORITHM_IN_FLIGHT then
-      return nil, 'sluice: bad algorithm in item ' .. i
-    end
-    -- Leases count requests: an in_flight item's hits count as at most 1 (counted_hits).
-    if algorithm == ALGORITHM_IN_FLIGHT and hits > 1 then
-      hits = 1
-    end
-    if over_limit ~= OVER_LIMIT_FILL and over_limit ~= OVER_LIMIT_REFUSE
-        and over_limit ~= OVER_LIMIT_RECORD then
-      return nil, 'sluice: bad over_limit in item ' .. i
-    end
-    -- The state of an earlier item's key, else a new one. A linear scan: requests carry a
-    -- handful of items, and a table of keys would cost more than the scan.
-    local state
-    for j = 1, i - 1 do
-      if items[j].key == key then
-        state = items[j].state
-        break
-      end
-    end
-    if not state then
-      -- A key's state during the request, shared by its items: `earlier` and `rejected`, what
-      -- earlier items record on it if the request is admitted or rejected; `adds`, the entries
-      -- the request adds to a log; `writer`, the item whose write decides its TTL (false: not
-      -- written); for a sliding log its total (false: not read yet), the `cutoff` it was read
-      -- up to, whether entries wait to be removed (`evict`, log_evict) and whether that left
-      -- the stored total `stale`, and its newest and oldest entry (log_entry); for the other
-      -- algorithms what models().load reads.
-      if algorithm == ALGORITHM_SLIDING_LOG then
-        state = {
-          algorithm = algorithm, earlier = 0, rejected = 0, adds = 0, writer = false,
-          total = false, cutoff = false, evict = false, stale = false, newest_member = false,
-          newest_score = false, oldest_member = false, oldest_score = false,
-        }
-      else
-        state = {algorithm = algorithm, earlier = 0, rejected = 0, writer = false, loaded = false}
-      end
-    elseif state.algorithm ~= algorithm then
-      return nil, 'sluice: the key of item ' .. i .. ' has two algorithms'
-    end
-    items[i] = {
-      key = key, limit = limit, window = window, hits = hits, kind = kind,
-      algorithm = algorithm, param = param, over_limit = over_limit, state = state,
-      passed = false, if_admitted = 0, if_rejected = 0, take = 0, undoable = false, undo = 0,
-    }
+-- Reads item `i` of a request into items[i], with its key's state (shared with the request's
+-- earlier items on the key), from its key and its arguments (the main chunk reads them from
+-- ARGV, see its end). Returns an error message for a malformed item, before anything is read
+-- from or written to Redis.
+local function read_item(items, i, key, limit, window, hits, kind, algorithm, param, over_limit)
+  -- Whole windows and hits: times and weights are printed as integers.
+  if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
+      or hits < 0 or param % 1 ~= 0 then
+    return 'sluice: bad number in item ' .. i
   end
-  return items
+  if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
+      and kind ~= KIND_QUOTA then
+    return 'sluice: bad kind in item ' .. i
+  end
+  if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
+      and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
+      and algorithm ~= ALGORITHM_FIXED_WINDOW and algorithm ~= ALGORITHM_IN_FLIGHT then
+    return 'sluice: bad algorithm in item ' .. i
+  end
+  -- Leases count requests: an in_flight item's hits count as at most 1 (counted_hits).
+  if algorithm == ALGORITHM_IN_FLIGHT and hits > 1 then
+    hits = 1
+  end
+  if over_limit ~= OVER_LIMIT_FILL and over_limit ~= OVER_LIMIT_REFUSE
+      and over_limit ~= OVER_LIMIT_RECORD then
+    return 'sluice: bad over_limit in item ' .. i
+  end
+  -- The state of an earlier item's key, else a new one. A linear scan: requests carry a
+  -- handful of items, and a table of keys would cost more than the scan.
+  local state
+  for j = 1, i - 1 do
+    if items[j].key == key then
+      state = items[j].state
+      break
+    end
+  end
+  if not state then
+    -- A key's state during the request, shared by its items: `earlier` and `rejected`, what
+    -- earlier items record on it if the request is admitted or rejected; `adds`, the entries
+    -- the request adds to a log; `writer`, the item whose write decides its TTL (false: not
+    -- written); for a sliding log its total (false: not read yet), the `cutoff` it was read
+    -- up to, whether entries wait to be removed (`evict`, log_evict) and whether that left
+    -- the stored total `stale`, and its newest and oldest entry (log_entry); for the other
+    -- algorithms what models().load reads.
+    if algorithm == ALGORITHM_SLIDING_LOG then
+      state = {
+        algorithm = algorithm, earlier = 0, rejected = 0, adds = 0, writer = false,
+        total = false, cutoff = false, evict = false, stale = false, newest_member = false,
+        newest_score = false, oldest_member = false, oldest_score = false,
+      }
+    else
+      state = {algorithm = algorithm, earlier = 0, rejected = 0, writer = false, loaded = false}
+    end
+  elseif state.algorithm ~= algorithm then
+    return 'sluice: the key of item ' .. i .. ' has two algorithms'
+  end
+  items[i] = {
+    key = key, limit = limit, window = window, hits = hits, kind = kind,
+    algorithm = algorithm, param = param, over_limit = over_limit, state = state,
+    passed = false, if_admitted = 0, if_rejected = 0, take = 0, undoable = false, undo = 0,
+    count = 0, reset_ms = 0,
+  }
+  return nil
 end
 
 -- What an item records when it is not recorded as admitted (window.rs, over_limit_take):
@@ -556,86 +548,113 @@ local function write(items, n, admitted)
   return nil
 end
 
--- The reply of a decided request (see `SCRIPT` in script.rs): the verdict (REPLY_HEAD
--- elements), then each item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index
--- order (the offsets' order), so the table only ever grows its array part.
-local function outcomes(items, n, admitted)
-  local reply = {admitted and 1 or 0}
-  local at = REPLY_HEAD
+-- Each item's count and reset after the decision, into the item.
+local function report(items, n)
   for i = 1, n do
     local item = items[i]
     local state = item.state
-    reply[at + REPLY_PASSED] = item.passed and 1 or 0
     if item.algorithm == ALGORITHM_SLIDING_LOG then
-      reply[at + REPLY_COUNT] = state.total
-      reply[at + REPLY_RESET_MS] = log_reset_ms(item, state)
+      item.count, item.reset_ms = state.total, log_reset_ms(item, state)
     else
-      reply[at + REPLY_COUNT] = models().count(item, state)
-      reply[at + REPLY_RESET_MS] = models().reset_ms(item, state)
+      item.count, item.reset_ms = models().count(item, state), models().reset_ms(item, state)
     end
-    reply[at + REPLY_UNDO] = item.undo
-    at = at + REPLY_PER_ITEM
   end
-  return reply
 end
 
--- Decides the request of `n` items at KEYS[first_key + 1 ..] and ARGV[first_arg + 1 ..];
--- returns its reply.
-local function decide(first_key, first_arg, n)
-  local items, malformed = read_items(first_key, first_arg, n)
-  if not items then
-    return redis.error_reply(malformed)
-  end
+-- Decides a request of `n` items (read_item): returns whether it is admitted, each item's
+-- outcome in the item (passed, count, reset_ms, undo); or an error reply, having written
+-- nothing.
+local function decide(items, n)
   local admitted = check(items, n)
   local refused = write(items, n, admitted)
   if refused then
     return refused
   end
-  return outcomes(items, n, admitted)
+  report(items, n)
+  return admitted
 end
 
-if not batched then
-  if #ARGV ~= 1 + ARGS_PER_ITEM * #KEYS then
-    return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
+-- The requests of the call: one, or several in a batched call, decided one after the other as
+-- if each had its own call.
+local requests, sizes, replies, first_arg = 1, nil, nil, 1
+if batched then
+  requests = tonumber(ARGV[3])
+  if not requests or requests < 1 or #ARGV < 3 + requests then
+    return redis.error_reply('sluice: bad group count')
   end
-  return decide(0, 1, #KEYS)
+  local total = 0
+  sizes, replies, first_arg = {}, {}, 3 + requests
+  for r = 1, requests do
+    sizes[r] = tonumber(ARGV[3 + r])
+    if not sizes[r] or sizes[r] < 0 then
+      return redis.error_reply('sluice: bad size of group ' .. r)
+    end
+    total = total + sizes[r]
+  end
+  if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
+    return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
+  end
+elseif #ARGV ~= 1 + ARGS_PER_ITEM * #KEYS then
+  return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
 end
 
--- Several requests in one call, decided one after the other as if each had its own call.
-local requests = tonumber(ARGV[3])
-if not requests or requests < 1 or #ARGV < 3 + requests then
-  return redis.error_reply('sluice: bad group count')
-end
-local sizes, total = {}, 0
+-- Each request's items are read from ARGV and its reply is laid out here, in the main chunk,
+-- where the header's offsets are registers: a function would capture each as an upvalue, which
+-- costs about a thousand instructions per offset and call.
+local first_key = 0
 for r = 1, requests do
-  sizes[r] = tonumber(ARGV[3 + r])
-  if not sizes[r] or sizes[r] < 0 then
-    return redis.error_reply('sluice: bad size of group ' .. r)
+  local n = #KEYS
+  if batched then
+    n = sizes[r]
   end
-  total = total + sizes[r]
-end
-if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
-  return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
-end
--- Each request stands alone: a command that fails inside one (a key holding another type,
--- WRONGTYPE) becomes that request's error reply, and the others are decided as usual. The failure
--- comes from phase 1 (every key is read, type-checked, before anything is recorded), so the
--- failed request has written nothing but phase 1's evictions.
-local function error_text(err)
-  if type(err) == 'table' and err.err then
-    return err.err
+  local items, malformed, at = {}, nil, first_arg
+  for i = 1, n do
+    malformed = read_item(items, i, KEYS[first_key + i], tonumber(ARGV[at + ARG_LIMIT]),
+      tonumber(ARGV[at + ARG_WINDOW_MS]), tonumber(ARGV[at + ARG_HITS]), ARGV[at + ARG_KIND],
+      ARGV[at + ARG_ALGORITHM], tonumber(ARGV[at + ARG_PARAM]), ARGV[at + ARG_OVER_LIMIT])
+    if malformed then
+      break
+    end
+    at = at + ARGS_PER_ITEM
   end
-  return tostring(err)
-end
-local replies = {}
-local first_key, first_arg = 0, 3 + requests
-for r = 1, requests do
-  local ok, reply = pcall(decide, first_key, first_arg, sizes[r])
-  if not ok then
-    reply = redis.error_reply(error_text(reply))
+  local reply
+  if malformed then
+    reply = redis.error_reply(malformed)
+  else
+    local ok, admitted = true
+    if batched then
+      -- Each request stands alone: a command that fails inside one (a key holding another
+      -- type, WRONGTYPE) becomes that request's error reply, and the others are decided as
+      -- usual. The failure comes from phase 1 (every key is read, type-checked, before anything
+      -- is recorded), so the failed request has written nothing but phase 1's evictions.
+      ok, admitted = pcall(decide, items, n)
+    else
+      admitted = decide(items, n)
+    end
+    if not ok then
+      reply = redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
+    elseif type(admitted) ~= 'boolean' then
+      reply = admitted
+    else
+      -- The reply (see `SCRIPT` in script.rs): the verdict (REPLY_HEAD elements), then each
+      -- item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index order (the
+      -- offsets' order), so the table only ever grows its array part.
+      reply = {admitted and 1 or 0}
+      at = REPLY_HEAD
+      for i = 1, n do
+        local item = items[i]
+        reply[at + REPLY_PASSED] = item.passed and 1 or 0
+        reply[at + REPLY_COUNT] = item.count
+        reply[at + REPLY_RESET_MS] = item.reset_ms
+        reply[at + REPLY_UNDO] = item.undo
+        at = at + REPLY_PER_ITEM
+      end
+    end
+  end
+  if not batched then
+    return reply
   end
   replies[r] = reply
-  first_key = first_key + sizes[r]
-  first_arg = first_arg + ARGS_PER_ITEM * sizes[r]
+  first_key, first_arg = first_key + n, first_arg + ARGS_PER_ITEM * n
 end
 return replies
