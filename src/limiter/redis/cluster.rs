@@ -283,6 +283,8 @@ impl ClusterLimiter {
         Ok(())
     }
 
+    /// Decides `batch`: one script call when its keys share a slot, else the phases of the
+    /// module doc.
     async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         if batch.is_empty() {
             return Ok(BatchOutcome::from_backend(true, Vec::new()));
@@ -293,105 +295,146 @@ impl ClusterLimiter {
             let all = (0..batch.len()).collect();
             return Ok(self.eval(&conn, batch, all, now, Mode::AsIs).await?.outcome);
         }
-        let has_refunds = |g: &&Vec<usize>| g.iter().any(|&i| batch[i].kind == HitKind::Refund);
-        let only_refunds = |g: &&Vec<usize>| g.iter().all(|&i| batch[i].kind == HitKind::Refund);
-
-        // Phase 1: every group with a checking item, in parallel (its refunds as probes).
-        let checking = groups.iter().filter(|g| !only_refunds(g));
-        let results =
-            join_all(checking.map(|g| self.eval(&conn, batch, g.clone(), now, Mode::Check))).await;
-        let mut admitted = results
-            .iter()
-            .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
-        // quota_mode across groups: some quota item must have passed somewhere. None passed
-        // means none recorded, so the compensation below only undoes the consume items.
-        if admitted && batch.iter().any(|h| h.kind == HitKind::Quota) {
-            admitted = results.iter().flatten().any(|p| {
-                p.indices
-                    .iter()
-                    .zip(&p.outcome.items)
-                    .any(|(&i, item)| batch[i].kind == HitKind::Quota && item.passed)
-            });
-        }
-
-        let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
-        if admitted {
-            // Phase 2: refunds never reject; they apply only once every group admitted. The
-            // other items of a refunded key go along as probes, so that they report the key as
-            // the request left it, as one script call would.
-            let refunds = groups.iter().filter(has_refunds).map(|g| {
-                let refunded = |key: &str| {
-                    g.iter()
-                        .any(|&j| batch[j].kind == HitKind::Refund && batch[j].key == key)
-                };
-                let idx: Vec<usize> = g
-                    .iter()
-                    .copied()
-                    .filter(|&i| refunded(&batch[i].key))
-                    .collect();
-                self.eval(&conn, batch, idx, now, Mode::Refund)
-            });
-            let refunded = join_all(refunds).await;
-            for part in results.into_iter().chain(refunded) {
-                let part = part?;
-                for (k, &i) in part.indices.iter().enumerate() {
-                    let mut item = part.outcome.items[k];
-                    if let Some(checked) = items[i] {
-                        // A probe of phase 2: the check was phase 1's.
-                        item.passed = checked.passed;
-                    }
-                    items[i] = Some(item);
-                }
-            }
+        let (checked, admitted) = self.check(&conn, batch, &groups, now).await;
+        let items = if admitted {
+            self.finish_admitted(&conn, batch, &groups, checked, now)
+                .await?
         } else {
-            let admitted_parts: Vec<&Part> = results
-                .iter()
-                .filter_map(|r| r.as_ref().ok())
-                .filter(|p| p.outcome.admitted)
-                .collect();
-            // Groups of refunds alone were not sent in phase 1: probe them now, next to the
-            // compensation (other slots, so neither sees the other).
-            let probes = groups
-                .iter()
-                .filter(only_refunds)
-                .map(|g| self.eval(&conn, batch, g.clone(), now, Mode::Check));
-            let (undone, probed) = futures_util::future::join(
-                join_all(
-                    admitted_parts
-                        .iter()
-                        .map(|p| self.undo(&conn, batch, p, now)),
-                ),
-                join_all(probes),
-            )
-            .await;
-            for err in undone.into_iter().filter_map(Result::err) {
-                tracing::warn!(error = %err, "cluster compensation failed; entries expire with their window");
-            }
-            for part in results.into_iter().chain(probed) {
-                let part = part?;
-                for (k, &i) in part.indices.iter().enumerate() {
-                    let mut item = part.outcome.items[k];
-                    if part.outcome.admitted {
-                        // What the key holds once this part's own entries are gone again.
-                        let undone: u64 = part
-                            .indices
-                            .iter()
-                            .zip(&part.undo)
-                            .filter(|(&j, &first)| first > 0 && batch[j].key == batch[i].key)
-                            .map(|(&j, _)| batch[j].counted_hits().min(MAX_EXACT))
-                            .sum();
-                        item = without_undone(item, &batch[i], undone);
-                    }
-                    items[i] = Some(item);
-                }
-            }
-        }
+            self.finish_rejected(&conn, batch, &groups, checked, now)
+                .await?
+        };
         let items = items
             .into_iter()
             .collect::<Option<Vec<KeyOutcome>>>()
             .ok_or_else(|| LimiterError::Protocol("cluster batch item without outcome".into()))?;
         Ok(BatchOutcome::from_backend(admitted, items))
     }
+
+    /// Phase 1: every group with a checking item, in parallel (its refunds as probes). Returns
+    /// the parts and whether the request is admitted.
+    async fn check(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Hit],
+        groups: &[Vec<usize>],
+        now: Option<u64>,
+    ) -> (Vec<Result<Part, LimiterError>>, bool) {
+        let checking = groups.iter().filter(|g| !only_refunds(batch, g));
+        let parts =
+            join_all(checking.map(|g| self.eval(conn, batch, g.clone(), now, Mode::Check))).await;
+        let mut admitted = parts
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
+        // quota_mode across groups: some quota item must have passed somewhere. None passed
+        // means none recorded, so the compensation only undoes the consume items.
+        if admitted && batch.iter().any(|h| h.kind == HitKind::Quota) {
+            admitted = parts.iter().flatten().any(|p| {
+                p.indices
+                    .iter()
+                    .zip(&p.outcome.items)
+                    .any(|(&i, item)| batch[i].kind == HitKind::Quota && item.passed)
+            });
+        }
+        (parts, admitted)
+    }
+
+    /// Phase 2 of an admitted request: refunds never reject; they apply only once every group
+    /// admitted. The other items of a refunded key go along as probes, so that they report the
+    /// key as the request left it, as one script call would. Returns each item's outcome.
+    async fn finish_admitted(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Hit],
+        groups: &[Vec<usize>],
+        checked: Vec<Result<Part, LimiterError>>,
+        now: Option<u64>,
+    ) -> Result<Vec<Option<KeyOutcome>>, LimiterError> {
+        let refunds = groups.iter().filter(|g| has_refunds(batch, g)).map(|g| {
+            let refunded = |key: &str| {
+                g.iter()
+                    .any(|&j| batch[j].kind == HitKind::Refund && batch[j].key == key)
+            };
+            let idx: Vec<usize> = g
+                .iter()
+                .copied()
+                .filter(|&i| refunded(&batch[i].key))
+                .collect();
+            self.eval(conn, batch, idx, now, Mode::Refund)
+        });
+        let refunded = join_all(refunds).await;
+        let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
+        for part in checked.into_iter().chain(refunded) {
+            let part = part?;
+            for (k, &i) in part.indices.iter().enumerate() {
+                let mut item = part.outcome.items[k];
+                if let Some(checked) = items[i] {
+                    // A probe of phase 2: the check was phase 1's.
+                    item.passed = checked.passed;
+                }
+                items[i] = Some(item);
+            }
+        }
+        Ok(items)
+    }
+
+    /// A rejected request: takes back what the admitted parts recorded and probes the groups
+    /// of refunds alone, which phase 1 did not send (other slots, so neither sees the other).
+    /// Returns each item's outcome, as the keys are once the compensation ran.
+    async fn finish_rejected(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Hit],
+        groups: &[Vec<usize>],
+        checked: Vec<Result<Part, LimiterError>>,
+        now: Option<u64>,
+    ) -> Result<Vec<Option<KeyOutcome>>, LimiterError> {
+        let admitted_parts = checked
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter(|p| p.outcome.admitted);
+        let probes = groups
+            .iter()
+            .filter(|g| only_refunds(batch, g))
+            .map(|g| self.eval(conn, batch, g.clone(), now, Mode::Check));
+        let (undone, probed) = futures_util::future::join(
+            join_all(admitted_parts.map(|p| self.undo(conn, batch, p, now))),
+            join_all(probes),
+        )
+        .await;
+        for err in undone.into_iter().filter_map(Result::err) {
+            tracing::warn!(error = %err, "cluster compensation failed; entries expire with their window");
+        }
+        let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
+        for part in checked.into_iter().chain(probed) {
+            let part = part?;
+            for (k, &i) in part.indices.iter().enumerate() {
+                let mut item = part.outcome.items[k];
+                if part.outcome.admitted {
+                    // What the key holds once this part's own entries are gone again.
+                    let undone: u64 = part
+                        .indices
+                        .iter()
+                        .zip(&part.undo)
+                        .filter(|(&j, &token)| token > 0 && batch[j].key == batch[i].key)
+                        .map(|(&j, _)| batch[j].counted_hits().min(MAX_EXACT))
+                        .sum();
+                    item = without_undone(item, &batch[i], undone);
+                }
+                items[i] = Some(item);
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// Whether the group at `indices` has a refund item.
+fn has_refunds(batch: &[Hit], indices: &[usize]) -> bool {
+    indices.iter().any(|&i| batch[i].kind == HitKind::Refund)
+}
+
+/// Whether the group at `indices` has refund items only (phase 1 does not send it).
+fn only_refunds(batch: &[Hit], indices: &[usize]) -> bool {
+    indices.iter().all(|&i| batch[i].kind == HitKind::Refund)
 }
 
 #[async_trait]
