@@ -6,13 +6,8 @@
 //! once; the limiter sends `EVALSHA` itself rather than through redis-rs's `invoke_async`, which
 //! reloads silently, so that reloads can be counted ([`BackendStats::script_loads`]).
 //!
-//! Connections: a few shared [`MultiplexedConnection`]s used round-robin, not a pool. A
-//! multiplexed connection already carries any number of concurrent requests, so a pool adds
-//! nothing but its checkout, and deadpool-redis 0.23 makes that checkout cost a round trip: its
-//! `recycle` always sends `UNWATCH` + `PING` and has no fast recycling method to turn that off.
-//! A couple of connections (rather than one) spread the encoding/decoding work over two driver
-//! tasks; many more only split concurrent decisions into smaller batched calls (more calls, more
-//! socket work on both sides: measured in docs/performance.md, "Connections"). A connection
+//! Connections: a few shared [`MultiplexedConnection`]s used round-robin, not a pool (why, and
+//! why a couple rather than one or many: docs/redis.md, "Connections"). A connection
 //! that fails in a way that needs a new one is dropped and re-established lazily by the next
 //! request on that slot; while Redis is unreachable, reconnects of a slot are spaced by
 //! [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.

@@ -13,8 +13,12 @@
 //! `compensate.lua` ([`COMPENSATE`]). Each script is assembled at build time: a header generated
 //! from the constants below (so Rust and Lua cannot disagree on them), `shared.lua`, then the
 //! script's own files. `KEYS`, `ARGV` and the replies are documented once, on [`SCRIPT`] and
-//! [`COMPENSATE`]; the Lua files say what the scripts do with them (steps, data layout in Redis,
-//! log members). `scripts/ci/lua-lint.sh` runs luacheck over them.
+//! [`COMPENSATE`], and named once, in the constants below: every argument and reply element by
+//! its offset (`ARG_*`, `REPLY_*`, `UNDO_ARG_*`), which the Lua reads by name, [`ItemArgs`] and
+//! the call builders ([`DecideCall`], [`CompensateCall`]) write and [`decode_reply`] reads. The
+//! codes the Lua dispatches on belong here too, not to the pure models. The Lua files say what
+//! the scripts do with them (steps, data layout in Redis, log members).
+//! `scripts/ci/lua-lint.sh` runs luacheck over them.
 
 use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, LimiterError, OverLimit};
 use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs, Value};
@@ -84,7 +88,7 @@ shared_with_lua! {
     /// anyway), so a capped `hits` still exceeds every limit, exactly like the original value.
     MAX_EXACT: u64 = 4503599627370496;
     /// A sliding-log entry's member starts with its number, one of the integers
-    /// `LOG_MEMBER_FIRST..=LOG_MEMBER_LAST` assigned cyclically per key (see "Log entries" in
+    /// `LOG_MEMBER_FIRST..=LOG_MEMBER_LAST` assigned cyclically per key (see `log_add` in
     /// `lua/decide.lua`).
     LOG_MEMBER_FIRST: u64 = 1000000;
     /// See [`LOG_MEMBER_FIRST`].
@@ -202,7 +206,7 @@ pub const LUA_HEADER: &str = lua_header!();
 /// counts against the item's capacity after the decision), `reset_ms` (as the reference models
 /// define it, [`crate::limiter::algorithms`]) and `undo`: 0 when the item added nothing, else a
 /// token below 2^53 from which [`COMPENSATE`] takes the item's hits back (its form per
-/// algorithm: `lua/decide.lua`, "Undo tokens"). Malformed arguments give an error reply starting
+/// algorithm: `log_add` in `lua/decide.lua`, `record` in `lua/models.lua`). Malformed arguments give an error reply starting
 /// with `sluice:` before any key is touched, and a log key whose members would wrap onto live
 /// ones gives one before anything is written (it takes about 7.4 million live entries).
 ///
@@ -219,9 +223,7 @@ pub const LUA_HEADER: &str = lua_header!();
 /// and members at the top of `lua/decide.lua`, the other algorithms' data in `lua/models.lua`.
 ///
 /// Its first line ([`SCRIPT_SHEBANG`], no flags) declares it, so that an out-of-memory Redis
-/// (`maxmemory` under `noeviction`) refuses the whole call with `OOM` before any command of it
-/// runs; an undeclared script was refused only at its first write, after phase 1's evictions.
-/// A declared script touches only its `KEYS` (in a cluster, one slot), as every call does.
+/// refuses the whole call before any command of it runs (docs/redis.md, "Redis out of memory").
 /// Needs Redis 7.0 or later.
 pub const SCRIPT: &str = concat!(
     script_shebang!(),
@@ -241,8 +243,7 @@ pub const SCRIPT: &str = concat!(
 /// reply starting with `sluice:` before any key is touched. How each algorithm's hits are found
 /// again: `lua/compensate.lua`.
 ///
-/// Declared `allow-oom` ([`COMPENSATE_SHEBANG`]): it only takes back what [`SCRIPT`] recorded,
-/// so it must run when Redis is full too.
+/// Declared `allow-oom` ([`COMPENSATE_SHEBANG`]): it must run when Redis is full too.
 pub const COMPENSATE: &str = concat!(
     compensate_shebang!(),
     "\n",

@@ -1,77 +1,19 @@
 -- Decides one request (or, in a batched call, several one after the other) atomically inside
 -- Redis: every key of a request is read, checked and then written as its verdict says, in one
--- round trip, so concurrent sidecars can never interleave between check and record.
+-- round trip. KEYS, ARGV and the reply: `SCRIPT` in src/limiter/redis/script.rs, which
+-- assembles the script: the header it generates, shared.lua, models.lua, then this file.
 --
--- KEYS, ARGV and the reply: the doc of `SCRIPT` in src/limiter/redis/script.rs, which assembles
--- the script: the layout header it generates, shared.lua, models.lua, then this file.
+-- A transcription of `decide_batch` (src/limiter/window.rs) over the models of
+-- src/limiter/algorithms.rs, which are the reference (tests/differential.rs holds the two to the
+-- same outcomes on random traces); what each item records is defined once, in the doc of
+-- src/limiter/mod.rs. A request is read (read_item), checked (check: phase 1, which writes
+-- nothing to a sliding log), recorded (write: phase 2) and reported (report).
 --
--- The steps are a transcription of `decide_batch` (src/limiter/window.rs) over the per-algorithm
--- models of src/limiter/algorithms.rs, which are the reference (a property test holds the two to
--- the same outcomes on random traces); what each item records is defined once, in the doc of
--- src/limiter/mod.rs:
--- - phase 1, per item in order: bring the key to now (sliding log: read the total, and the
---   entries at or before now - window, whose weight comes off it; the other algorithms: settle
---   a copy in Lua), then check `count + earlier + hits <= capacity` (`< capacity` for a probe of
---   0 hits), `earlier` being what earlier items of the request record on the same key if it is
---   admitted, the capacity the limit or GCRA's burst. Refunds pass. If the request has quota
---   items, at least one must pass. Each item's take under either verdict is fixed here
---   (`over_limit`). Phase 1 writes nothing to a sliding log (a quantized log drops its expired
---   buckets), so a command failing in it (a key of another type) leaves the log as it was;
--- - phase 2, in request order: the sliding logs' expired entries go, then each item records its
---   take for the verdict (admitted: consume items and passed shadow and quota items their hits;
---   otherwise what `over_limit` says), and on an admitted request refunds take back up to
---   theirs, newest first; then every written key gets its TTL, so idle keys vanish on their
---   own. A verdict whose takes are all 0 (a rejected request of `refuse` items, or of `fill`
---   items that fit or found their key full) writes nothing but the evictions;
--- - every item reports its key's count and reset after the decision.
---
--- Data layout of the sliding log (the other algorithms': models.lua): one sorted set per key,
--- one member per entry (an item that recorded, whatever its weight), scored with the ms it was
--- recorded, and the member LOG_TOTAL_MEMBER scored with minus the key's total (the sum of the
--- entries' weights), below every entry (store_log_total in shared.lua). Phase 1 reads the total
--- with the oldest entry (ZRANGE 0 1), and what left the window only when that entry has; the
--- newest is read when an entry is added. The total is stored again with the request's first
--- write to the key (one ZADD with the new entry), or on its own when only evictions changed it.
--- So a request never reads more than the entries it evicts. TTL: until the newest entry leaves
--- the window, so that idle keys vanish on their own.
---
--- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 unless the item
--- recorded its hits only because the request was admitted (it passed, and its over_limit is not
--- record, which in_flight ignores); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER +
--- (member number - LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the
--- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1);
--- for in_flight the lease token + 1 (0 when it renewed a lease it did not add).
---
--- Log entries must be unique per key and short: a listpack stores an integer member of
--- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (1000000..8388607) in 5 bytes (a 24-bit integer; a UUID
--- costs 37). So an entry's member is a 7-digit number, assigned cyclically per key, followed by
--- its weight in decimal unless that is 1 (log_member in shared.lua): `1000041` weighs 1,
--- `10000412000` 2000 (an integer still: 9 bytes up to a weight of about 900 billion). A new key
--- starts at LOG_MEMBER_FIRST, then number = newest number + 1 per entry, wrapping from the last
--- to the first. Scores never decrease: score = max(now, newest score). Why this is safe across
--- instances and clock steps:
--- - members of equal score sort lexicographically, and every member starts with a number of one
---   width, so they sort by number: with non-decreasing scores the newest entry is the last one
---   (refunds take from there, and the next number follows it). At a wrap the new number would
---   sort below the newest at an equal score, so the entry goes 1 ms later: it counts 1 ms longer
---   than the memory backend's would (conservative), once per 7.4 million entries;
--- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
---   cyclic range; a new number collides with a live one only if the range's span plus the
---   request's new entries exceed the LOG_MEMBERS numbers. The span is checked before anything
---   is written, and the call fails with a `sluice:` error (it takes 7.4 million live entries,
---   i.e. requests, in one window);
--- - a score never goes back in time, so a step back of the clock cannot make a new entry expire
---   before the one before it (the memory backend records at max(now, newest) too).
---
--- Cost (instructions per request: docs/performance.md, scripts/bench/script-cost.sh): a log
--- key's total and ends are read once per request, then kept up to date through the request's
--- own adds and refunds: an admitted item costs two ZRANGEs (one on a new key, or on a key of one
--- entry), one ZADD (the entry and the total) and PEXPIRE, whatever its weight, plus a ZRANGE of
--- what left the window and a ZREMRANGEBYSCORE when something did. Redis 7.0 prints every score
--- it returns with '%.17g', which costs about as much as a command, so scores are only asked for
--- where needed. Every closure costs an allocation per call, so the other algorithms' models are
--- only made when a call has an item that needs them, and the per-request state is one table per
--- item and one per key. Every request shape takes the same path (docs/performance.md).
+-- The sliding log (the other algorithms: models.lua) is one sorted set per key: one member per
+-- entry, i.e. per item that recorded, whatever its weight (log_add has the members' form), scored
+-- with the ms it was recorded at, and LOG_TOTAL_MEMBER holding the key's total
+-- (store_log_total in shared.lua). A request reads no more entries than it evicts (log_settle).
+-- Instructions per request, and what they go to: docs/performance.md.
 
 -- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
 -- less than a global per access.
@@ -111,7 +53,8 @@ end
 
 -- A sliding-log key's entry at `at`, NEWEST or OLDEST: its number and score, nil when the key
 -- is empty. Each end is read at most once per request (phase 1 reads the oldest), then kept up
--- to date by the request's own adds and refunds.
+-- to date by the request's own adds and refunds: Redis 7.0 prints every score it returns with
+-- '%.17g', which costs about as much as a command, so scores are only asked for where needed.
 local function log_entry(key, state, at)
   if state.total == 0 then
     return nil
@@ -137,7 +80,22 @@ local function log_span(key, state)
   return (newest - log_entry(key, state, OLDEST)) % LOG_MEMBERS + 1
 end
 
--- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token.
+-- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token,
+-- (score mod TOKEN_SCORE) * TOKEN_MEMBER + (number - LOG_MEMBER_FIRST) + 1 (compensate.lua's
+-- undo_log finds the entry from it).
+--
+-- An entry's member must be unique per key and short: a listpack stores an integer of
+-- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (7 digits) in 5 bytes where a UUID costs 37. So a member is
+-- a number, the newest entry's + 1 (LOG_MEMBER_FIRST on a new key, wrapping from the last to the
+-- first), followed by the entry's weight unless that is 1 (log_member in shared.lua: `1000041`
+-- weighs 1, `10000412000` 2000). The score is max(now, newest score), never back in time (as
+-- the memory backend records), so that entries of equal score sort by number and the newest is
+-- the last (refunds take from there). This is safe across instances and clock steps because:
+-- - at a wrap the new number would sort below the newest at an equal score, so the entry goes
+--   1 ms later (it counts 1 ms longer, conservative, once per 7.4 million entries);
+-- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
+--   cyclic range, and write checks before writing anything that the request's new entries do
+--   not reach a live number (log_span; it takes 7.4 million live entries in one window).
 local function log_add(key, state, weight)
   local newest_member, newest_score = log_entry(key, state, NEWEST)
   local score, member = now_ms, LOG_MEMBER_FIRST
