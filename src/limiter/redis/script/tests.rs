@@ -1,7 +1,7 @@
 //! Unit tests of script.rs: the generated header, the codes Rust sends, the reply decoding.
 
 use super::*;
-use crate::limiter::{Algorithm, HitKind, OverLimit};
+use crate::limiter::{Algorithm, Hit, HitKind, OverLimit};
 use std::collections::BTreeSet;
 
 /// Each line of the generated header is `local NAME = <Lua literal>`: an integer the scripts
