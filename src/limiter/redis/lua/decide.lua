@@ -227,16 +227,13 @@ local function log_evict(key, state)
   end
 end
 
--- Phase 2 for a sliding-log item: records its take or takes back its refund; whether it wrote.
+-- Phase 2 for a sliding-log item: records its take or takes back its refund; whether it wrote,
+-- and the undo token of what it recorded (0 for a refund).
 local function log_write(item, state)
   if item.kind == KIND_REFUND then
-    return log_refund(item.key, state, item.take)
+    return log_refund(item.key, state, item.take), 0
   end
-  local token = log_add(item.key, state, item.take)
-  if item.undoable then
-    item.undo = token
-  end
-  return true
+  return true, log_add(item.key, state, item.take)
 end
 
 -- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
@@ -333,8 +330,7 @@ local function read_item(items, i, key, limit, window, hits, kind, algorithm, pa
   items[i] = {
     key = key, limit = limit, window = window, hits = hits, kind = kind,
     algorithm = algorithm, param = param, over_limit = over_limit, state = state,
-    passed = false, if_admitted = 0, if_rejected = 0, take = 0, undoable = false, undo = 0,
-    count = 0, reset_ms = 0,
+    passed = false, if_admitted = 0, if_rejected = 0, take = 0, undo = 0, count = 0, reset_ms = 0,
   }
   return nil
 end
@@ -469,11 +465,14 @@ local function write(items, n, admitted)
       local state = item.state
       -- Recorded only because the request was admitted: what compensation takes back (an
       -- in_flight item ignores over_limit: it records nothing unless admitted).
-      item.undoable = admitted and item.passed
+      local undoable = admitted and item.passed
         and (item.over_limit ~= OVER_LIMIT_RECORD or item.algorithm == ALGORITHM_IN_FLIGHT)
+      local token = 0
       if item.algorithm == ALGORITHM_SLIDING_LOG then
+        local wrote
+        wrote, token = log_write(item, state)
         -- A log's TTL follows the window of the first item that wrote to it.
-        if log_write(item, state) and not state.writer then
+        if wrote and not state.writer then
           state.writer = item
         end
       else
@@ -481,12 +480,12 @@ local function write(items, n, admitted)
         if item.kind == KIND_REFUND then
           models().refund(item, state)
         else
-          local token = models().record(item, state)
-          if item.undoable then
-            item.undo = token
-          end
+          token = models().record(item, state)
         end
         state.writer = item
+      end
+      if undoable then
+        item.undo = token
       end
     end
   end
