@@ -8,12 +8,12 @@ mod helpers;
 
 use std::sync::Arc;
 
-use helpers::limiter::{at, cluster_limiter, hit, redis_limiter, T};
+use helpers::limiter::{cluster_limiter, decide_at, log_item, redis_limiter, T};
 use helpers::raw_connection;
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::cluster::key_slot;
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, OverLimit, SystemClock};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, SystemClock};
 
 /// Each key has one algorithm, as the engine's keys do (the algorithm is part of the key).
 fn algorithm_of(key: &str, burst: u64) -> Algorithm {
@@ -44,12 +44,12 @@ fn window_of(key: &str) -> u64 {
 /// The keys of the generated traces; see [`algorithm_of`] and [`window_of`].
 const KEYS: [&str; 8] = ["a", "b", "c", "q", "s", "g", "f", "i"];
 
-fn arb_hit() -> impl Strategy<Value = Hit> {
+fn arb_hit() -> impl Strategy<Value = Item> {
     let kind = prop_oneof![
-        4 => Just(HitKind::Consume),
-        2 => Just(HitKind::Shadow),
-        1 => Just(HitKind::Refund),
-        2 => Just(HitKind::Quota),
+        4 => Just(ItemKind::Consume),
+        2 => Just(ItemKind::Shadow),
+        1 => Just(ItemKind::Refund),
+        2 => Just(ItemKind::Quota),
     ];
     // Small limits meet their edges often; large ones take weights of thousands.
     let limit = prop_oneof![4 => 0u64..6, 1 => 100u64..5000];
@@ -70,23 +70,23 @@ fn arb_hit() -> impl Strategy<Value = Hit> {
         over_limit,
         lease,
     )
-        .prop_map(|(key, limit, hits, kind, burst, over_limit, lease)| Hit {
+        .prop_map(|(key, limit, hits, kind, burst, over_limit, lease)| Item {
             algorithm: algorithm_of(key, burst),
             over_limit,
             lease,
-            ..hit(key, limit, window_of(key), hits, kind)
+            ..log_item(key, limit, window_of(key), hits, kind)
         })
 }
 
 /// (time step in ms, may be negative: clocks of other instances lag; batch)
-fn arb_steps() -> impl Strategy<Value = Vec<(i64, Vec<Hit>)>> {
+fn arb_steps() -> impl Strategy<Value = Vec<(i64, Vec<Item>)>> {
     prop::collection::vec(
         (-100i64..700, prop::collection::vec(arb_hit(), 0..4)),
         1..12,
     )
 }
 
-type Steps = Vec<(i64, Vec<Hit>)>;
+type Steps = Vec<(i64, Vec<Item>)>;
 
 /// [`arb_steps`] without the cases in which the cluster backend cannot act like one script
 /// (docs/algorithms.md, "Redis Cluster"), each narrowed as little as it takes:
@@ -122,13 +122,13 @@ type Steps = Vec<(i64, Vec<Hit>)>;
 ///    which name those tokens or none).
 fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
     arb_steps().prop_map(|steps| {
-        let o1 = |h: &Hit| {
+        let o1 = |h: &Item| {
             matches!(
                 h.algorithm,
                 Algorithm::FixedWindow | Algorithm::SlidingCounter | Algorithm::Gcra { .. }
             )
         };
-        let records = |h: &Hit| h.kind != HitKind::Refund && h.hits > 0;
+        let records = |h: &Item| h.kind != ItemKind::Refund && h.hits > 0;
         let gcra_rate = steps
             .iter()
             .flat_map(|(_, b)| b)
@@ -144,7 +144,7 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
                 if h.algorithm != Algorithm::InFlight {
                     continue;
                 }
-                if h.kind != HitKind::Refund {
+                if h.kind != ItemKind::Refund {
                     fresh += 1; // rule 5
                     h.lease = fresh;
                 } else if h.lease > 0 {
@@ -157,13 +157,14 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
                 .any(|h| key_slot(&h.key) != key_slot(&batch[0].key));
             if spans_slots {
                 // Rule 1. Stable: the order among refunds and among the rest is kept.
-                batch.sort_by_key(|h| h.kind == HitKind::Refund);
+                batch.sort_by_key(|h| h.kind == ItemKind::Refund);
                 // Rule 4.
                 for i in 0..batch.len() {
                     let after_a_record = batch[..i].iter().any(|e| {
                         e.key == batch[i].key && records(e) && e.over_limit != OverLimit::Record
                     });
-                    if after_a_record && matches!(batch[i].kind, HitKind::Shadow | HitKind::Quota) {
+                    if after_a_record && matches!(batch[i].kind, ItemKind::Shadow | ItemKind::Quota)
+                    {
                         batch[i].over_limit = OverLimit::Refuse;
                     }
                 }
@@ -261,8 +262,8 @@ fn run_trace(
     let mut now = T;
     for (step, batch) in steps {
         now = now.saturating_add_signed(*step);
-        let m = rt.block_on(at(&memory, batch, now));
-        let r = rt.block_on(at(backend.limiter, batch, now));
+        let m = rt.block_on(decide_at(&memory, batch, now));
+        let r = rt.block_on(decide_at(backend.limiter, batch, now));
         if m != r {
             return Err(format!(
                 "batch {batch:?} at {now}: memory {m:?}, backend {r:?}"
@@ -396,12 +397,12 @@ fn batched_call_equals_separate_calls() {
             now += step as u64;
             let mut pipe = redis::pipe();
             pipe.atomic();
-            let batched: Vec<&[Hit]> = requests.iter().map(Vec::as_slice).collect();
+            let batched: Vec<&[Item]> = requests.iter().map(Vec::as_slice).collect();
             pipe.add_command(DecideCall::batched(batched, Some(now)).evalsha(script.get_hash()));
             for request in &requests {
-                let separate: Vec<Hit> = request
+                let separate: Vec<Item> = request
                     .iter()
-                    .map(|hit| Hit {
+                    .map(|hit| Item {
                         key: format!("separate:{}", hit.key),
                         ..hit.clone()
                     })

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use helpers::{consume, RedisServer};
 use sluice::limiter::redis::script::{DecideCall, SCRIPT};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Hit, Limiter};
+use sluice::limiter::{Item, Limiter};
 
 const DECISIONS: u64 = 200;
 
@@ -56,7 +56,7 @@ fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTree
         .collect()
 }
 
-fn batch(i: u64) -> Vec<Hit> {
+fn batch(i: u64) -> Vec<Item> {
     vec![consume(&format!("sluice:{{k{i}}}"), 10, 1000)]
 }
 

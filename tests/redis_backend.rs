@@ -7,12 +7,12 @@ mod helpers;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use helpers::limiter::{at, c, hit, redis_limiter, with, T};
+use helpers::limiter::{consume_hits, decide_at, log_item, redis_limiter, with, T};
 use helpers::RedisServer;
 use redis::AsyncCommands;
 use sluice::limiter::redis::script::{self, CompensateCall, DecideCall, LOG_TOTAL_MEMBER};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, HitKind, KeyOutcome, Limiter, LimiterError};
+use sluice::limiter::{Algorithm, ItemKind, KeyOutcome, Limiter, LimiterError};
 
 /// The script prints times as integers, so a clock that is not a whole number of ms is
 /// refused like a malformed one, before anything is written; a whole one is decided.
@@ -21,7 +21,7 @@ async fn a_fractional_clock_is_refused_and_writes_nothing() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
     let script = redis::Script::new(script::SCRIPT);
-    let item = [c("clock-key", 10, 1)];
+    let item = [consume_hits("clock-key", 10, 1)];
     let call = |clock: &str| {
         DecideCall::single(&item, None)
             .with_clock_arg(clock)
@@ -69,8 +69,8 @@ async fn batched_calls_decide_each_request_on_its_own() {
         tasks.spawn(async move {
             let own = format!("k{}", i % 5);
             let batch = [
-                hit(&own, 10, 60_000, 1, HitKind::Consume),
-                hit("shared", 30, 60_000, 1, HitKind::Consume),
+                log_item(&own, 10, 60_000, 1, ItemKind::Consume),
+                log_item("shared", 30, 60_000, 1, ItemKind::Consume),
             ];
             let out = l.decide(&batch, None).await.expect("decide");
             // The outcome belongs to this request: its own items, its own counts.
@@ -130,7 +130,9 @@ async fn first_probe_warms_every_connection_and_the_script() {
         .expect("SCRIPT EXISTS");
     assert_eq!(loaded, [true]);
     // The first decision finds the script: no reload.
-    l.decide(&[c("w", 1, 1)], None).await.expect("decide");
+    l.decide(&[consume_hits("w", 1, 1)], None)
+        .await
+        .expect("decide");
     assert_eq!(l.stats().expect("stats").script_loads, 1);
 }
 
@@ -158,7 +160,7 @@ async fn admitted_expiry(
 ) -> i64 {
     let before = redis_ms(conn).await;
     assert!(
-        at(l, &[hit("k", 5, 2000, 1, HitKind::Consume)], now)
+        decide_at(l, &[log_item("k", 5, 2000, 1, ItemKind::Consume)], now)
             .await
             .admitted
     );
@@ -182,7 +184,7 @@ async fn keys_expire_within_the_window() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    let item = |hits, limit| [hit("k", limit, 2000, hits, HitKind::Consume)];
+    let item = |hits, limit| [log_item("k", limit, 2000, hits, ItemKind::Consume)];
     let mut expiry = 0;
     // The first hit, then a later one that moves the expiry to its own exit (1500 + 2000 -
     // 1500): each TTL 2000 from Redis's clock while the call ran.
@@ -190,13 +192,13 @@ async fn keys_expire_within_the_window() {
         expiry = admitted_expiry(&l, &mut conn, now, 2000).await;
     }
     // A probe (0 hits) and a rejected batch (limit 2, two entries in the window) write nothing.
-    assert!(at(&l, &item(0, 5), T + 1000).await.admitted);
+    assert!(decide_at(&l, &item(0, 5), T + 1000).await.admitted);
     assert_eq!(
         pexpiretime(&mut conn, "k").await,
         expiry,
         "a probe rewrote the TTL"
     );
-    assert!(!at(&l, &item(1, 2), T + 1000).await.admitted);
+    assert!(!decide_at(&l, &item(1, 2), T + 1000).await.admitted);
     assert_eq!(
         pexpiretime(&mut conn, "k").await,
         expiry,
@@ -206,7 +208,7 @@ async fn keys_expire_within_the_window() {
     // and keeps the key until that entry leaves: 1500 + 2000 - 1000.
     admitted_expiry(&l, &mut conn, T + 1000, 2500).await;
     // Check-only batches create nothing.
-    let _ = at(&l, &[hit("probe", 5, 2000, 0, HitKind::Consume)], T).await;
+    let _ = decide_at(&l, &[log_item("probe", 5, 2000, 0, ItemKind::Consume)], T).await;
     let exists: bool = conn.exists("probe").await.expect("exists");
     assert!(!exists);
 }
@@ -227,11 +229,19 @@ async fn members_are_short_increasing_integers() {
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
     // A tiny explicit clock (tests) and the real TIME (production) give the same shape.
-    assert!(at(&l, &[c("small", 100, 1)], 5).await.admitted);
-    assert!(at(&l, &[c("small", 100, 2)], 5).await.admitted);
-    let real = [hit("real", 100, 60_000, 1, HitKind::Consume)];
+    assert!(
+        decide_at(&l, &[consume_hits("small", 100, 1)], 5)
+            .await
+            .admitted
+    );
+    assert!(
+        decide_at(&l, &[consume_hits("small", 100, 2)], 5)
+            .await
+            .admitted
+    );
+    let real = [log_item("real", 100, 60_000, 1, ItemKind::Consume)];
     assert!(l.decide(&real, None).await.expect("decide").admitted);
-    let real = [hit("real", 100, 60_000, 2, HitKind::Consume)];
+    let real = [log_item("real", 100, 60_000, 2, ItemKind::Consume)];
     assert!(l.decide(&real, None).await.expect("decide").admitted);
     for key in ["small", "real"] {
         let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("zrange");
@@ -251,18 +261,18 @@ async fn an_entry_is_one_member_carrying_its_weight() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    let item = |key: &str, hits, kind| hit(key, 1_000_000, 1000, hits, kind);
+    let item = |key: &str, hits, kind| log_item(key, 1_000_000, 1000, hits, kind);
     let bytes = |conn: &mut redis::aio::MultiplexedConnection, key: &'static str| {
         let mut conn = conn.clone();
         async move { memory_usage(&mut conn, key).await }
     };
     assert!(
-        at(&l, &[item("one", 1, HitKind::Consume)], T)
+        decide_at(&l, &[item("one", 1, ItemKind::Consume)], T)
             .await
             .admitted
     );
     assert!(
-        at(&l, &[item("many", 100_000, HitKind::Consume)], T)
+        decide_at(&l, &[item("many", 100_000, ItemKind::Consume)], T)
             .await
             .admitted
     );
@@ -282,20 +292,20 @@ async fn an_entry_is_one_member_carrying_its_weight() {
     );
     // A later entry, then a refund that splits it: 100,000 + 5 - 3.
     assert!(
-        at(&l, &[item("many", 5, HitKind::Consume)], T + 500)
+        decide_at(&l, &[item("many", 5, ItemKind::Consume)], T + 500)
             .await
             .admitted
     );
-    let out = at(&l, &[item("many", 3, HitKind::Refund)], T + 600).await;
+    let out = decide_at(&l, &[item("many", 3, ItemKind::Refund)], T + 600).await;
     assert_eq!(out.items[0].count, 100_002);
     let members: Vec<String> = conn.zrange("many", 0, -1).await.expect("zrange");
     assert_eq!(members, ["t", "1000000100000", "10000012"]);
     // The first entry expires: its weight leaves the total, even on a probe.
-    let out = at(&l, &[item("many", 0, HitKind::Consume)], T + 1000).await;
+    let out = decide_at(&l, &[item("many", 0, ItemKind::Consume)], T + 1000).await;
     assert_eq!(out.items[0].count, 2);
     assert_eq!(log_of(&mut conn, "many").await, (1, 2));
     // Everything expired: the probe deletes the key (total and all).
-    at(&l, &[item("many", 0, HitKind::Consume)], T + 1500).await;
+    decide_at(&l, &[item("many", 0, ItemKind::Consume)], T + 1500).await;
     let exists: bool = conn.exists("many").await.expect("exists");
     assert!(!exists);
 }
@@ -323,7 +333,11 @@ async fn counters_are_integers() {
         ("sc", Algorithm::SlidingCounter, "1201700000000"),
         ("g", gcra, "101700000000650"),
     ] {
-        assert!(at(&l, &[with(alg, c(key, 5, 2))], T + 250).await.admitted);
+        assert!(
+            decide_at(&l, &[with(alg, consume_hits(key, 5, 2))], T + 250)
+                .await
+                .admitted
+        );
         let v: String = conn.get(key).await.expect("get");
         assert_eq!(v, value, "{key}");
         assert_eq!(encoding(&mut conn, key).await, "int", "{key}");
@@ -337,9 +351,9 @@ async fn eval_log(
     key: &str,
     now: u64,
     hits: u64,
-    kind: HitKind,
+    kind: ItemKind,
 ) -> Result<(KeyOutcome, u64), String> {
-    let item = [hit(key, 1000, 1000, hits, kind)];
+    let item = [log_item(key, 1000, 1000, hits, kind)];
     let reply: redis::Value = DecideCall::single(&item, Some(now))
         .invocation(&redis::Script::new(script::SCRIPT))
         .invoke_async(conn)
@@ -356,7 +370,7 @@ async fn undo_log(
     token: u64,
     hits: u64,
 ) -> i64 {
-    let item = hit(key, 1000, 1000, hits, HitKind::Consume);
+    let item = log_item(key, 1000, 1000, hits, ItemKind::Consume);
     CompensateCall::new(Some(T))
         .undo(&item, token)
         .invocation(&redis::Script::new(script::COMPENSATE))
@@ -402,14 +416,14 @@ async fn log_members_wrap_and_undo_checks_scores() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
 
-    let first = eval_log(&mut conn, "k", T, 2, HitKind::Consume)
+    let first = eval_log(&mut conn, "k", T, 2, ItemKind::Consume)
         .await
         .expect("add");
     assert_eq!(entries(&mut conn, "k").await, [e("10000002", T)]);
-    assert!(eval_log(&mut conn, "k", T, 2, HitKind::Refund)
+    assert!(eval_log(&mut conn, "k", T, 2, ItemKind::Refund)
         .await
         .is_ok());
-    let second = eval_log(&mut conn, "k", T + 5, 2, HitKind::Consume)
+    let second = eval_log(&mut conn, "k", T + 5, 2, ItemKind::Consume)
         .await
         .expect("add");
     assert_eq!(entries(&mut conn, "k").await, [e("10000002", T + 5)]);
@@ -420,20 +434,20 @@ async fn log_members_wrap_and_undo_checks_scores() {
     assert!(!exists, "the total goes with the last entry");
 
     write_log(&mut conn, "w", &[(T - 5, "8388606", 1)]).await;
-    let added = eval_log(&mut conn, "w", T, 3, HitKind::Consume)
+    let added = eval_log(&mut conn, "w", T, 3, ItemKind::Consume)
         .await
         .expect("add");
-    let wrapped = eval_log(&mut conn, "w", T, 1, HitKind::Consume)
+    let wrapped = eval_log(&mut conn, "w", T, 1, ItemKind::Consume)
         .await
         .expect("add");
     assert_eq!(
         entries(&mut conn, "w").await,
         [e("8388606", T - 5), e("83886073", T), e("1000000", T + 1)]
     );
-    assert!(eval_log(&mut conn, "w", T, 1, HitKind::Refund)
+    assert!(eval_log(&mut conn, "w", T, 1, ItemKind::Refund)
         .await
         .is_ok());
-    let next = eval_log(&mut conn, "w", T + 2, 1, HitKind::Consume)
+    let next = eval_log(&mut conn, "w", T + 2, 1, ItemKind::Consume)
         .await
         .expect("add");
     assert_eq!(entries(&mut conn, "w").await[2], e("1000000", T + 2));
@@ -441,7 +455,7 @@ async fn log_members_wrap_and_undo_checks_scores() {
     assert_eq!(undo_log(&mut conn, "w", wrapped.1, 1).await, 0);
     assert_eq!(undo_log(&mut conn, "w", next.1, 1).await, 1);
     // A refund took part of the first item's entry: the rest goes.
-    let out = eval_log(&mut conn, "w", T + 3, 1, HitKind::Refund)
+    let out = eval_log(&mut conn, "w", T + 3, 1, ItemKind::Refund)
         .await
         .expect("refund");
     assert_eq!(out.0.count, 3, "1 + 3 - 1");
@@ -457,7 +471,7 @@ async fn log_members_wrap_and_undo_checks_scores() {
 
     // Top number 8388607 at the same ms as the new entry: the wrapped one goes 1 ms later.
     write_log(&mut conn, "e", &[(T, "8388607", 1)]).await;
-    assert!(eval_log(&mut conn, "e", T, 1, HitKind::Consume)
+    assert!(eval_log(&mut conn, "e", T, 1, ItemKind::Consume)
         .await
         .is_ok());
     assert_eq!(
@@ -467,7 +481,7 @@ async fn log_members_wrap_and_undo_checks_scores() {
 
     // Live numbers spanning every number: the next one would collide.
     write_log(&mut conn, "full", &[(T, "1000000", 1), (T, "8388607", 1)]).await;
-    let err = eval_log(&mut conn, "full", T, 1, HitKind::Consume)
+    let err = eval_log(&mut conn, "full", T, 1, ItemKind::Consume)
         .await
         .expect_err("full");
     assert!(err.contains("sluice:"), "{err}");
@@ -479,18 +493,18 @@ async fn script_survives_script_flush() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+    assert!(decide_at(&l, &[consume_hits("k", 3, 1)], T).await.admitted);
     // A fresh server has no script yet: the first call loaded it.
     let loads = |l: &Arc<dyn Limiter>| l.stats().expect("redis stats").script_loads;
     assert_eq!(loads(&l), 1);
-    assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+    assert!(decide_at(&l, &[consume_hits("k", 3, 1)], T).await.admitted);
     assert_eq!(loads(&l), 1, "a loaded script is not loaded again");
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .expect("script flush");
-    let out = at(&l, &[c("k", 3, 1)], T + 1).await;
+    let out = decide_at(&l, &[consume_hits("k", 3, 1)], T + 1).await;
     assert!(out.admitted);
     assert_eq!(out.items[0].count, 3);
     assert_eq!(loads(&l), 2, "NOSCRIPT reloads are counted");
@@ -506,7 +520,7 @@ async fn ping_follows_the_server() {
     l.ping().await.expect("ping while up");
     server.stop();
     assert!(l.ping().await.is_err(), "ping while stopped");
-    match l.decide(&[c("k", 1, 1)], None).await {
+    match l.decide(&[consume_hits("k", 1, 1)], None).await {
         Err(LimiterError::Unavailable(_)) | Err(LimiterError::Timeout(_)) => {}
         other => panic!("decide while stopped: {other:?}"),
     }
@@ -519,7 +533,7 @@ async fn ping_follows_the_server() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let out = at(&l, &[c("k", 1, 1)], T).await;
+    let out = decide_at(&l, &[consume_hits("k", 1, 1)], T).await;
     assert!(out.admitted);
 }
 
@@ -566,14 +580,14 @@ async fn redis_decision_cost() {
     let l = redis_limiter(&server).await;
     let batch = |i: u64| {
         vec![
-            hit(
+            log_item(
                 &format!("k{}", i % 1000),
                 1_000_000,
                 60_000,
                 1,
-                HitKind::Consume,
+                ItemKind::Consume,
             ),
-            hit("global", 1_000_000, 60_000, 1, HitKind::Consume),
+            log_item("global", 1_000_000, 60_000, 1, ItemKind::Consume),
         ]
     };
     let n = 5000u64;
@@ -671,10 +685,10 @@ async fn the_memory_estimate_follows_what_redis_reports() {
             .collect();
         let batch: Vec<_> = keys
             .iter()
-            .map(|key| hit(key, 1_000_000, 60_000, 1, HitKind::Consume))
+            .map(|key| log_item(key, 1_000_000, 60_000, 1, ItemKind::Consume))
             .collect();
         for i in 0..n {
-            assert!(at(&l, &batch, T + i).await.admitted);
+            assert!(decide_at(&l, &batch, T + i).await.admitted);
         }
         let mut usage = 0;
         for key in &keys {

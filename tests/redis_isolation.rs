@@ -14,13 +14,13 @@ mod helpers;
 use std::sync::Arc;
 use std::time::Duration;
 
-use helpers::limiter::hit;
+use helpers::limiter::log_item;
 use helpers::{descriptor, request, test_settings, RedisServer, TestServer};
 use redis::AsyncCommands;
 use sluice::decision::FailurePolicy;
 use sluice::limiter::redis::script::{self, CompensateCall, DecideCall};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, LimiterError};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, LimiterError};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// The limiter key of descriptor `k=<value>` in domain `p` under a one-minute limit.
@@ -86,7 +86,7 @@ async fn a_wrong_type_key_fails_only_its_own_requests_in_a_full_batch() {
         };
         tasks.spawn(async move {
             let out = limiter
-                .decide(&[hit(&key, 5, 60_000, 1, HitKind::Consume)], None)
+                .decide(&[log_item(&key, 5, 60_000, 1, ItemKind::Consume)], None)
                 .await;
             (i, key, out)
         });
@@ -252,7 +252,13 @@ async fn an_out_of_memory_redis_refuses_the_script_before_it_writes() {
         let key = format!("big{round}");
         let out = limiter
             .decide(
-                &[hit(&key, 1_000_000, 60_000, 100_000, HitKind::Consume)],
+                &[log_item(
+                    &key,
+                    1_000_000,
+                    60_000,
+                    100_000,
+                    ItemKind::Consume,
+                )],
                 None,
             )
             .await;
@@ -274,7 +280,7 @@ async fn an_out_of_memory_redis_refuses_the_script_before_it_writes() {
             let key = format!("batched{i}");
             let out = limiter
                 .decide(
-                    &[hit(&key, 1_000_000, 60_000, 1_000, HitKind::Consume)],
+                    &[log_item(&key, 1_000_000, 60_000, 1_000, ItemKind::Consume)],
                     None,
                 )
                 .await;
@@ -339,8 +345,8 @@ async fn compensation_runs_on_an_out_of_memory_redis() {
     let mut conn = server.raw().await;
     let script = redis::Script::new(script::SCRIPT);
     let gcra = |hits: u64| {
-        let item = hit("gcra", 10, 60_000, hits, HitKind::Consume);
-        Hit {
+        let item = log_item("gcra", 10, 60_000, hits, ItemKind::Consume);
+        Item {
             algorithm: Algorithm::Gcra { burst: 10 },
             ..item
         }

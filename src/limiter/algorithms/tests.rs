@@ -2,15 +2,15 @@
 //! the facts the Redis script is given (codes, parameters, capacities, key tags).
 
 use super::*;
-use crate::limiter::HitKind;
+use crate::limiter::ItemKind;
 
-fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Hit {
-    Hit {
+fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Item {
+    Item {
         key: "k".into(),
         limit,
         window_ms,
         hits: 1,
-        kind: HitKind::Consume,
+        kind: ItemKind::Consume,
         over_limit: crate::limiter::OverLimit::default(),
         algorithm,
         lease: 0,
@@ -18,7 +18,7 @@ fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Hit {
 }
 
 /// Admits one hit at a time while `count < capacity`; returns the admitted count.
-fn fill(state: &mut State, h: &Hit, now: u64, n: u64) -> u64 {
+fn fill(state: &mut State, h: &Item, now: u64, n: u64) -> u64 {
     let mut admitted = 0;
     for _ in 0..n {
         state.settle(h, now);

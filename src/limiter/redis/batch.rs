@@ -31,14 +31,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::script::{decode_batched_reply, DecideCall};
 use super::{Gauge, Shared};
-use crate::limiter::{BatchOutcome, Hit, LimiterError};
+use crate::limiter::{BatchOutcome, Item, LimiterError};
 
 /// Requests queued per slot beyond which new ones fail fast instead of queueing.
 const QUEUE_CAPACITY: usize = 4096;
 
 /// One request waiting for its call.
 struct Job {
-    items: Vec<Hit>,
+    items: Vec<Item>,
     now: Option<u64>,
     reply: oneshot::Sender<Result<BatchOutcome, LimiterError>>,
 }
@@ -86,7 +86,7 @@ impl Queue {
     pub(super) async fn submit(
         &self,
         shared: &Arc<Shared>,
-        batch: &[Hit],
+        batch: &[Item],
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         if self.busy.load(Ordering::Relaxed) == 0 {

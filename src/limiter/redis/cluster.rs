@@ -46,7 +46,7 @@ use super::script::{
 };
 use super::slot::{probe_within_timeout, Slot};
 use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
-use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use crate::limiter::{Algorithm, BatchOutcome, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
 const SLOTS: u16 = 16384;
@@ -81,7 +81,7 @@ pub fn key_slot(key: &str) -> u16 {
 }
 
 /// Batch indices grouped by slot, each group in batch order.
-fn slot_groups(batch: &[Hit]) -> Vec<Vec<usize>> {
+fn slot_groups(batch: &[Item]) -> Vec<Vec<usize>> {
     let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for (i, hit) in batch.iter().enumerate() {
         groups.entry(key_slot(&hit.key)).or_default().push(i);
@@ -107,7 +107,7 @@ fn not_executed(e: &RedisError) -> bool {
 /// The count drops by exactly those hits for every algorithm. The reset is unchanged (the
 /// compensated hits were the newest; a fixed or sliding window keeps its start), except that a
 /// log, quantized log or GCRA key left empty reports a whole window, as an empty key does.
-fn without_undone(item: KeyOutcome, hit: &Hit, undone: u64) -> KeyOutcome {
+fn without_undone(item: KeyOutcome, hit: &Item, undone: u64) -> KeyOutcome {
     let count = item.count.saturating_sub(undone);
     let empty_resets = !matches!(
         hit.algorithm,
@@ -196,15 +196,15 @@ impl ClusterLimiter {
     async fn eval(
         &self,
         conn: &ClusterConnection,
-        batch: &[Hit],
+        batch: &[Item],
         indices: Vec<usize>,
         now: Option<u64>,
         mode: Mode,
     ) -> Result<Part, LimiterError> {
-        let mut hits: Vec<Hit> = indices.iter().map(|&i| batch[i].clone()).collect();
+        let mut hits: Vec<Item> = indices.iter().map(|&i| batch[i].clone()).collect();
         if mode == Mode::Refund {
-            for hit in hits.iter_mut().filter(|h| h.kind != HitKind::Refund) {
-                hit.kind = HitKind::Shadow;
+            for hit in hits.iter_mut().filter(|h| h.kind != ItemKind::Refund) {
+                hit.kind = ItemKind::Shadow;
                 hit.hits = 0;
             }
         }
@@ -214,17 +214,17 @@ impl ClusterLimiter {
                     // "At least one quota item passes" spans every group: here each quota item
                     // is checked and recorded like a shadow item, and `run` applies the rule to
                     // them all.
-                    HitKind::Quota => hit.kind = HitKind::Shadow,
+                    ItemKind::Quota => hit.kind = ItemKind::Shadow,
                     // A refund may only apply once every group admitted, and cannot be taken
                     // back exactly; here it is a check-only probe that records nothing but
                     // brings the key to `now` (log evictions persist, as in one script) and
                     // reports its state, which is the refund's outcome if the request is
                     // rejected.
-                    HitKind::Refund => {
-                        hit.kind = HitKind::Shadow;
+                    ItemKind::Refund => {
+                        hit.kind = ItemKind::Shadow;
                         hit.hits = 0;
                     }
-                    HitKind::Consume | HitKind::Shadow => {}
+                    ItemKind::Consume | ItemKind::Shadow => {}
                 }
             }
         }
@@ -248,7 +248,7 @@ impl ClusterLimiter {
         let (mut outcome, undo) = decode_reply_with_undo(&reply, hits.len())?;
         for (item, &i) in outcome.items.iter_mut().zip(&indices) {
             // A refund item passes whatever its probe saw.
-            item.passed |= batch[i].kind == HitKind::Refund;
+            item.passed |= batch[i].kind == ItemKind::Refund;
         }
         Ok(Part {
             indices,
@@ -261,7 +261,7 @@ impl ClusterLimiter {
     async fn undo(
         &self,
         conn: &ClusterConnection,
-        batch: &[Hit],
+        batch: &[Item],
         part: &Part,
         now: Option<u64>,
     ) -> Result<(), LimiterError> {
@@ -285,7 +285,7 @@ impl ClusterLimiter {
 
     /// Decides `batch`: one script call when its keys share a slot, else the phases of the
     /// module doc.
-    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+    async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         if batch.is_empty() {
             return Ok(BatchOutcome::from_backend(true, Vec::new()));
         }
@@ -315,7 +315,7 @@ impl ClusterLimiter {
     async fn check(
         &self,
         conn: &ClusterConnection,
-        batch: &[Hit],
+        batch: &[Item],
         groups: &[Vec<usize>],
         now: Option<u64>,
     ) -> (Vec<Result<Part, LimiterError>>, bool) {
@@ -327,12 +327,12 @@ impl ClusterLimiter {
             .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
         // quota_mode across groups: some quota item must have passed somewhere. None passed
         // means none recorded, so the compensation only undoes the consume items.
-        if admitted && batch.iter().any(|h| h.kind == HitKind::Quota) {
+        if admitted && batch.iter().any(|h| h.kind == ItemKind::Quota) {
             admitted = parts.iter().flatten().any(|p| {
                 p.indices
                     .iter()
                     .zip(&p.outcome.items)
-                    .any(|(&i, item)| batch[i].kind == HitKind::Quota && item.passed)
+                    .any(|(&i, item)| batch[i].kind == ItemKind::Quota && item.passed)
             });
         }
         (parts, admitted)
@@ -344,7 +344,7 @@ impl ClusterLimiter {
     async fn finish_admitted(
         &self,
         conn: &ClusterConnection,
-        batch: &[Hit],
+        batch: &[Item],
         groups: &[Vec<usize>],
         checked: Vec<Result<Part, LimiterError>>,
         now: Option<u64>,
@@ -352,7 +352,7 @@ impl ClusterLimiter {
         let refunds = groups.iter().filter(|g| has_refunds(batch, g)).map(|g| {
             let refunded = |key: &str| {
                 g.iter()
-                    .any(|&j| batch[j].kind == HitKind::Refund && batch[j].key == key)
+                    .any(|&j| batch[j].kind == ItemKind::Refund && batch[j].key == key)
             };
             let idx: Vec<usize> = g
                 .iter()
@@ -383,7 +383,7 @@ impl ClusterLimiter {
     async fn finish_rejected(
         &self,
         conn: &ClusterConnection,
-        batch: &[Hit],
+        batch: &[Item],
         groups: &[Vec<usize>],
         checked: Vec<Result<Part, LimiterError>>,
         now: Option<u64>,
@@ -428,20 +428,20 @@ impl ClusterLimiter {
 }
 
 /// Whether the group at `indices` has a refund item.
-fn has_refunds(batch: &[Hit], indices: &[usize]) -> bool {
-    indices.iter().any(|&i| batch[i].kind == HitKind::Refund)
+fn has_refunds(batch: &[Item], indices: &[usize]) -> bool {
+    indices.iter().any(|&i| batch[i].kind == ItemKind::Refund)
 }
 
 /// Whether the group at `indices` has refund items only (phase 1 does not send it).
-fn only_refunds(batch: &[Hit], indices: &[usize]) -> bool {
-    indices.iter().all(|&i| batch[i].kind == HitKind::Refund)
+fn only_refunds(batch: &[Item], indices: &[usize]) -> bool {
+    indices.iter().all(|&i| batch[i].kind == ItemKind::Refund)
 }
 
 #[async_trait]
 impl Limiter for ClusterLimiter {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         self.run(batch, now_ms).await
@@ -459,7 +459,7 @@ impl Limiter for ClusterLimiter {
         .await
     }
 
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "redis-cluster"
     }
 }
@@ -485,12 +485,12 @@ mod tests {
 
     #[test]
     fn groups_keep_batch_order() {
-        let hit = |key: &str| Hit {
+        let hit = |key: &str| Item {
             key: key.into(),
             limit: 1,
             window_ms: 1,
             hits: 1,
-            kind: HitKind::Consume,
+            kind: ItemKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,

@@ -45,7 +45,7 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
+use super::{BackendStats, BatchOutcome, Item, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
 use script::{decode_reply, DecideCall, SCRIPT};
 
@@ -167,7 +167,7 @@ impl RedisLimiter {
         self.next.fetch_add(1, Ordering::Relaxed) % self.shared.slots.len()
     }
 
-    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+    async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         if batch.is_empty() {
             return Ok(BatchOutcome::from_backend(true, Vec::new()));
         }
@@ -184,7 +184,7 @@ impl Shared {
     pub(super) async fn call_one(
         &self,
         slot: usize,
-        batch: &[Hit],
+        batch: &[Item],
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         let mut evalsha = self.evalsha(1);
@@ -311,7 +311,7 @@ pub(crate) fn map_error(e: &RedisError) -> LimiterError {
 impl Limiter for RedisLimiter {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         self.run(batch, now_ms).await
@@ -348,7 +348,7 @@ impl Limiter for RedisLimiter {
         .await
     }
 
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "redis"
     }
 

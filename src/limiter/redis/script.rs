@@ -20,7 +20,7 @@
 //! the scripts do with them (steps, data layout in Redis, log members).
 //! `scripts/ci/lua-lint.sh` runs luacheck over them.
 
-use crate::limiter::{Algorithm, BatchOutcome, HitKind, KeyOutcome, LimiterError, OverLimit};
+use crate::limiter::{Algorithm, BatchOutcome, ItemKind, KeyOutcome, LimiterError, OverLimit};
 use redis::Value;
 
 mod call;
@@ -208,10 +208,10 @@ pub const LUA_HEADER: &str = lua_header!();
 /// (`admitted`, 0 or 1), then per item at its `REPLY_*` offsets `passed` (0 or 1), `count` (what
 /// counts against the item's capacity after the decision), `reset_ms` (as the reference models
 /// define it, [`crate::limiter::algorithms`]) and `undo`: 0 when the item added nothing, else a
-/// token below 2^53 from which [`COMPENSATE`] takes the item's hits back (its form per
-/// algorithm: `log_add` in `lua/decide.lua`, `record` in `lua/models.lua`). Malformed arguments give an error reply starting
-/// with `sluice:` before any key is touched, and a log key whose members would wrap onto live
-/// ones gives one before anything is written (it takes about 7.4 million live entries).
+/// token below 2^53 from which [`COMPENSATE`] takes the item's hits back (its form per algorithm:
+/// `log_add` in `lua/decide.lua`, `record` in `lua/models.lua`). Malformed arguments give an error
+/// reply starting with `sluice:` before any key is touched, and a log key whose members would wrap
+/// onto live ones gives one before anything is written (it takes about 7.4 million live entries).
 ///
 /// Batched call (several requests in one call, see the `batch` module): `ARGV[1]` is
 /// [`BATCHED`], `ARGV[2]` the clock as above, `ARGV[3]` the number of requests `G`,
@@ -261,12 +261,12 @@ pub const SCRIPT_SHEBANG: &str = script_shebang!();
 pub const COMPENSATE_SHEBANG: &str = compensate_shebang!();
 
 /// The code of an item kind in `ARGV` (`KIND_*`).
-pub const fn kind_code(kind: HitKind) -> &'static str {
+pub const fn kind_code(kind: ItemKind) -> &'static str {
     match kind {
-        HitKind::Consume => KIND_CONSUME,
-        HitKind::Shadow => KIND_SHADOW,
-        HitKind::Refund => KIND_REFUND,
-        HitKind::Quota => KIND_QUOTA,
+        ItemKind::Consume => KIND_CONSUME,
+        ItemKind::Shadow => KIND_SHADOW,
+        ItemKind::Refund => KIND_REFUND,
+        ItemKind::Quota => KIND_QUOTA,
     }
 }
 

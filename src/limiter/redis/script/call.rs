@@ -8,7 +8,7 @@ use super::{
     ARG_LIMIT, ARG_OVER_LIMIT, ARG_PARAM, ARG_WINDOW_MS, BATCHED, MAX_EXACT, UNDO_ARGS_PER_KEY,
     UNDO_ARG_ALGORITHM, UNDO_ARG_HITS, UNDO_ARG_TOKEN, UNDO_ARG_WINDOW_MS,
 };
-use crate::limiter::{Algorithm, Hit};
+use crate::limiter::{Algorithm, Item};
 
 /// The clock argument: the explicit clock in ms, or empty for Redis `TIME`.
 fn now_arg(now: Option<u64>) -> String {
@@ -31,8 +31,9 @@ impl ToRedisArgs for Arg<'_> {
     }
 }
 
-/// One batch item's [`ARGS_PER_ITEM`](super::ARGS_PER_ITEM) arguments in a [`SCRIPT`](super::SCRIPT) call, as sent: every number is
-/// capped at [`MAX_EXACT`](super::MAX_EXACT) (limits and the parameter one below, see there).
+/// One batch item's [`ARGS_PER_ITEM`](super::ARGS_PER_ITEM) arguments in a
+/// [`SCRIPT`](super::SCRIPT) call, as sent: every number is capped at
+/// [`MAX_EXACT`](super::MAX_EXACT) (limits and the parameter one below, see there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItemArgs {
     /// `ARG_LIMIT`: the limit (GCRA: the rate per window).
@@ -53,24 +54,24 @@ pub struct ItemArgs {
 }
 
 impl ItemArgs {
-    /// The arguments of `hit`.
-    pub fn of(hit: &Hit) -> Self {
-        let param = match hit.algorithm {
+    /// The arguments of `item`.
+    pub fn of(item: &Item) -> Self {
+        let param = match item.algorithm {
             Algorithm::QuantizedLog { quantum_ms } => quantum_ms,
             Algorithm::Gcra { burst } => burst,
-            Algorithm::InFlight => hit.lease,
+            Algorithm::InFlight => item.lease,
             Algorithm::SlidingLog | Algorithm::SlidingCounter | Algorithm::FixedWindow => 0,
         };
         // Limits cap one below hits, so that a clamped huge `hits` still fails like the
         // original, and still counts as at least any limit for later items on the key.
         ItemArgs {
-            limit: hit.limit.min(MAX_EXACT - 1),
-            window_ms: hit.window_ms.min(MAX_EXACT),
-            hits: hit.hits.min(MAX_EXACT),
-            kind: kind_code(hit.kind),
-            algorithm: algorithm_code(hit.algorithm),
+            limit: item.limit.min(MAX_EXACT - 1),
+            window_ms: item.window_ms.min(MAX_EXACT),
+            hits: item.hits.min(MAX_EXACT),
+            kind: kind_code(item.kind),
+            algorithm: algorithm_code(item.algorithm),
             param: param.min(MAX_EXACT - 1),
-            over_limit: over_limit_code(hit.over_limit),
+            over_limit: over_limit_code(item.over_limit),
         }
     }
 
@@ -88,19 +89,19 @@ impl ItemArgs {
     }
 }
 
-/// A [`SCRIPT`](super::SCRIPT) call: the `KEYS` and `ARGV` of one request, or of several (a batched call), in
-/// the layout documented there. Every caller of the script builds its call here: the limiters,
-/// and the tests and benchmarks that call the script directly.
+/// A [`SCRIPT`](super::SCRIPT) call: the `KEYS` and `ARGV` of one request, or of several (a batched
+/// call), in the layout documented there. Every caller of the script builds its call here: the
+/// limiters, and the tests and benchmarks that call the script directly.
 #[derive(Debug, Clone)]
 pub struct DecideCall<'a> {
     clock: String,
     batched: bool,
-    requests: Vec<&'a [Hit]>,
+    requests: Vec<&'a [Item]>,
 }
 
 impl<'a> DecideCall<'a> {
     /// The call of one request on the clock `now` (`None`: Redis `TIME`).
-    pub fn single(items: &'a [Hit], now: Option<u64>) -> Self {
+    pub fn single(items: &'a [Item], now: Option<u64>) -> Self {
         DecideCall {
             clock: now_arg(now),
             batched: false,
@@ -109,7 +110,7 @@ impl<'a> DecideCall<'a> {
     }
 
     /// A batched call of `requests`, decided one after the other on the clock `now`.
-    pub fn batched(requests: Vec<&'a [Hit]>, now: Option<u64>) -> Self {
+    pub fn batched(requests: Vec<&'a [Item]>, now: Option<u64>) -> Self {
         DecideCall {
             clock: now_arg(now),
             batched: true,
@@ -126,7 +127,7 @@ impl<'a> DecideCall<'a> {
         }
     }
 
-    fn items(&self) -> impl Iterator<Item = &'a Hit> + '_ {
+    fn items(&self) -> impl Iterator<Item = &'a Item> + '_ {
         self.requests.iter().flat_map(|request| request.iter())
     }
 
@@ -142,8 +143,8 @@ impl<'a> DecideCall<'a> {
         } else {
             arg(Arg::Text(&self.clock));
         }
-        for hit in self.items() {
-            for value in ItemArgs::of(hit).argv() {
+        for item in self.items() {
+            for value in ItemArgs::of(item).argv() {
                 arg(value);
             }
         }
@@ -154,8 +155,8 @@ impl<'a> DecideCall<'a> {
     pub fn write(&self, evalsha: &mut redis::Cmd) {
         let keys: usize = self.requests.iter().map(|request| request.len()).sum();
         evalsha.arg(keys);
-        for hit in self.items() {
-            evalsha.arg(hit.key.as_str());
+        for item in self.items() {
+            evalsha.arg(item.key.as_str());
         }
         self.each_arg(|value| {
             evalsha.arg(value);
@@ -173,8 +174,8 @@ impl<'a> DecideCall<'a> {
     /// The call as an invocation of `script`, which loads it on `NOSCRIPT`.
     pub fn invocation<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {
         let mut invocation = script.prepare_invoke();
-        for hit in self.items() {
-            invocation.key(hit.key.as_str());
+        for item in self.items() {
+            invocation.key(item.key.as_str());
         }
         self.each_arg(|value| {
             invocation.arg(value);
@@ -183,16 +184,17 @@ impl<'a> DecideCall<'a> {
     }
 }
 
-/// A [`COMPENSATE`](super::COMPENSATE) call: the items to take back, each with the undo token its [`SCRIPT`](super::SCRIPT) call
-/// returned, on that call's clock.
+/// A [`COMPENSATE`](super::COMPENSATE) call: the items to take back, each with the undo token its
+/// [`SCRIPT`](super::SCRIPT) call returned, on that call's clock.
 #[derive(Debug, Clone)]
 pub struct CompensateCall<'a> {
     clock: String,
-    undo: Vec<(&'a Hit, u64)>,
+    undo: Vec<(&'a Item, u64)>,
 }
 
 impl<'a> CompensateCall<'a> {
-    /// A call on the clock `now` the [`SCRIPT`](super::SCRIPT) calls were sent with, taking nothing back yet.
+    /// A call on the clock `now` the [`SCRIPT`](super::SCRIPT) calls were sent with, taking nothing
+    /// back yet.
     pub fn new(now: Option<u64>) -> Self {
         CompensateCall {
             clock: now_arg(now),
@@ -200,9 +202,10 @@ impl<'a> CompensateCall<'a> {
         }
     }
 
-    /// Adds `hit`, to which its [`SCRIPT`](super::SCRIPT) call answered undo token `token` (non-zero).
-    pub fn undo(&mut self, hit: &'a Hit, token: u64) -> &mut Self {
-        self.undo.push((hit, token));
+    /// Adds `item`, to which its [`SCRIPT`](super::SCRIPT) call answered undo token `token`
+    /// (non-zero).
+    pub fn undo(&mut self, item: &'a Item, token: u64) -> &mut Self {
+        self.undo.push((item, token));
         self
     }
 
@@ -212,12 +215,12 @@ impl<'a> CompensateCall<'a> {
     }
 
     /// One key's values in `ARGV` order, each at its `UNDO_ARG_*` offset.
-    fn argv(hit: &Hit, token: u64) -> [Arg<'static>; UNDO_ARGS_PER_KEY] {
+    fn argv(item: &Item, token: u64) -> [Arg<'static>; UNDO_ARGS_PER_KEY] {
         let mut argv = [Arg::Number(0); UNDO_ARGS_PER_KEY];
-        argv[UNDO_ARG_ALGORITHM - 1] = Arg::Text(algorithm_code(hit.algorithm));
+        argv[UNDO_ARG_ALGORITHM - 1] = Arg::Text(algorithm_code(item.algorithm));
         argv[UNDO_ARG_TOKEN - 1] = Arg::Number(token);
-        argv[UNDO_ARG_HITS - 1] = Arg::Number(hit.hits.min(MAX_EXACT));
-        argv[UNDO_ARG_WINDOW_MS - 1] = Arg::Number(hit.window_ms.min(MAX_EXACT));
+        argv[UNDO_ARG_HITS - 1] = Arg::Number(item.hits.min(MAX_EXACT));
+        argv[UNDO_ARG_WINDOW_MS - 1] = Arg::Number(item.window_ms.min(MAX_EXACT));
         argv
     }
 
@@ -225,10 +228,10 @@ impl<'a> CompensateCall<'a> {
     pub fn invocation<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {
         let mut invocation = script.prepare_invoke();
         invocation.arg(self.clock.as_str());
-        for &(hit, token) in &self.undo {
+        for &(item, token) in &self.undo {
             invocation
-                .key(hit.key.as_str())
-                .arg(&Self::argv(hit, token)[..]);
+                .key(item.key.as_str())
+                .arg(&Self::argv(item, token)[..]);
         }
         invocation
     }

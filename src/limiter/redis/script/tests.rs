@@ -1,7 +1,7 @@
 //! Unit tests of script.rs: the generated header, the codes Rust sends, the reply decoding.
 
 use super::*;
-use crate::limiter::{Algorithm, Hit, HitKind, OverLimit};
+use crate::limiter::{Algorithm, Item, ItemKind, OverLimit};
 use std::collections::BTreeSet;
 
 /// Each line of the generated header is `local NAME = <Lua literal>`: an integer the scripts
@@ -56,22 +56,22 @@ fn codes_are_distinct() {
     let codes: BTreeSet<_> = over_limits.into_iter().map(over_limit_code).collect();
     assert_eq!(codes.len(), over_limits.len());
     let kinds = [
-        HitKind::Consume,
-        HitKind::Shadow,
-        HitKind::Refund,
-        HitKind::Quota,
+        ItemKind::Consume,
+        ItemKind::Shadow,
+        ItemKind::Refund,
+        ItemKind::Quota,
     ];
     let codes: BTreeSet<_> = kinds.into_iter().map(kind_code).collect();
     assert_eq!(codes.len(), kinds.len());
 }
 
-fn gcra_quota() -> Hit {
-    Hit {
+fn gcra_quota() -> Item {
+    Item {
         key: "k".into(),
         limit: u64::MAX,
         window_ms: 60_000,
         hits: 1,
-        kind: HitKind::Quota,
+        kind: ItemKind::Quota,
         over_limit: OverLimit::Record,
         algorithm: Algorithm::Gcra { burst: 3 },
         lease: 9,
@@ -82,7 +82,7 @@ fn gcra_quota() -> Hit {
 #[test]
 fn the_parameter_is_the_algorithms() {
     let with = |algorithm| {
-        ItemArgs::of(&Hit {
+        ItemArgs::of(&Item {
             algorithm,
             ..gcra_quota()
         })

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use sluice::descriptor::{limiter_key_tagged, Entry};
 use sluice::limiter::redis::script::{DecideCall, SCRIPT};
-use sluice::limiter::{Algorithm, Hit, HitKind, OverLimit};
+use sluice::limiter::{Algorithm, Item, ItemKind, OverLimit};
 
 const WINDOW_MS: u64 = 60_000;
 /// Aligned on the window, so the fixed and sliding counters fill one window.
@@ -87,12 +87,12 @@ fn key(user: &str, algorithm: Algorithm) -> String {
 
 /// One single-item EVALSHA of one consume hit, on the clock `now` (`None`: Redis TIME).
 fn call(sha: &str, key: &str, now: Option<u64>, limit: u64, algorithm: Algorithm) -> redis::Cmd {
-    let hit = Hit {
+    let hit = Item {
         key: key.to_string(),
         limit,
         window_ms: WINDOW_MS,
         hits: 1,
-        kind: HitKind::Consume,
+        kind: ItemKind::Consume,
         over_limit: OverLimit::default(),
         algorithm,
         lease: 0,
