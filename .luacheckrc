@@ -9,17 +9,27 @@ read_globals = {"redis", "KEYS", "ARGV"}
 -- Each script is assembled by src/limiter/redis/script.rs: the header it generates from its Rust
 -- constants, shared.lua, then the script's own files (models.lua and decide.lua, or
 -- compensate.lua; in the no-op build of scripts/bench/script-bound.sh, script-bound-noop.lua
--- takes decide.lua's place). luacheck reads one file at a time, so each file is told what the parts
--- before it define, as read-only globals, and a part that defines names for the parts after it
--- that those names are not unused. A unit test of script.rs keeps `header` equal to the
--- generated header.
-local header = {
-  "ARGS_PER_ITEM", "UNDO_ARGS_PER_KEY", "MAX_EXACT", "LOG_MEMBER_FIRST", "LOG_MEMBER_LAST",
-  "LOG_TOTAL_MEMBER", "BATCHED", "KIND_CONSUME", "KIND_SHADOW", "KIND_REFUND", "KIND_QUOTA",
-  "ALGORITHM_SLIDING_LOG", "ALGORITHM_QUANTIZED_LOG", "ALGORITHM_SLIDING_COUNTER",
-  "ALGORITHM_GCRA", "ALGORITHM_FIXED_WINDOW", "ALGORITHM_IN_FLIGHT", "OVER_LIMIT_REFUSE",
-  "OVER_LIMIT_FILL", "OVER_LIMIT_RECORD",
-}
+-- takes decide.lua's place). luacheck reads one file at a time, so each file is told what the
+-- parts before it define, as read-only globals, and a part that defines names for the parts
+-- after it that those names are not unused.
+
+-- The header's names, read from script.rs as scripts/bench/assemble-script.py reads them: each
+-- `NAME: type = value;` line of its `shared_with_lua!` block (a unit test of script.rs holds
+-- this reading to the generated header). Paths are relative to the repository's root, where
+-- scripts/ci/lua-lint.sh runs luacheck.
+local function header_names(path)
+  local file = assert(io.open(path), ".luacheckrc: cannot read " .. path)
+  local source = file:read("*a")
+  file:close()
+  local block = assert(source:match("\nshared_with_lua! {\n(.-)\n}\n"),
+    ".luacheckrc: no shared_with_lua! block in " .. path)
+  local names = {}
+  for name in ("\n" .. block):gmatch("\n%s*([A-Z_]+): ") do names[#names + 1] = name end
+  assert(#names > 0, ".luacheckrc: no constant in the shared_with_lua! block of " .. path)
+  return names
+end
+
+local header = header_names("src/limiter/redis/script.rs")
 local shared = {
   "LOG_MEMBERS", "TOKEN_MEMBER", "TOKEN_SCORE", "MEMBERS_PER_COMMAND", "format_number",
   "format_integer", "floor_div", "encode_value", "decode_value", "read_clock",

@@ -461,21 +461,21 @@ mod tests {
     #[test]
     fn the_backend_follows_the_settings() {
         let memory = backend(&BackendSettings::default()).unwrap();
-        assert_eq!(memory.backend(), "memory");
+        assert_eq!(memory.name(), "memory");
         let redis = |url: &str| BackendSettings {
             redis: Some(RedisOptions::new(url)),
             ..BackendSettings::default()
         };
         // Built without connecting: nothing listens there.
         let standalone = backend(&redis("redis://127.0.0.1:1")).unwrap();
-        assert_eq!(standalone.backend(), "redis");
+        assert_eq!(standalone.name(), "redis");
         let cluster = backend(&redis("redis+cluster://127.0.0.1:1,127.0.0.1:2")).unwrap();
-        assert_eq!(cluster.backend(), "redis-cluster");
+        assert_eq!(cluster.name(), "redis-cluster");
         let err = backend(&redis("localhost:6379")).err().expect("no scheme");
         assert!(err.to_string().contains("the scheme is missing"), "{err}");
         let sentinel =
             backend(&redis("redis+sentinel://127.0.0.1:1,127.0.0.1:2/mymaster")).unwrap();
-        assert_eq!(sentinel.backend(), "redis");
+        assert_eq!(sentinel.name(), "redis");
         let mut waiting = redis("redis+cluster://127.0.0.1:1");
         if let Some(options) = waiting.redis.as_mut() {
             options.wait_replicas = 1;

@@ -13,10 +13,10 @@ use crate::config::{
 };
 use crate::decision::{self, CurrentLimit, Descriptor, Outcome, Request, Resolution};
 use crate::descriptor::Entry;
-use crate::limiter::{Algorithm, Hit, OverLimit};
+use crate::limiter::{Algorithm, Item, OverLimit};
 
 /// A limit as people say it: `3 per minute`, or `3 in flight (lease 60000 ms)`.
-fn limit_text(requests_per_unit: u32, unit: crate::config::Unit, hit: &Hit) -> String {
+fn limit_text(requests_per_unit: u32, unit: crate::config::Unit, hit: &Item) -> String {
     match hit.algorithm {
         Algorithm::InFlight => {
             format!("{requests_per_unit} in flight (lease {} ms)", hit.window_ms)
@@ -26,7 +26,7 @@ fn limit_text(requests_per_unit: u32, unit: crate::config::Unit, hit: &Hit) -> S
 }
 
 /// How the limiter counts a key: `(sliding_log, window 60000 ms)`, `(in_flight, lease ...)`.
-fn counting_text(hit: &Hit) -> String {
+fn counting_text(hit: &Item) -> String {
     let span = match hit.algorithm {
         Algorithm::InFlight => "lease",
         _ => "window",

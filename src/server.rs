@@ -360,9 +360,9 @@ async fn probe_backend(
     metrics::record_backend_up(up);
     if readiness.set_backend_up(up) || first {
         match &result {
-            Ok(()) => tracing::info!(backend = limiter.backend(), "backend reachable: serving"),
+            Ok(()) => tracing::info!(backend = limiter.name(), "backend reachable: serving"),
             Err(err) => tracing::warn!(
-                backend = limiter.backend(),
+                backend = limiter.name(),
                 error = %err,
                 "backend unreachable: not serving"
             ),

@@ -5,13 +5,29 @@ revision has one, the Lua header of script.rs's shared constants (`local NAME = 
 shared.lua, models.lua and decide.lua. For A/B runs of scripts/bench/script-cost.sh and
 scripts/bench/weight-cost.sh against an earlier version.
 
-Usage: assemble-script.py [REV]    (run from the repository root)
+Also the ARGV of one item for a given script (`item_argv`), each value at the offset that
+script's header names, so that the benchmarks call every revision's script in its own layout.
+
+Usage (run from the repository root):
+  assemble-script.py [REV]
+  assemble-script.py --item-argv SCRIPT_FILE limit=N window_ms=N hits=N [param=N]
+                     [kind=KIND_*] [algorithm=ALGORITHM_*] [over_limit=OVER_LIMIT_*]
 """
 import re
 import subprocess
 import sys
 
 LUA = "src/limiter/redis/lua/"
+
+# An item's arguments in the order of scripts whose header does not name their offsets (no
+# ARG_*), and the codes of scripts whose header does not name them either.
+POSITIONAL = ["ARG_LIMIT", "ARG_WINDOW_MS", "ARG_HITS", "ARG_KIND", "ARG_ALGORITHM", "ARG_PARAM",
+              "ARG_OVER_LIMIT"]
+CODES = {"KIND_CONSUME": "c", "KIND_SHADOW": "s", "KIND_REFUND": "r", "KIND_QUOTA": "q",
+         "ALGORITHM_SLIDING_LOG": "l", "ALGORITHM_QUANTIZED_LOG": "q",
+         "ALGORITHM_SLIDING_COUNTER": "s", "ALGORITHM_GCRA": "g", "ALGORITHM_FIXED_WINDOW": "f",
+         "ALGORITHM_IN_FLIGHT": "i", "OVER_LIMIT_REFUSE": "n", "OVER_LIMIT_FILL": "f",
+         "OVER_LIMIT_RECORD": "a"}
 
 
 def source(path, rev):
@@ -34,5 +50,47 @@ def assemble(rev=""):
         source(LUA + f, rev) for f in ("shared.lua", "models.lua", "decide.lua"))
 
 
+def header(script):
+    """The constants of a script's generated header: numbers as int, codes as str (none for a
+    script without the header)."""
+    constants = {}
+    lines = script.split("-- Generated from the constants", 1)[-1].splitlines()[1:]
+    for line in lines:
+        found = re.fullmatch(r"local ([A-Z_]+) = (.+)", line)
+        if not found:
+            break
+        name, value = found.groups()
+        constants[name] = value.strip('"') if value.startswith('"') else int(value)
+    return constants
+
+
+def item_argv(script, limit, window_ms, hits, kind="KIND_CONSUME",
+              algorithm="ALGORITHM_SLIDING_LOG", param=0, over_limit="OVER_LIMIT_FILL"):
+    """One item's ARGV values for `script` (its text), each at the ARG_* offset its header names;
+    `kind`, `algorithm` and `over_limit` name codes of the header. A script whose header names no
+    offsets takes them in POSITIONAL order, cut to its ARGS_PER_ITEM (scripts from before
+    `over_limit` take 6)."""
+    constants = header(script)
+    code = lambda name: constants.get(name, CODES[name])
+    values = {"ARG_LIMIT": limit, "ARG_WINDOW_MS": window_ms, "ARG_HITS": hits,
+              "ARG_KIND": code(kind), "ARG_ALGORITHM": code(algorithm), "ARG_PARAM": param,
+              "ARG_OVER_LIMIT": code(over_limit)}
+    per_item = constants.get("ARGS_PER_ITEM", len(POSITIONAL))
+    argv = [None] * per_item
+    for position, name in enumerate(POSITIONAL):
+        at = constants.get(name, position + 1)
+        if at <= per_item:
+            argv[at - 1] = values[name]
+    if None in argv:
+        raise SystemExit(f"assemble-script.py: the script takes an item argument unknown here: {argv}")
+    return argv
+
+
 if __name__ == "__main__":
-    sys.stdout.write(assemble(sys.argv[1] if len(sys.argv) > 1 else ""))
+    if len(sys.argv) > 1 and sys.argv[1] == "--item-argv":
+        with open(sys.argv[2]) as f:
+            text = f.read()
+        fields = dict(arg.split("=", 1) for arg in sys.argv[3:])
+        print(" ".join(str(v) for v in item_argv(text, **fields)))
+    else:
+        sys.stdout.write(assemble(sys.argv[1] if len(sys.argv) > 1 else ""))

@@ -118,13 +118,16 @@ kill "$SLUICE_PID"
 # Redis ceiling: the same script, EVALSHA straight from redis-benchmark (TIME clock, 10,000
 # random keys, limit never reached), unpipelined and pipelined. CPU of both processes counted.
 redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
-SHA="$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$("$BIN/sluice-bench" --print-lua-script)")"
+"$BIN/sluice-bench" --print-lua-script >"$OUT/script.lua"
+SHA="$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$OUT/script.lua")")"
+read -ra ITEM <<<"$(python3 scripts/bench/assemble-script.py --item-argv "$OUT/script.lua" \
+  limit=1000000 window_ms=3600000 hits=1)"
 for pipeline in 1 16; do
   name="redis-evalsha-P$pipeline"
   echo "== $name" >&2
   python3 - "$REDIS_PID" "$OUT/$name.json" redis-benchmark -p "$REDIS_PORT" -n "$RB_N" \
     -c "$CONC" -P "$pipeline" -r 10000 --csv \
-    EVALSHA "$SHA" 1 "sluice:{bench|user=v__rand_int__|3600000}" "" 1000000 3600000 1 c l 0 f <<'EOF'
+    EVALSHA "$SHA" 1 "sluice:{bench|user=v__rand_int__|3600000}" "" "${ITEM[@]}" <<'EOF'
 # Runs redis-benchmark, records its rate and the CPU seconds of it and of redis-server.
 import json, resource, subprocess, sys, csv, io
 redis_pid, out, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]

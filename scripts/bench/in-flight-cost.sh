@@ -29,18 +29,22 @@ port = int(sys.argv[1])
 sys.path.insert(0, "scripts/bench")
 from importlib import import_module
 assemble = import_module("assemble-script").assemble
+item_argv = import_module("assemble-script").item_argv
 Redis = import_module("resp").Redis
 
 r = Redis(port)
 r.log_every_call()
 T0, LEASE, ROUNDS = 1_700_000_040_000, 60_000, 1000
 KEY = "sluice:{edge|client=c42|60000|if}"
-sha = r("SCRIPT", "LOAD", assemble(""))
+script = assemble("")
+sha = r("SCRIPT", "LOAD", script)
 
 def call(now, limit, kind, token):
     """One item; returns (admitted, µs of this EVALSHA in SLOWLOG)."""
     r("SLOWLOG", "RESET")
-    reply = r("EVALSHA", sha, 1, KEY, now, limit, LEASE, 1, kind, "i", token, "n")
+    item = item_argv(script, limit, LEASE, 1, kind=kind, algorithm="ALGORITHM_IN_FLIGHT",
+                     param=token, over_limit="OVER_LIMIT_REFUSE")
+    reply = r("EVALSHA", sha, 1, KEY, now, *item)
     us = [e[2] for e in r("SLOWLOG", "GET", "-1") if e[3][0].upper() == "EVALSHA"]
     return reply[0], us[0]
 
@@ -51,19 +55,19 @@ for limit in (10, 100, 1000):
     now, held = T0, []
     for _ in range(limit):
         token = random.randrange(1, 1 << 52)
-        assert call(now, limit, "c", token)[0] == 1
+        assert call(now, limit, "KIND_CONSUME", token)[0] == 1
         held.append(token)
         now += 1
     size = r("MEMORY", "USAGE", KEY, "SAMPLES", "0")
     admit, release, refuse = [], [], []
     for _ in range(ROUNDS):
-        release.append(call(now, limit, "r", held.pop(0))[1])
+        release.append(call(now, limit, "KIND_REFUND", held.pop(0))[1])
         token = random.randrange(1, 1 << 52)
-        admitted, us = call(now, limit, "c", token)
+        admitted, us = call(now, limit, "KIND_CONSUME", token)
         assert admitted == 1
         admit.append(us)
         held.append(token)
-        admitted, us = call(now, limit, "c", random.randrange(1, 1 << 52))
+        admitted, us = call(now, limit, "KIND_CONSUME", random.randrange(1, 1 << 52))
         assert admitted == 0
         refuse.append(us)
         now += 1

@@ -1,17 +1,16 @@
 -- The no-op decide script of scripts/bench/script-bound.sh: it replaces
 -- src/limiter/redis/lua/decide.lua in a throwaway build, decides nothing, touches no key, and
 -- answers every request with a well-formed "admitted" reply (the layout of `SCRIPT` in
--- src/limiter/redis/script.rs): unbatched {1, then 1, 0, 1000 per item, then 0 per item};
--- batched (ARGV[1] == BATCHED) one such reply per request. Like decide.lua, it comes after the
--- generated header, shared.lua and models.lua.
+-- src/limiter/redis/script.rs): unbatched {1, then per item passed 1, count 0, reset_ms 1000,
+-- undo 0}; batched (ARGV[1] == BATCHED) one such reply per request. Like decide.lua, it comes
+-- after the generated header, shared.lua and models.lua.
 
 local function admitted(n)
   local reply = {1}
   for i = 1, n do
-    reply[3 * i - 1], reply[3 * i], reply[3 * i + 1] = 1, 0, 1000
-  end
-  for i = 1, n do
-    reply[1 + 3 * n + i] = 0
+    local at = REPLY_HEAD + REPLY_PER_ITEM * (i - 1)
+    reply[at + REPLY_PASSED], reply[at + REPLY_COUNT] = 1, 0
+    reply[at + REPLY_RESET_MS], reply[at + REPLY_UNDO] = 1000, 0
   end
   return reply
 end

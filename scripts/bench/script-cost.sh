@@ -43,22 +43,25 @@ VG_PID=$!; PIDS+=("$VG_PID")
 for _ in $(seq 1 300); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sleep 0.1; done
 
 CALLS=2000
-# Writes the RESP-encoded call sequence of a scenario (same seed, same keys every time).
-commands() { # sha scenario args-per-item
+# Writes the RESP-encoded call sequence of a scenario (same seed, same keys every time) for the
+# script in `file`, each item in that script's own layout (assemble-script.py's item_argv).
+commands() { # sha scenario file
   python3 - "$1" "$2" "$CALLS" "$3" "${WEIGHT:-1}" <<'EOF'
 import random, sys
-sha, scenario, calls, per_item = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4] or 7)
-weight = sys.argv[5]
+sys.path.insert(0, "scripts/bench")
+from importlib import import_module
+item_argv = import_module("assemble-script").item_argv
+sha, scenario, calls, weight = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
+with open(sys.argv[4]) as f:
+    script = f.read()
 rnd, out = random.Random(7), sys.stdout.buffer
 def send(args):
     out.write(b"*%d\r\n" % len(args))
     for a in args:
-        a = a.encode()
+        a = str(a).encode()
         out.write(b"$%d\r\n%s\r\n" % (len(a), a))
-# An item's arguments, cut to the script's layout (ARGS_PER_ITEM: scripts before the
-# over_limit argument take 6).
-log = ["1000000000000", "3600000", weight, "c", "l", "0", "f"][:per_item]
-fixed = ["1000000", "3600000", "1", "c", "f", "0", "f"][:per_item]
+log = item_argv(script, "1000000000000", "3600000", weight)
+fixed = item_argv(script, "1000000", "3600000", "1", algorithm="ALGORITHM_FIXED_WINDOW")
 for _ in range(calls // 8 if scenario == "batch8" else calls):
     key = lambda prefix, n=200: "%s:%d" % (prefix, rnd.randrange(n))
     if scenario in ("log", "empty"):
@@ -77,8 +80,7 @@ EOF
 measure() { # file scenario
   local sha
   sha="$(redis-cli -p "$PORT" SCRIPT LOAD "$(cat "$1")")"
-  commands "$sha" "$2" "$(sed -n 's/^local ARGS_PER_ITEM = \([0-9]*\)$/\1/p' "$1" | head -1)" \
-    >"$WORK/calls.resp"
+  commands "$sha" "$2" "$1" >"$WORK/calls.resp"
   redis-cli -p "$PORT" FLUSHALL >/dev/null
   redis-cli -p "$PORT" --pipe <"$WORK/calls.resp" >/dev/null
   callgrind_control --zero "$VG_PID" >/dev/null 2>&1

@@ -27,12 +27,13 @@ source scripts/bench/bench-lib.sh
 
 start_redis
 python3 - "$REDIS_PORT" "${1:-}" <<'EOF'
-import re, statistics, sys
+import statistics, sys
 
 port, rev = int(sys.argv[1]), sys.argv[2]
 sys.path.insert(0, "scripts/bench")
 from importlib import import_module
 assemble = import_module("assemble-script").assemble
+item_argv = import_module("assemble-script").item_argv
 Redis = import_module("resp").Redis
 
 r = Redis(port)
@@ -43,8 +44,7 @@ def run(script, weight, calls, spacing, limit):
     """`calls` requests of `weight` on one key: (median µs, total µs, members, bytes, admitted)."""
     r("FLUSHALL")
     sha = r("SCRIPT", "LOAD", script)
-    per_item = int(re.search(r"local ARGS_PER_ITEM = (\d+)", script).group(1))
-    item = [limit, WINDOW, weight, "c", "l", 0, "f"][:per_item]
+    item = item_argv(script, limit, WINDOW, weight)
     r("SLOWLOG", "RESET")
     admitted = 0
     for i in range(calls):
@@ -61,8 +61,7 @@ def fresh_keys(script, weight, keys):
     key)."""
     r("FLUSHALL")
     sha = r("SCRIPT", "LOAD", script)
-    per_item = int(re.search(r"local ARGS_PER_ITEM = (\d+)", script).group(1))
-    item = [10**12, WINDOW, weight, "c", "l", 0, "f"][:per_item]
+    item = item_argv(script, 10**12, WINDOW, weight)
     r("SLOWLOG", "RESET")
     for i in range(keys):
         r("EVALSHA", sha, 1, f"k{i}", T0, *item)

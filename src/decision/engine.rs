@@ -13,7 +13,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, HeaderPolicy, Rule};
-use crate::limiter::{Algorithm, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use crate::limiter::{Algorithm, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
 
 use super::limits::{validate_with, InvalidRequest};
 use super::resolve::{resolve, Resolution};
@@ -139,16 +139,16 @@ impl Engine {
 
         // The keys move into the batch (no copy); each verdict takes its key back from it, in
         // the same order (a descriptor's limit, then its stacked limits).
-        let mut batch: Vec<Hit> = Vec::with_capacity(plans.len());
+        let mut batch: Vec<Item> = Vec::with_capacity(plans.len());
         let mut lease = None;
         for plan in &mut plans {
             if let Resolution::Limited { hit, stacked, .. } = plan {
                 for hit in std::iter::once(hit).chain(stacked.iter_mut().map(|(_, h)| h)) {
-                    if hit.algorithm == Algorithm::InFlight && hit.kind != HitKind::Refund {
+                    if hit.algorithm == Algorithm::InFlight && hit.kind != ItemKind::Refund {
                         // One token per request, on every key it leases.
                         hit.lease = *lease.get_or_insert_with(|| self.leases.next());
                     }
-                    batch.push(Hit {
+                    batch.push(Item {
                         key: std::mem::take(&mut hit.key),
                         ..*hit
                     });
@@ -157,7 +157,7 @@ impl Engine {
         }
         let hits = batch
             .iter()
-            .filter(|h| h.kind != HitKind::Refund)
+            .filter(|h| h.kind != ItemKind::Refund)
             .fold(0u64, |acc, h| acc.saturating_add(h.hits));
         let outcome = if batch.is_empty() {
             None
@@ -179,7 +179,7 @@ impl Engine {
             && outcome.iter().any(|o| {
                 batch.iter().zip(&o.items).any(|(hit, item)| {
                     hit.algorithm == Algorithm::InFlight
-                        && hit.kind != HitKind::Refund
+                        && hit.kind != ItemKind::Refund
                         && hit.hits > 0
                         && item.passed
                 })
@@ -233,20 +233,20 @@ impl Engine {
         &self,
         rule: Option<&Rule>,
         limit: CurrentLimit,
-        hit: Hit,
+        hit: Item,
         headers: HeaderPolicy,
         item: &KeyOutcome,
         admitted: bool,
     ) -> Verdict {
         let (code, outcome) = match (hit.kind, item.passed, admitted) {
-            (HitKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
-            (HitKind::Refund, _, false) => (Code::Ok, Outcome::NotRecorded),
-            (HitKind::Shadow, false, _) if self.options.shadow_mode => {
+            (ItemKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
+            (ItemKind::Refund, _, false) => (Code::Ok, Outcome::NotRecorded),
+            (ItemKind::Shadow, false, _) if self.options.shadow_mode => {
                 (Code::OverLimit, Outcome::ShadowRejected)
             }
-            (HitKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
+            (ItemKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
             // quota_mode: over its own limit, but another quota descriptor let the request in.
-            (HitKind::Quota, false, true) => (Code::Ok, Outcome::QuotaExhausted),
+            (ItemKind::Quota, false, true) => (Code::Ok, Outcome::QuotaExhausted),
             (_, false, _) => (Code::OverLimit, Outcome::Rejected),
             (_, true, true) => (Code::Ok, Outcome::Admitted),
             (_, true, false) => (Code::Ok, Outcome::NotRecorded),
@@ -307,7 +307,7 @@ fn fallback(
                 rule, limit, hit, ..
             } => {
                 let (code, outcome) = match (policy, hit.kind) {
-                    (FailurePolicy::Deny, HitKind::Consume) => {
+                    (FailurePolicy::Deny, ItemKind::Consume) => {
                         (Code::OverLimit, Outcome::BackendDenied)
                     }
                     (FailurePolicy::Deny, _) => (Code::Ok, Outcome::BackendDenied),

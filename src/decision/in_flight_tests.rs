@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::test_support::{config, req, Recording};
 use super::{split_lease, Code, Decision, Engine, Outcome, Request, LEASE_KEY};
 use crate::descriptor::Entry;
-use crate::limiter::{Algorithm, HitKind};
+use crate::limiter::{Algorithm, ItemKind};
 
 const YAML: &str = "
 domain: d
@@ -114,8 +114,8 @@ async fn stacked_limits_split_refunds_by_lease() {
             .map(|h| (h.algorithm, h.kind, h.lease))
             .collect()
     };
-    assert_eq!(sent(1), [(Algorithm::InFlight, HitKind::Refund, token)]);
-    assert_eq!(sent(2), [(Algorithm::SlidingLog, HitKind::Refund, 0)]);
+    assert_eq!(sent(1), [(Algorithm::InFlight, ItemKind::Refund, token)]);
+    assert_eq!(sent(2), [(Algorithm::SlidingLog, ItemKind::Refund, 0)]);
 }
 
 /// A decision names a lease only when its request was admitted and one of its `in_flight`

@@ -1,6 +1,6 @@
 //! Rule resolution: each descriptor of a request, against one config snapshot, becomes either a
 //! verdict settled without the backend (unknown domain, no rule, whitelist, `unlimited`, a limit
-//! dropped by `replaces`) or the limits it counts against and the limiter [`Hit`]s they need.
+//! dropped by `replaces`) or the limits it counts against and the limiter [`Item`]s they need.
 //!
 //! Why apart from the engine: this is the part of envoyproxy/ratelimit's semantics that needs
 //! no backend (overrides, stacked limits, shadow and quota modes, `share_threshold` keys,
@@ -13,7 +13,7 @@ use crate::config::{
     Config, HeaderPolicy, LimitAlgorithm, LimitSpec, Lookup, OverLimitSetting, Rule,
 };
 use crate::descriptor::{limiter_key_tagged, Entry};
-use crate::limiter::{Algorithm, Hit, HitKind, OverLimit};
+use crate::limiter::{Algorithm, Item, ItemKind, OverLimit};
 
 use super::types::{CurrentLimit, Descriptor, EngineOptions, Outcome, Request, Verdict, LEASE_KEY};
 
@@ -24,11 +24,11 @@ pub enum Resolution<'c> {
     Limited {
         rule: Option<&'c Rule>,
         limit: CurrentLimit,
-        hit: Hit,
+        hit: Item,
         headers: HeaderPolicy,
         /// Stacked limits after the first (`rate_limits`): each its own key; the descriptor is
         /// admitted only if all admit, and its verdict reports the tightest.
-        stacked: Vec<(CurrentLimit, Hit)>,
+        stacked: Vec<(CurrentLimit, Item)>,
     },
 }
 
@@ -70,10 +70,10 @@ pub fn split_lease(entries: &[Entry]) -> (&[Entry], Option<u64>) {
 /// Whether a descriptor's limit counted by `algorithm` takes part: a refund naming a lease
 /// releases it on the `in_flight` limits and touches no other; any other item leaves leases
 /// alone only when it is a refund without a lease (which would release nothing).
-fn applies(algorithm: Algorithm, kind: HitKind, lease: Option<u64>) -> bool {
+fn applies(algorithm: Algorithm, kind: ItemKind, lease: Option<u64>) -> bool {
     match (kind, lease) {
-        (HitKind::Refund, Some(_)) => algorithm == Algorithm::InFlight,
-        (HitKind::Refund, None) => algorithm != Algorithm::InFlight,
+        (ItemKind::Refund, Some(_)) => algorithm == Algorithm::InFlight,
+        (ItemKind::Refund, None) => algorithm != Algorithm::InFlight,
         _ => true,
     }
 }
@@ -96,10 +96,10 @@ fn resolve_descriptor<'c>(
     };
     let kind = hit_kind(descriptor, rule, options);
     let headers = match kind {
-        HitKind::Consume | HitKind::Quota => {
+        ItemKind::Consume | ItemKind::Quota => {
             rule.map_or_else(|| config.domain_headers(&request.domain), |r| r.headers)
         }
-        HitKind::Shadow | HitKind::Refund => HeaderPolicy::default(),
+        ItemKind::Shadow | ItemKind::Refund => HeaderPolicy::default(),
     };
     let hits = descriptor.hits_addend.unwrap_or(request_hits(request));
     let over_limit = over_limit_of(rule.map_or_else(OverLimitSetting::default, |r| r.over_limit));
@@ -116,7 +116,7 @@ fn resolve_descriptor<'c>(
                 limit.window_ms,
                 &key_tag(algorithm, i),
             );
-            let hit = Hit {
+            let hit = Item {
                 key,
                 limit: u64::from(limit.requests_per_unit),
                 window_ms: limit.window_ms,
@@ -125,7 +125,7 @@ fn resolve_descriptor<'c>(
                 over_limit,
                 algorithm,
                 // A refund's lease; a recording item's is the request's, set by the engine.
-                lease: if kind == HitKind::Refund {
+                lease: if kind == ItemKind::Refund {
                     lease.unwrap_or(0)
                 } else {
                     0
@@ -195,15 +195,15 @@ fn limits_of(
 
 /// How the descriptor's hits treat their keys: a refund, shadow mode (global or the rule's),
 /// `quota_mode`, or plain consumption.
-fn hit_kind(descriptor: &Descriptor, rule: Option<&Rule>, options: &EngineOptions) -> HitKind {
+fn hit_kind(descriptor: &Descriptor, rule: Option<&Rule>, options: &EngineOptions) -> ItemKind {
     if descriptor.negative {
-        HitKind::Refund
+        ItemKind::Refund
     } else if options.shadow_mode || rule.is_some_and(|r| r.shadow_mode) {
-        HitKind::Shadow
+        ItemKind::Shadow
     } else if rule.is_some_and(|r| r.quota_mode) {
-        HitKind::Quota
+        ItemKind::Quota
     } else {
-        HitKind::Consume
+        ItemKind::Consume
     }
 }
 

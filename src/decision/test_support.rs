@@ -10,7 +10,7 @@ use super::{Descriptor, Engine, EngineOptions, Request};
 use crate::config::Config;
 use crate::descriptor::Entry;
 use crate::limiter::memory::MemoryLimiter;
-use crate::limiter::{BatchOutcome, Clock, Hit, Limiter, LimiterError};
+use crate::limiter::{BatchOutcome, Clock, Item, Limiter, LimiterError};
 
 pub struct FixedClock(pub u64);
 
@@ -24,7 +24,7 @@ impl Clock for FixedClock {
 /// kept for inspection.
 pub struct Recording {
     pub inner: MemoryLimiter,
-    pub batches: Mutex<Vec<Vec<Hit>>>,
+    pub batches: Mutex<Vec<Vec<Item>>>,
     /// The `now` of each call, in the order of `batches`.
     pub nows: Mutex<Vec<Option<u64>>>,
 }
@@ -41,7 +41,7 @@ impl Recording {
 
 #[async_trait]
 impl Limiter for Recording {
-    async fn decide(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+    async fn decide(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         self.batches.lock().unwrap().push(batch.to_vec());
         self.nows.lock().unwrap().push(now);
         self.inner.decide(batch, now).await
@@ -49,7 +49,7 @@ impl Limiter for Recording {
     async fn ping(&self) -> Result<(), LimiterError> {
         Ok(())
     }
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "recording"
     }
 }

@@ -32,7 +32,7 @@
 //! - [`Algorithm::FixedWindow`]: envoyproxy/ratelimit's counter per `floor(now / window)`. O(1).
 //!   Admits up to twice the limit across a window boundary.
 //! - [`Algorithm::InFlight`]: leases, not a rate: an admitted item holds one lease named by its
-//!   token ([`Hit::lease`]) until a refund naming that token releases it or `window_ms` (the
+//!   token ([`Item::lease`]) until a refund naming that token releases it or `window_ms` (the
 //!   lease) has passed ([`Leases`]). `count` is the live leases, `reset_ms` the time until the
 //!   oldest expires. It counts requests, not hits (an item's hits count as at most 1) and a
 //!   refused item never holds a lease, whatever its [`super::OverLimit`]. O(requests in
@@ -46,7 +46,7 @@
 
 use super::leases::Leases;
 use super::log::Log;
-use super::Hit;
+use super::Item;
 
 /// How a limit counts. Part of the limiter key (see [`Algorithm::key_tag`]), so one key is
 /// only ever used with one algorithm.
@@ -79,28 +79,6 @@ impl Algorithm {
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::InFlight => "in_flight",
-        }
-    }
-
-    /// The one-letter code the Redis script dispatches on (its `ALGORITHM_*` constants in
-    /// `redis/script.rs`, which a test holds equal to these).
-    pub const fn code(self) -> &'static str {
-        match self {
-            Algorithm::SlidingLog => "l",
-            Algorithm::QuantizedLog { .. } => "q",
-            Algorithm::SlidingCounter => "s",
-            Algorithm::Gcra { .. } => "g",
-            Algorithm::FixedWindow => "f",
-            Algorithm::InFlight => "i",
-        }
-    }
-
-    /// The algorithm's parameter as the script takes it (quantum, burst; 0 otherwise).
-    pub const fn param(self) -> u64 {
-        match self {
-            Algorithm::QuantizedLog { quantum_ms } => quantum_ms,
-            Algorithm::Gcra { burst } => burst,
-            _ => 0,
         }
     }
 
@@ -249,7 +227,7 @@ impl State {
     }
 
     /// Brings the state to `now`. Idempotent at one `now`, and never moves backwards.
-    pub fn settle(&mut self, hit: &Hit, now: u64) {
+    pub fn settle(&mut self, hit: &Item, now: u64) {
         let w = hit.window_ms.max(1);
         match (self, hit.algorithm) {
             (State::Log(log), Algorithm::QuantizedLog { quantum_ms }) => {
@@ -286,7 +264,7 @@ impl State {
     }
 
     /// What counts against the capacity at `now` (after [`State::settle`]).
-    pub fn count(&self, hit: &Hit, now: u64) -> u64 {
+    pub fn count(&self, hit: &Item, now: u64) -> u64 {
         let w = hit.window_ms.max(1);
         match self {
             State::Log(log) => log.count(),
@@ -301,7 +279,7 @@ impl State {
 
     /// Milliseconds until the count drops (exactly, except for the sliding counter, where it is
     /// the end of the current fixed window); `window_ms` for an empty log or bucket.
-    pub fn reset_ms(&self, hit: &Hit, now: u64) -> u64 {
+    pub fn reset_ms(&self, hit: &Item, now: u64) -> u64 {
         let w = hit.window_ms.max(1);
         match (self, hit.algorithm) {
             (State::Log(log), Algorithm::QuantizedLog { quantum_ms }) => {
@@ -329,7 +307,7 @@ impl State {
 
     /// Records `hits` hits at `now` (after [`State::settle`]): for the sliding log one entry of
     /// that weight, for leases the lease of the item's token.
-    pub fn record(&mut self, hit: &Hit, now: u64, hits: u64) {
+    pub fn record(&mut self, hit: &Item, now: u64, hits: u64) {
         let w = hit.window_ms.max(1);
         match (self, hit.algorithm) {
             (State::Log(log), Algorithm::QuantizedLog { quantum_ms }) => {
@@ -351,7 +329,7 @@ impl State {
 
     /// Gives back up to `hits` at `now` (after [`State::settle`]), newest first; for leases,
     /// releases the lease of the item's token (none for token 0).
-    pub fn refund(&mut self, hit: &Hit, now: u64, hits: u64) {
+    pub fn refund(&mut self, hit: &Item, now: u64, hits: u64) {
         let w = hit.window_ms.max(1);
         match self {
             State::Log(log) => log.refund(hits),

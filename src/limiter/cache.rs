@@ -56,7 +56,7 @@ use crate::sync::lock;
 use async_trait::async_trait;
 
 use super::{
-    AnsweredBy, BatchOutcome, Clock, Hit, HitKind, KeyOutcome, Limiter, LimiterError, OverLimit,
+    AnsweredBy, BatchOutcome, Clock, Item, ItemKind, KeyOutcome, Limiter, LimiterError, OverLimit,
 };
 
 /// Default number of cached keys.
@@ -106,7 +106,7 @@ impl RejectionCache {
     }
 
     /// The outcome when the cache proves the batch is rejected, else `None`.
-    fn certain_rejection(&self, batch: &[Hit], now: u64) -> Option<BatchOutcome> {
+    fn certain_rejection(&self, batch: &[Item], now: u64) -> Option<BatchOutcome> {
         let entries = lock(&self.entries);
         let mut rejected = false;
         let items = batch
@@ -124,11 +124,11 @@ impl RejectionCache {
                         } else {
                             e.count.saturating_add(hit.hits) > hit.capacity()
                         };
-                        if fails && hit.kind == HitKind::Consume {
+                        if fails && hit.kind == ItemKind::Consume {
                             rejected = true;
                         }
                         KeyOutcome {
-                            passed: hit.kind == HitKind::Refund || !fails,
+                            passed: hit.kind == ItemKind::Refund || !fails,
                             count: e.count,
                             reset_ms: e.until_ms - now,
                         }
@@ -153,11 +153,11 @@ impl RejectionCache {
             let alone = || {
                 batch
                     .iter()
-                    .filter(|h| h.key == hit.key && h.kind != HitKind::Refund)
+                    .filter(|h| h.key == hit.key && h.kind != ItemKind::Refund)
                     .count()
                     == 1
             };
-            hit.kind == HitKind::Refund
+            hit.kind == ItemKind::Refund
                 || hit.hits == 0
                 || match hit.over_limit {
                     OverLimit::Refuse => true,
@@ -173,10 +173,10 @@ impl RejectionCache {
     }
 
     /// Learns from the backend's outcome of a call sent at `sent_at`.
-    fn learn(&self, batch: &[Hit], outcome: &BatchOutcome, sent_at: u64) {
+    fn learn(&self, batch: &[Item], outcome: &BatchOutcome, sent_at: u64) {
         let mut entries = lock(&self.entries);
         for (hit, item) in batch.iter().zip(&outcome.items) {
-            if hit.kind == HitKind::Refund {
+            if hit.kind == ItemKind::Refund {
                 continue;
             }
             if !hit.algorithm.rejection_is_stable() {
@@ -205,7 +205,7 @@ impl RejectionCache {
         }
     }
 
-    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+    async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         let sent_at = now.unwrap_or_else(|| self.clock.now_ms());
         if self.capacity > 0 {
             if let Some(outcome) = self.certain_rejection(batch, sent_at) {
@@ -213,7 +213,7 @@ impl RejectionCache {
                 return Ok(outcome);
             }
             let mut entries = lock(&self.entries);
-            for hit in batch.iter().filter(|h| h.kind == HitKind::Refund) {
+            for hit in batch.iter().filter(|h| h.kind == ItemKind::Refund) {
                 entries.remove(&hit.key);
             }
         }
@@ -241,7 +241,7 @@ fn evict(entries: &mut HashMap<String, Entry>, now: u64) {
 impl Limiter for RejectionCache {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         self.run(batch, now_ms).await
@@ -251,8 +251,8 @@ impl Limiter for RejectionCache {
         self.inner.ping().await
     }
 
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 
     fn stats(&self) -> Option<super::BackendStats> {
@@ -294,7 +294,7 @@ mod tests {
     impl Limiter for Counting {
         async fn decide(
             &self,
-            batch: &[Hit],
+            batch: &[Item],
             now: Option<u64>,
         ) -> Result<BatchOutcome, LimiterError> {
             self.calls.fetch_add(1, Ordering::Relaxed);
@@ -303,7 +303,7 @@ mod tests {
         async fn ping(&self) -> Result<(), LimiterError> {
             Ok(())
         }
-        fn backend(&self) -> &'static str {
+        fn name(&self) -> &'static str {
             "counting"
         }
     }
@@ -317,8 +317,8 @@ mod tests {
         (cache, inner)
     }
 
-    fn hit(key: &str, limit: u64, hits: u64, kind: HitKind) -> Hit {
-        Hit {
+    fn hit(key: &str, limit: u64, hits: u64, kind: ItemKind) -> Item {
+        Item {
             key: key.into(),
             limit,
             window_ms: 1000,
@@ -335,7 +335,7 @@ mod tests {
     #[tokio::test]
     async fn flood_on_a_full_key_reaches_the_backend_once_until_the_oldest_entry_leaves() {
         let (cache, inner) = setup(100);
-        let b = [hit("k", 2, 1, HitKind::Consume)];
+        let b = [hit("k", 2, 1, ItemKind::Consume)];
         assert!(cache.decide(&b, Some(T)).await.unwrap().admitted);
         assert!(cache.decide(&b, Some(T + 100)).await.unwrap().admitted);
         assert_eq!(inner.calls.load(Ordering::Relaxed), 2);
@@ -363,9 +363,9 @@ mod tests {
         let (cache, inner) = setup(100);
         let calls = || inner.calls.load(Ordering::Relaxed);
         // A full sliding counter: its estimate decays continuously, so never answered here.
-        let s = [Hit {
+        let s = [Item {
             algorithm: Algorithm::SlidingCounter,
-            ..hit("s", 1, 1, HitKind::Consume)
+            ..hit("s", 1, 1, ItemKind::Consume)
         }];
         assert!(cache.decide(&s, Some(T)).await.unwrap().admitted);
         for i in 1..4 {
@@ -374,9 +374,9 @@ mod tests {
         }
         assert!(cache.is_empty());
         // GCRA at 1 per second with a burst of 3: full only at 3 tokens, not at the rate.
-        let g = [Hit {
+        let g = [Item {
             algorithm: Algorithm::Gcra { burst: 3 },
-            ..hit("g", 1, 1, HitKind::Consume)
+            ..hit("g", 1, 1, ItemKind::Consume)
         }];
         let before = calls();
         for i in 0..3 {
@@ -406,36 +406,36 @@ mod tests {
         // Full at 2 of limit 2, but a probe with a bigger limit, a shadow item and another
         // window on the same key are not certain to fail.
         cache
-            .decide(&[hit("k", 2, 2, HitKind::Consume)], Some(T))
+            .decide(&[hit("k", 2, 2, ItemKind::Consume)], Some(T))
             .await
             .unwrap();
         let calls = || inner.calls.load(Ordering::Relaxed);
         assert!(
             cache
-                .decide(&[hit("k", 3, 1, HitKind::Consume)], Some(T + 1))
+                .decide(&[hit("k", 3, 1, ItemKind::Consume)], Some(T + 1))
                 .await
                 .unwrap()
                 .admitted
         );
         assert_eq!(calls(), 2);
         let shadow = [
-            hit("k", 1, 1, HitKind::Shadow),
-            hit("x", 5, 1, HitKind::Consume),
+            hit("k", 1, 1, ItemKind::Shadow),
+            hit("x", 5, 1, ItemKind::Consume),
         ];
         assert!(cache.decide(&shadow, Some(T + 2)).await.unwrap().admitted);
         assert_eq!(calls(), 3);
         // A two-item request with one certain rejection is local, and records nothing.
         let both = [
-            hit("y", 5, 1, HitKind::Consume),
-            hit("k", 3, 1, HitKind::Consume),
+            hit("y", 5, 1, ItemKind::Consume),
+            hit("k", 3, 1, ItemKind::Consume),
         ];
         assert!(!cache.decide(&both, Some(T + 4)).await.unwrap().admitted);
         assert_eq!(calls(), 3);
-        let mut other_window = hit("k", 3, 1, HitKind::Consume);
+        let mut other_window = hit("k", 3, 1, ItemKind::Consume);
         other_window.window_ms = 2000;
         cache.decide(&[other_window], Some(T + 5)).await.unwrap();
         assert_eq!(calls(), 4);
-        let probe = [hit("y", 5, 0, HitKind::Consume)];
+        let probe = [hit("y", 5, 0, ItemKind::Consume)];
         assert_eq!(
             cache.decide(&probe, Some(T + 5)).await.unwrap().items[0].count,
             0
@@ -448,9 +448,9 @@ mod tests {
     async fn rejections_that_record_reach_the_backend() {
         let (cache, inner) = setup(100);
         let calls = || inner.calls.load(Ordering::Relaxed);
-        let refuse = |hits| Hit {
+        let refuse = |hits| Item {
             over_limit: OverLimit::Refuse,
-            ..hit("k", 10, hits, HitKind::Consume)
+            ..hit("k", 10, hits, ItemKind::Consume)
         };
         cache.decide(&[refuse(8)], Some(T)).await.unwrap();
         // 8 + 3 > 10 under refuse: rejected and cached at 8 of 10, then answered here (refuse
@@ -459,19 +459,19 @@ mod tests {
             let out = cache.decide(&[refuse(3)], Some(now)).await.unwrap();
             assert_eq!((out.admitted, calls()), (false, 2));
         }
-        let record = Hit {
+        let record = Item {
             over_limit: OverLimit::Record,
-            ..hit("k", 10, 1, HitKind::Consume)
+            ..hit("k", 10, 1, ItemKind::Consume)
         };
         // Certainly rejected, but 2 of room would be filled: the backend fills it.
         let out = cache
-            .decide(&[hit("k", 10, 4, HitKind::Consume)], Some(T + 3))
+            .decide(&[hit("k", 10, 4, ItemKind::Consume)], Some(T + 3))
             .await
             .unwrap();
         assert_eq!((out.admitted, out.items[0].count, calls()), (false, 10, 3));
         // Full now: a fill and a probe record nothing, a record item records.
         let out = cache
-            .decide(&[hit("k", 10, 4, HitKind::Consume)], Some(T + 4))
+            .decide(&[hit("k", 10, 4, ItemKind::Consume)], Some(T + 4))
             .await
             .unwrap();
         assert_eq!((out.answered_by, calls()), (AnsweredBy::LocalCache, 3));
@@ -483,16 +483,16 @@ mod tests {
     async fn a_refund_through_this_instance_drops_the_entry() {
         let (cache, inner) = setup(100);
         cache
-            .decide(&[hit("k", 2, 2, HitKind::Consume)], Some(T))
+            .decide(&[hit("k", 2, 2, ItemKind::Consume)], Some(T))
             .await
             .unwrap();
         let refund = [
-            hit("k", 2, 1, HitKind::Refund),
-            hit("z", 9, 1, HitKind::Consume),
+            hit("k", 2, 1, ItemKind::Refund),
+            hit("z", 9, 1, ItemKind::Consume),
         ];
         assert!(cache.decide(&refund, Some(T + 1)).await.unwrap().admitted);
         let out = cache
-            .decide(&[hit("k", 2, 1, HitKind::Consume)], Some(T + 2))
+            .decide(&[hit("k", 2, 1, ItemKind::Consume)], Some(T + 2))
             .await
             .unwrap();
         assert!(out.admitted);
@@ -505,7 +505,7 @@ mod tests {
         for i in 0..100u64 {
             let key = format!("k{i}");
             cache
-                .decide(&[hit(&key, 1, 1, HitKind::Consume)], Some(T + i))
+                .decide(&[hit(&key, 1, 1, ItemKind::Consume)], Some(T + i))
                 .await
                 .unwrap();
             assert!(cache.len() <= 10);
@@ -528,12 +528,12 @@ mod tests {
         ("counter", Algorithm::SlidingCounter, 900),
     ];
 
-    fn arb_batch() -> impl Strategy<Value = Vec<Hit>> {
+    fn arb_batch() -> impl Strategy<Value = Vec<Item>> {
         let kind = prop_oneof![
-            5 => Just(HitKind::Consume),
-            1 => Just(HitKind::Shadow),
-            1 => Just(HitKind::Refund),
-            1 => Just(HitKind::Quota),
+            5 => Just(ItemKind::Consume),
+            1 => Just(ItemKind::Shadow),
+            1 => Just(ItemKind::Refund),
+            1 => Just(ItemKind::Quota),
         ];
         let over_limit = prop_oneof![
             Just(OverLimit::Fill),
@@ -545,7 +545,7 @@ mod tests {
                 let (key, algorithm, window_ms) = KEYS[k];
                 // A GCRA key keeps its rate, as between reloads (module doc).
                 let limit = if key == "gcra" { 2 } else { limit };
-                Hit {
+                Item {
                     over_limit,
                     algorithm,
                     window_ms,
@@ -584,7 +584,7 @@ mod tests {
                             if !local.passed {
                                 prop_assert_eq!(local, backend, "{:?} in {:?} at {}", hit, batch, now);
                                 prop_assert!(hit.algorithm.rejection_is_stable(), "{:?}", hit);
-                                blocking += usize::from(hit.kind == HitKind::Consume);
+                                blocking += usize::from(hit.kind == ItemKind::Consume);
                             }
                         }
                         prop_assert!(blocking > 0, "no item blocks {:?} at {}", batch, now);

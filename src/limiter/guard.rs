@@ -25,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Semaphore;
 
-use super::{BatchOutcome, Hit, Limiter, LimiterError};
+use super::{BatchOutcome, Item, Limiter, LimiterError};
 
 /// Default per-decision deadline: well under Envoy's 20 ms filter timeout, so sluice answers
 /// (with its failure policy) before Envoy applies its own.
@@ -125,7 +125,7 @@ where
 impl Limiter for Guarded {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         let batch = batch.to_vec();
@@ -138,8 +138,8 @@ impl Limiter for Guarded {
         self.inner.ping().await
     }
 
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 
     fn stats(&self) -> Option<super::BackendStats> {
@@ -150,32 +150,32 @@ impl Limiter for Guarded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::HitKind;
+    use crate::limiter::ItemKind;
 
     /// Never answers until told to.
     struct Hung(tokio::sync::Notify);
 
     #[async_trait]
     impl Limiter for Hung {
-        async fn decide(&self, _: &[Hit], _: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+        async fn decide(&self, _: &[Item], _: Option<u64>) -> Result<BatchOutcome, LimiterError> {
             self.0.notified().await;
             Err(LimiterError::Unavailable("released".into()))
         }
         async fn ping(&self) -> Result<(), LimiterError> {
             Ok(())
         }
-        fn backend(&self) -> &'static str {
+        fn name(&self) -> &'static str {
             "hung"
         }
     }
 
-    fn batch() -> Vec<Hit> {
-        vec![Hit {
+    fn batch() -> Vec<Item> {
+        vec![Item {
             key: "k".into(),
             limit: 1,
             window_ms: 1000,
             hits: 1,
-            kind: HitKind::Consume,
+            kind: ItemKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,

@@ -35,7 +35,7 @@ use async_trait::async_trait;
 
 use super::algorithms::State;
 use super::window::{decide_batch, slots_for};
-use super::{BatchOutcome, Clock, Hit, Limiter, LimiterError};
+use super::{BatchOutcome, Clock, Item, Limiter, LimiterError};
 
 /// Default cap on the number of keys kept in memory.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -48,7 +48,7 @@ pub const SWEEP_EVERY: u64 = 256;
 /// A key's state plus the item it was last used with, which a sweep needs to expire it.
 #[derive(Debug)]
 struct Entry {
-    last_hit: Hit,
+    last_hit: Item,
     state: State,
 }
 
@@ -130,7 +130,7 @@ impl MemoryLimiter {
         (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
     }
 
-    fn decide_sync(&self, batch: &[Hit], now: u64) -> BatchOutcome {
+    fn decide_sync(&self, batch: &[Item], now: u64) -> BatchOutcome {
         let (slots, distinct) = slots_for(batch);
 
         // Shard and first batch item of every distinct key.
@@ -190,7 +190,7 @@ impl MemoryLimiter {
                 make_room(map, now, self.per_shard_cap);
             }
             let key = key.unwrap_or_else(|| hit.key.clone());
-            let last_hit = Hit {
+            let last_hit = Item {
                 key: String::new(),
                 ..*hit
             };
@@ -260,7 +260,7 @@ fn make_room(map: &mut Shard, now: u64, cap: usize) {
 impl Limiter for MemoryLimiter {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         let now_ms = now_ms.unwrap_or_else(|| self.clock.now_ms());
@@ -271,7 +271,7 @@ impl Limiter for MemoryLimiter {
         Ok(())
     }
 
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "memory"
     }
 }
@@ -279,15 +279,15 @@ impl Limiter for MemoryLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{HitKind, SystemClock};
+    use crate::limiter::{ItemKind, SystemClock};
 
-    fn hit(key: &str, limit: u64, hits: u64) -> Hit {
-        Hit {
+    fn hit(key: &str, limit: u64, hits: u64) -> Item {
+        Item {
             key: key.to_string(),
             limit,
             window_ms: 1000,
             hits,
-            kind: HitKind::Consume,
+            kind: ItemKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,

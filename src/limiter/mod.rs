@@ -7,7 +7,7 @@
 //! Two wrappers implement the trait around a shared backend: [`guard`] (per-decision deadline,
 //! bounded in-flight calls) and [`cache`] (local answers for requests certain to be rejected).
 //!
-//! Semantics shared by every backend, for one call with a batch of [`Hit`]s (described for the
+//! Semantics shared by every backend, for one call with a batch of [`Item`]s (described for the
 //! default sliding log; each [`Algorithm`] defines its own `count` and `reset_ms`, see
 //! [`algorithms`], and everything else below holds for all of them):
 //! - An entry recorded at time `t` counts while `now - t < window_ms`. An entry carries a
@@ -48,7 +48,7 @@
 //!   [`OverLimit`]'s take, so their log is what enforcement would keep.
 //! - `Refund` items never reject and ignore [`OverLimit`].
 //! - [`Algorithm::InFlight`] keys hold leases, not hits: a recording item holds the lease of its
-//!   [`Hit::lease`] token (one lease per token and key, however many hits: an item counts at
+//!   [`Item::lease`] token (one lease per token and key, however many hits: an item counts at
 //!   most 1, [`Algorithm::counted_hits`]), a `Refund` item releases the lease of its token and no
 //!   other (token 0 releases nothing), and a lease counts for `window_ms` at most. Its items
 //!   record only what is admitted: [`OverLimit`] takes are 0 for them (a refused request holds
@@ -71,7 +71,7 @@ pub use algorithms::Algorithm;
 
 /// How a batch item treats its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HitKind {
+pub enum ItemKind {
     Consume,
     Shadow,
     Refund,
@@ -103,16 +103,6 @@ impl OverLimit {
             OverLimit::Record => "record",
         }
     }
-
-    /// The code the Redis script dispatches on (its `OVER_LIMIT_*` constants, which a test
-    /// holds equal to these).
-    pub const fn code(self) -> &'static str {
-        match self {
-            OverLimit::Refuse => "n",
-            OverLimit::Fill => "f",
-            OverLimit::Record => "a",
-        }
-    }
 }
 
 /// No key counts more than this (2^52): what an item records is cut so that its key's count
@@ -122,13 +112,13 @@ pub const MAX_COUNT: u64 = 1 << 52;
 
 /// One limiter key's share of a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hit {
+pub struct Item {
     /// Limiter key from [`crate::descriptor::limiter_key`].
     pub key: String,
     pub limit: u64,
     pub window_ms: u64,
     pub hits: u64,
-    pub kind: HitKind,
+    pub kind: ItemKind,
     /// What the item records when it is not recorded as admitted (rejected batch, or a shadow
     /// or quota item over its limit).
     pub over_limit: OverLimit,
@@ -140,7 +130,7 @@ pub struct Hit {
     pub lease: u64,
 }
 
-impl Hit {
+impl Item {
     /// What the key may hold: the limit, or the burst for GCRA.
     pub fn capacity(&self) -> u64 {
         self.algorithm.capacity(self.limit)
@@ -149,15 +139,6 @@ impl Hit {
     /// The hits this item counts with ([`Algorithm::counted_hits`]).
     pub fn counted_hits(&self) -> u64 {
         self.algorithm.counted_hits(self.hits)
-    }
-
-    /// The item's parameter as the Redis script takes it: the quantized log's quantum, GCRA's
-    /// burst, the lease token of `in_flight`; 0 otherwise.
-    pub fn param(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::InFlight => self.lease,
-            other => other.param(),
-        }
     }
 }
 
@@ -270,7 +251,7 @@ pub trait Limiter: Send + Sync {
     /// (tests and property checks). Wrappers pass `now_ms` through unchanged.
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError>;
 
@@ -278,7 +259,7 @@ pub trait Limiter: Send + Sync {
     async fn ping(&self) -> Result<(), LimiterError>;
 
     /// Short backend name for logs and metrics ("memory", "redis").
-    fn backend(&self) -> &'static str;
+    fn name(&self) -> &'static str;
 
     /// Connection and script counters, for backends that have connections (`None` otherwise).
     fn stats(&self) -> Option<BackendStats> {

@@ -15,7 +15,7 @@
 //! - a key is assumed to be used with one window (the window is part of the limiter key).
 
 use super::algorithms::State;
-use super::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, OverLimit, MAX_COUNT};
+use super::{Algorithm, BatchOutcome, Item, ItemKind, KeyOutcome, OverLimit, MAX_COUNT};
 
 /// Whether a `Consume`/`Shadow` item passes, given the key's count in the window and the hits
 /// earlier items of the same batch would record on the same key. Checked arithmetic: `hits` may
@@ -34,7 +34,7 @@ pub fn check(count: u64, earlier: u64, hits: u64, limit: u64) -> bool {
 /// What an item records when it is not recorded as admitted, by its [`OverLimit`]: nothing; as
 /// much of its cost as fits after `seen` if it did not pass; or its whole cost. Never past
 /// [`MAX_COUNT`]. Always nothing for `in_flight`: no request would ever release such a lease.
-pub fn over_limit_take(hit: &Hit, passed: bool, seen: u64, capacity: u64) -> u64 {
+pub fn over_limit_take(hit: &Item, passed: bool, seen: u64, capacity: u64) -> u64 {
     let hits = hit.counted_hits();
     match hit.over_limit {
         _ if hit.algorithm == Algorithm::InFlight => 0,
@@ -75,7 +75,7 @@ struct Plan {
 /// any other state is written back only when an item wrote to it, so a verdict that records
 /// nothing changes nothing observable, not even after a later call with an earlier clock.
 pub fn decide_batch(
-    batch: &[Hit],
+    batch: &[Item],
     slots: &[usize],
     states: &mut [State],
     now: u64,
@@ -97,7 +97,7 @@ pub fn decide_batch(
         }
         state.settle(hit, now);
         let hits = hit.counted_hits();
-        if hit.kind == HitKind::Refund {
+        if hit.kind == ItemKind::Refund {
             plans.push(Plan {
                 passed: true,
                 if_admitted: hits,
@@ -108,7 +108,7 @@ pub fn decide_batch(
         let count = state.count(hit, now);
         let capacity = hit.capacity();
         let passed = check(count, if_admitted[slot], hits, capacity);
-        let admitted_take = if passed || hit.kind == HitKind::Consume {
+        let admitted_take = if passed || hit.kind == ItemKind::Consume {
             hits
         } else {
             over_limit_take(
@@ -127,12 +127,12 @@ pub fn decide_batch(
         if_admitted[slot] = if_admitted[slot].saturating_add(admitted_take);
         if_rejected[slot] = if_rejected[slot].saturating_add(rejected_take);
         match hit.kind {
-            HitKind::Consume => admitted &= passed,
-            HitKind::Quota => {
+            ItemKind::Consume => admitted &= passed,
+            ItemKind::Quota => {
                 any_quota = true;
                 quota_passed |= passed;
             }
-            HitKind::Shadow | HitKind::Refund => {}
+            ItemKind::Shadow | ItemKind::Refund => {}
         }
         plans.push(Plan {
             passed,
@@ -147,7 +147,7 @@ pub fn decide_batch(
     for ((hit, &slot), plan) in batch.iter().zip(slots).zip(&plans) {
         let state = &mut work[slot];
         match hit.kind {
-            HitKind::Refund => {
+            ItemKind::Refund => {
                 if admitted && plan.if_admitted > 0 {
                     state.refund(hit, now, plan.if_admitted);
                     dirty[slot] = true;
@@ -188,7 +188,7 @@ pub fn decide_batch(
 /// Maps each batch item to a slot, one slot per distinct key, in order of first appearance.
 /// Quadratic on purpose: batches are a handful of descriptors, and this allocates nothing but
 /// the result.
-pub fn slots_for(batch: &[Hit]) -> (Vec<usize>, usize) {
+pub fn slots_for(batch: &[Item]) -> (Vec<usize>, usize) {
     let mut slots = Vec::with_capacity(batch.len());
     let mut distinct = 0;
     for (i, hit) in batch.iter().enumerate() {
@@ -208,8 +208,8 @@ pub fn slots_for(batch: &[Hit]) -> (Vec<usize>, usize) {
 mod tests {
     use super::*;
 
-    fn hit(key: &str, limit: u64, hits: u64, kind: HitKind) -> Hit {
-        Hit {
+    fn hit(key: &str, limit: u64, hits: u64, kind: ItemKind) -> Item {
+        Item {
             key: key.to_string(),
             limit,
             window_ms: 1000,
@@ -221,13 +221,13 @@ mod tests {
         }
     }
 
-    fn with(over_limit: OverLimit, h: Hit) -> Hit {
-        Hit { over_limit, ..h }
+    fn with(over_limit: OverLimit, h: Item) -> Item {
+        Item { over_limit, ..h }
     }
 
     /// Keeps logs by key across batches, like the memory backend does.
     fn run(
-        batch: &[Hit],
+        batch: &[Item],
         store: &mut std::collections::HashMap<String, State>,
         now: u64,
     ) -> BatchOutcome {
@@ -262,25 +262,25 @@ mod tests {
     #[test]
     fn sliding_not_fixed_window() {
         let mut logs = std::collections::HashMap::new();
-        let a = run(&[hit("k", 5, 5, HitKind::Consume)], &mut logs, 999);
+        let a = run(&[hit("k", 5, 5, ItemKind::Consume)], &mut logs, 999);
         assert!(a.admitted);
-        let b = run(&[hit("k", 5, 5, HitKind::Consume)], &mut logs, 1001);
+        let b = run(&[hit("k", 5, 5, ItemKind::Consume)], &mut logs, 1001);
         assert!(!b.admitted);
         assert_eq!(b.items[0].count, 5);
         assert_eq!(b.items[0].reset_ms, 998);
-        let c = run(&[hit("k", 5, 5, HitKind::Consume)], &mut logs, 1999);
+        let c = run(&[hit("k", 5, 5, ItemKind::Consume)], &mut logs, 1999);
         assert!(c.admitted);
     }
 
     #[test]
     fn rejected_batch_records_nothing_anywhere() {
         let mut logs = std::collections::HashMap::new();
-        run(&[hit("full", 1, 1, HitKind::Consume)], &mut logs, 0);
+        run(&[hit("full", 1, 1, ItemKind::Consume)], &mut logs, 0);
         let out = run(
             &[
-                hit("free", 5, 1, HitKind::Consume),
-                hit("full", 1, 1, HitKind::Consume),
-                hit("full", 1, 1, HitKind::Refund),
+                hit("free", 5, 1, ItemKind::Consume),
+                hit("full", 1, 1, ItemKind::Consume),
+                hit("full", 1, 1, ItemKind::Refund),
             ],
             &mut logs,
             10,
@@ -298,11 +298,11 @@ mod tests {
     #[test]
     fn same_key_twice_is_cumulative() {
         let mut logs = std::collections::HashMap::new();
-        run(&[hit("k", 10, 4, HitKind::Consume)], &mut logs, 0);
+        run(&[hit("k", 10, 4, ItemKind::Consume)], &mut logs, 0);
         let out = run(
             &[
-                hit("k", 10, 3, HitKind::Consume),
-                hit("k", 10, 3, HitKind::Consume),
+                hit("k", 10, 3, ItemKind::Consume),
+                hit("k", 10, 3, ItemKind::Consume),
             ],
             &mut logs,
             1,
@@ -312,8 +312,8 @@ mod tests {
         assert_eq!(out.items[1].count, 10);
         let out = run(
             &[
-                hit("k", 12, 1, HitKind::Consume),
-                hit("k", 12, 2, HitKind::Consume),
+                hit("k", 12, 1, ItemKind::Consume),
+                hit("k", 12, 2, ItemKind::Consume),
             ],
             &mut logs,
             2,
@@ -329,8 +329,8 @@ mod tests {
         let mut logs = std::collections::HashMap::new();
         let out = run(
             &[
-                hit("c", 5, 1, HitKind::Consume),
-                hit("s", 1, 2, HitKind::Shadow),
+                hit("c", 5, 1, ItemKind::Consume),
+                hit("s", 1, 2, ItemKind::Shadow),
             ],
             &mut logs,
             0,
@@ -339,7 +339,7 @@ mod tests {
         assert!(!out.items[1].passed);
         assert_eq!(out.items[0].count, 1);
         assert_eq!(out.items[1].count, 0);
-        let out = run(&[hit("s", 3, 2, HitKind::Shadow)], &mut logs, 1);
+        let out = run(&[hit("s", 3, 2, ItemKind::Shadow)], &mut logs, 1);
         assert!(out.admitted);
         assert!(out.items[0].passed);
         assert_eq!(out.items[0].count, 2);
@@ -348,11 +348,11 @@ mod tests {
     #[test]
     fn check_only_probe_records_nothing() {
         let mut logs = std::collections::HashMap::new();
-        let out = run(&[hit("k", 1, 0, HitKind::Consume)], &mut logs, 0);
+        let out = run(&[hit("k", 1, 0, ItemKind::Consume)], &mut logs, 0);
         assert!(out.admitted);
         assert_eq!(out.items[0].count, 0);
-        run(&[hit("k", 1, 1, HitKind::Consume)], &mut logs, 0);
-        let out = run(&[hit("k", 1, 0, HitKind::Consume)], &mut logs, 1);
+        run(&[hit("k", 1, 1, ItemKind::Consume)], &mut logs, 0);
+        let out = run(&[hit("k", 1, 0, ItemKind::Consume)], &mut logs, 1);
         assert!(!out.admitted);
         assert_eq!(out.items[0].count, 1);
     }
@@ -362,9 +362,9 @@ mod tests {
     fn quota_items_need_one_that_passes() {
         let mut logs = std::collections::HashMap::new();
         let batch = [
-            hit("qa", 1, 1, HitKind::Quota),
-            hit("qb", 2, 1, HitKind::Quota),
-            hit("qc", 10, 1, HitKind::Consume),
+            hit("qa", 1, 1, ItemKind::Quota),
+            hit("qb", 2, 1, ItemKind::Quota),
+            hit("qc", 10, 1, ItemKind::Consume),
         ];
         let counts = |out: &BatchOutcome| out.items.iter().map(|i| i.count).collect::<Vec<_>>();
         let passed = |out: &BatchOutcome| out.items.iter().map(|i| i.passed).collect::<Vec<_>>();
@@ -380,11 +380,11 @@ mod tests {
         let out = run(&batch, &mut logs, 2);
         assert!(!out.admitted);
         assert_eq!(passed(&out), [false, false, true]);
-        let out = run(&[hit("qc", 10, 0, HitKind::Consume)], &mut logs, 3);
+        let out = run(&[hit("qc", 10, 0, ItemKind::Consume)], &mut logs, 3);
         assert_eq!(out.items[0].count, 2);
         // A lone quota item over its limit rejects; one with room admits.
-        assert!(!run(&[hit("qa", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
-        assert!(run(&[hit("qd", 1, 1, HitKind::Quota)], &mut logs, 4).admitted);
+        assert!(!run(&[hit("qa", 1, 1, ItemKind::Quota)], &mut logs, 4).admitted);
+        assert!(run(&[hit("qd", 1, 1, ItemKind::Quota)], &mut logs, 4).admitted);
     }
 
     /// A batch stores only the keys it wrote: a probe or an empty refund brings nothing to its
@@ -393,31 +393,31 @@ mod tests {
     #[test]
     fn items_that_write_nothing_store_nothing() {
         let mut logs = std::collections::HashMap::new();
-        let fixed = |hits, kind| Hit {
+        let fixed = |hits, kind| Item {
             algorithm: crate::limiter::Algorithm::FixedWindow,
             ..hit("f", 5, hits, kind)
         };
-        assert!(run(&[fixed(2, HitKind::Consume)], &mut logs, 100).admitted);
+        assert!(run(&[fixed(2, ItemKind::Consume)], &mut logs, 100).admitted);
         // The next window: a probe and a refund of nothing, on an admitted batch.
         let out = run(
-            &[fixed(0, HitKind::Consume), fixed(0, HitKind::Refund)],
+            &[fixed(0, ItemKind::Consume), fixed(0, ItemKind::Refund)],
             &mut logs,
             1500,
         );
         assert!(out.admitted);
         assert_eq!(out.items[0].count, 0);
         // Back in the first window: its count is still there.
-        let out = run(&[fixed(0, HitKind::Consume)], &mut logs, 900);
+        let out = run(&[fixed(0, ItemKind::Consume)], &mut logs, 900);
         assert_eq!(out.items[0].count, 2);
     }
 
     #[test]
     fn huge_hits_are_cheap() {
         let mut logs = std::collections::HashMap::new();
-        let out = run(&[hit("k", 10, u64::MAX, HitKind::Consume)], &mut logs, 0);
+        let out = run(&[hit("k", 10, u64::MAX, ItemKind::Consume)], &mut logs, 0);
         assert!(!out.admitted);
         let out = run(
-            &[hit("k", u64::MAX, u64::MAX, HitKind::Consume)],
+            &[hit("k", u64::MAX, u64::MAX, ItemKind::Consume)],
             &mut logs,
             0,
         );
@@ -429,8 +429,9 @@ mod tests {
     #[test]
     fn fill_fills_what_did_not_fit_and_nothing_else() {
         let mut logs = std::collections::HashMap::new();
-        let fill =
-            |key: &str, limit, hits| with(OverLimit::Fill, hit(key, limit, hits, HitKind::Consume));
+        let fill = |key: &str, limit, hits| {
+            with(OverLimit::Fill, hit(key, limit, hits, ItemKind::Consume))
+        };
         run(&[fill("k", 10, 8)], &mut logs, 0);
         // 8 + 4 > 10: rejected, the key filled to 10; the other key fitted and records nothing.
         let out = run(&[fill("other", 10, 1), fill("k", 10, 4)], &mut logs, 1);
@@ -453,7 +454,7 @@ mod tests {
     fn record_records_the_whole_cost_past_the_limit() {
         let mut logs = std::collections::HashMap::new();
         let record = |key: &str, limit, hits| {
-            with(OverLimit::Record, hit(key, limit, hits, HitKind::Consume))
+            with(OverLimit::Record, hit(key, limit, hits, ItemKind::Consume))
         };
         run(&[record("k", 10, 8)], &mut logs, 0);
         let out = run(&[record("other", 10, 1), record("k", 10, 4)], &mut logs, 1);
@@ -469,25 +470,25 @@ mod tests {
     /// request whatever its hits.
     #[test]
     fn in_flight_records_leases_of_admitted_requests_only() {
-        let lease = |token, kind, over_limit| Hit {
+        let lease = |token, kind, over_limit| Item {
             algorithm: crate::limiter::Algorithm::InFlight,
             lease: token,
             ..with(over_limit, hit("i", 2, 7, kind))
         };
         let mut keys = std::collections::HashMap::new();
         let out = run(
-            &[lease(1, HitKind::Consume, OverLimit::Record)],
+            &[lease(1, ItemKind::Consume, OverLimit::Record)],
             &mut keys,
             0,
         );
         assert_eq!((out.admitted, out.items[0].count), (true, 1));
-        let out = run(&[lease(2, HitKind::Shadow, OverLimit::Fill)], &mut keys, 1);
+        let out = run(&[lease(2, ItemKind::Shadow, OverLimit::Fill)], &mut keys, 1);
         assert_eq!(out.items[0].count, 2);
         for over_limit in [OverLimit::Fill, OverLimit::Record] {
             let out = run(
                 &[
-                    lease(3, HitKind::Consume, over_limit),
-                    lease(4, HitKind::Shadow, over_limit),
+                    lease(3, ItemKind::Consume, over_limit),
+                    lease(4, ItemKind::Shadow, over_limit),
                 ],
                 &mut keys,
                 2,
@@ -495,7 +496,7 @@ mod tests {
             assert!(!out.admitted);
             assert_eq!(out.items[1].count, 2, "{over_limit:?}");
         }
-        let out = run(&[lease(1, HitKind::Refund, OverLimit::Fill)], &mut keys, 3);
+        let out = run(&[lease(1, ItemKind::Refund, OverLimit::Fill)], &mut keys, 3);
         assert_eq!(out.items[0].count, 1);
     }
 
@@ -507,11 +508,11 @@ mod tests {
             (OverLimit::Record, 7),
         ] {
             let mut logs = std::collections::HashMap::new();
-            run(&[hit("s", 5, 4, HitKind::Shadow)], &mut logs, 0);
+            run(&[hit("s", 5, 4, ItemKind::Shadow)], &mut logs, 0);
             let out = run(
                 &[
-                    hit("c", 5, 1, HitKind::Consume),
-                    with(over_limit, hit("s", 5, 3, HitKind::Shadow)),
+                    hit("c", 5, 1, ItemKind::Consume),
+                    with(over_limit, hit("s", 5, 3, ItemKind::Shadow)),
                 ],
                 &mut logs,
                 1,

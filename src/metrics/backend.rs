@@ -20,7 +20,7 @@ use super::names::{
     LOCAL_CACHE_DECISIONS_TOTAL,
 };
 use crate::decision::FailurePolicy;
-use crate::limiter::{AnsweredBy, BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
+use crate::limiter::{AnsweredBy, BackendStats, BatchOutcome, Item, Limiter, LimiterError};
 
 /// Wraps the backend stack (rejection cache, guard, backend) to time its decision calls, count
 /// their failures by kind and count the batches the local cache answered.
@@ -41,7 +41,7 @@ impl ObservedLimiter {
     }
 
     fn observe(&self, started: Instant, result: &Result<BatchOutcome, LimiterError>) {
-        let backend = self.inner.backend();
+        let backend = self.inner.name();
         self.call_duration
             .get_or_init(
                 || metrics::histogram!(BACKEND_CALL_DURATION_SECONDS, "backend" => backend),
@@ -69,7 +69,7 @@ impl ObservedLimiter {
 impl Limiter for ObservedLimiter {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         let started = Instant::now();
@@ -82,8 +82,8 @@ impl Limiter for ObservedLimiter {
         self.inner.ping().await
     }
 
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 
     fn stats(&self) -> Option<BackendStats> {

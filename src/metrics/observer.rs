@@ -271,7 +271,7 @@ impl Observer {
     /// Publishes the gauges read at scrape time (window tracker, backend stats) and returns the
     /// hot-key series as Prometheus text, to append after the recorder's rendering.
     pub fn collect(&self) -> String {
-        let redis = self.limiter.backend() == "redis";
+        let redis = self.limiter.name() == "redis";
         let hot_keys = self.windows.collect(self.settings.hot_keys, redis);
         publish_stats(&*self.limiter);
         hot_keys

@@ -12,7 +12,7 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
 
-use crate::limiter::{AnsweredBy, BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
+use crate::limiter::{AnsweredBy, BackendStats, BatchOutcome, Item, Limiter, LimiterError};
 use crate::metrics::backend_error_label;
 
 /// Name of the span around a backend decision call.
@@ -33,14 +33,14 @@ impl TracedLimiter {
 impl Limiter for TracedLimiter {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         let parent = Context::current();
         if !parent.span().is_recording() {
             return self.inner.decide(batch, now_ms).await;
         }
-        let backend = self.inner.backend();
+        let backend = self.inner.name();
         let remote = backend != "memory";
         let mut attributes = vec![
             KeyValue::new("sluice.backend", backend),
@@ -85,8 +85,8 @@ impl Limiter for TracedLimiter {
         self.inner.ping().await
     }
 
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+    fn name(&self) -> &'static str {
+        self.inner.name()
     }
 
     fn stats(&self) -> Option<BackendStats> {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sluice::descriptor::{limiter_key, Entry};
 use sluice::limiter::memory::MemoryLimiter;
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, SystemClock};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, SystemClock};
 
 const KEYS: u64 = 1_000_000;
 const CAP: usize = 100_000;
@@ -43,12 +43,12 @@ async fn push_keys(limiter: &dyn Limiter) {
             )],
             3_600_000,
         );
-        let batch = [Hit {
+        let batch = [Item {
             key,
             limit: 10,
             window_ms: 3_600_000,
             hits: 1,
-            kind: HitKind::Consume,
+            kind: ItemKind::Consume,
             over_limit: sluice::limiter::OverLimit::default(),
             algorithm: Algorithm::SlidingLog,
             lease: 0,
@@ -94,12 +94,12 @@ async fn a_million_keys_stay_under_the_memory_bound() {
         )],
         3_600_000,
     );
-    let probe = [Hit {
+    let probe = [Item {
         key: last,
         limit: 1,
         window_ms: 3_600_000,
         hits: 1,
-        kind: HitKind::Consume,
+        kind: ItemKind::Consume,
         over_limit: sluice::limiter::OverLimit::default(),
         algorithm: Algorithm::SlidingLog,
         lease: 0,

@@ -15,50 +15,59 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use helpers::limiter::{
-    at, at_within, c, cluster_limiter, count_at, hit, ko, over, redis_limiter, with, T,
+    cluster_limiter, consume_hits, count_at, decide_at, decide_at_within, key_outcome, log_item,
+    over, redis_limiter, with, T,
 };
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, OverLimit, MAX_COUNT};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, MAX_COUNT};
 
 async fn admits_up_to_limit_then_rejects(l: Arc<dyn Limiter>) {
     for i in 0..3 {
-        let out = at(&l, &[c("k", 3, 1)], T + i).await;
+        let out = decide_at(&l, &[consume_hits("k", 3, 1)], T + i).await;
         assert!(out.admitted, "hit {i}");
-        assert_eq!(out.items[0], ko(true, i + 1, 1000 - i));
+        assert_eq!(out.items[0], key_outcome(true, i + 1, 1000 - i));
     }
-    let out = at(&l, &[c("k", 3, 1)], T + 10).await;
+    let out = decide_at(&l, &[consume_hits("k", 3, 1)], T + 10).await;
     assert!(!out.admitted);
-    assert_eq!(out.items[0], ko(false, 3, 990));
+    assert_eq!(out.items[0], key_outcome(false, 3, 990));
 }
 
 async fn window_edge_is_exact(l: Arc<dyn Limiter>) {
-    assert!(at(&l, &[c("k", 1, 1)], T).await.admitted);
+    assert!(decide_at(&l, &[consume_hits("k", 1, 1)], T).await.admitted);
     assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
-    let out = at(&l, &[c("k", 1, 1)], T + 999).await;
+    let out = decide_at(&l, &[consume_hits("k", 1, 1)], T + 999).await;
     assert!(!out.admitted);
     assert_eq!(out.items[0].reset_ms, 1);
     // Gone at exactly t + window.
     assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
-    let out = at(&l, &[c("k", 1, 1)], T + 1000).await;
+    let out = decide_at(&l, &[consume_hits("k", 1, 1)], T + 1000).await;
     assert!(out.admitted);
-    assert_eq!(out.items[0], ko(true, 1, 1000));
+    assert_eq!(out.items[0], key_outcome(true, 1, 1000));
 }
 
 async fn sliding_not_fixed_window(l: Arc<dyn Limiter>) {
     // A fixed window aligned on 1000 would admit the second burst.
-    assert!(at(&l, &[c("k", 5, 5)], 999).await.admitted);
-    let out = at(&l, &[c("k", 5, 5)], 1001).await;
+    assert!(
+        decide_at(&l, &[consume_hits("k", 5, 5)], 999)
+            .await
+            .admitted
+    );
+    let out = decide_at(&l, &[consume_hits("k", 5, 5)], 1001).await;
     assert!(!out.admitted);
-    assert_eq!(out.items[0], ko(false, 5, 998));
-    assert!(at(&l, &[c("k", 5, 5)], 1999).await.admitted);
+    assert_eq!(out.items[0], key_outcome(false, 5, 998));
+    assert!(
+        decide_at(&l, &[consume_hits("k", 5, 5)], 1999)
+            .await
+            .admitted
+    );
 }
 
 async fn hits_addend_counts_each_hit(l: Arc<dyn Limiter>) {
-    let out = at(&l, &[c("k", 10, 4)], T).await;
-    assert_eq!(out.items[0], ko(true, 4, 1000));
-    let out = at(&l, &[c("k", 10, 6)], T + 100).await;
-    assert_eq!(out.items[0], ko(true, 10, 900));
-    let out = at(&l, &[c("k", 10, 1)], T + 200).await;
+    let out = decide_at(&l, &[consume_hits("k", 10, 4)], T).await;
+    assert_eq!(out.items[0], key_outcome(true, 4, 1000));
+    let out = decide_at(&l, &[consume_hits("k", 10, 6)], T + 100).await;
+    assert_eq!(out.items[0], key_outcome(true, 10, 900));
+    let out = decide_at(&l, &[consume_hits("k", 10, 1)], T + 200).await;
     assert!(!out.admitted);
     assert_eq!(out.items[0].count, 10);
 }
@@ -66,85 +75,125 @@ async fn hits_addend_counts_each_hit(l: Arc<dyn Limiter>) {
 /// Huge costs are decided at once: each call is waited for 2 s at most (a loop over the hits
 /// would take ages; one call takes milliseconds, even on a loaded 2-core machine).
 async fn hits_over_limit_rejected_quickly(l: Arc<dyn Limiter>) {
-    let quick = |batch: Vec<Hit>, now| {
+    let quick = |batch: Vec<Item>, now| {
         let l = Arc::clone(&l);
-        async move { at_within(&l, &batch, now, Duration::from_secs(2)).await }
+        async move { decide_at_within(&l, &batch, now, Duration::from_secs(2)).await }
     };
-    let refuse = |limit, hits| over(OverLimit::Refuse, c("k", limit, hits));
+    let refuse = |limit, hits| over(OverLimit::Refuse, consume_hits("k", limit, hits));
     let out = quick(vec![refuse(10, 11)], T).await;
     assert!(!out.admitted);
-    assert_eq!(out.items[0], ko(false, 0, 1000));
+    assert_eq!(out.items[0], key_outcome(false, 0, 1000));
     let out = quick(vec![refuse(10, u64::MAX)], T).await;
     assert!(!out.admitted);
     let out = quick(vec![refuse(u64::MAX - 1, u64::MAX)], T).await;
     assert!(!out.admitted);
     assert_eq!(count_at(&l, "k", 1000, T).await, 0);
     // Filled or recorded, a huge cost is one entry: as quick, and cut at MAX_COUNT.
-    let out = quick(vec![c("f", 10, u64::MAX)], T).await;
-    assert_eq!(out.items[0], ko(false, 10, 1000));
-    let out = quick(vec![over(OverLimit::Record, c("r", 10, u64::MAX))], T).await;
-    assert_eq!(out.items[0], ko(false, MAX_COUNT, 1000));
-    let out = quick(vec![over(OverLimit::Record, c("r", 10, 5))], T + 1).await;
+    let out = quick(vec![consume_hits("f", 10, u64::MAX)], T).await;
+    assert_eq!(out.items[0], key_outcome(false, 10, 1000));
+    let out = quick(
+        vec![over(OverLimit::Record, consume_hits("r", 10, u64::MAX))],
+        T,
+    )
+    .await;
+    assert_eq!(out.items[0], key_outcome(false, MAX_COUNT, 1000));
+    let out = quick(
+        vec![over(OverLimit::Record, consume_hits("r", 10, 5))],
+        T + 1,
+    )
+    .await;
     assert_eq!(out.items[0].count, MAX_COUNT);
     // A huge refund of a huge log is as quick.
-    let out = quick(vec![hit("r", 10, 1000, u64::MAX, HitKind::Refund)], T + 2).await;
-    assert_eq!(out.items[0], ko(true, 0, 1000));
+    let out = quick(
+        vec![log_item("r", 10, 1000, u64::MAX, ItemKind::Refund)],
+        T + 2,
+    )
+    .await;
+    assert_eq!(out.items[0], key_outcome(true, 0, 1000));
 }
 
 async fn large_hits_are_recorded_exactly(l: Arc<dyn Limiter>) {
     // More members than one ZADD chunk in the Redis script.
-    let out = at(&l, &[c("k", 5000, 2500)], T).await;
-    assert_eq!(out.items[0], ko(true, 2500, 1000));
-    let out = at(&l, &[c("k", 5000, 2500)], T + 1).await;
-    assert_eq!(out.items[0], ko(true, 5000, 999));
-    assert!(!at(&l, &[c("k", 5000, 1)], T + 2).await.admitted);
+    let out = decide_at(&l, &[consume_hits("k", 5000, 2500)], T).await;
+    assert_eq!(out.items[0], key_outcome(true, 2500, 1000));
+    let out = decide_at(&l, &[consume_hits("k", 5000, 2500)], T + 1).await;
+    assert_eq!(out.items[0], key_outcome(true, 5000, 999));
+    assert!(
+        !decide_at(&l, &[consume_hits("k", 5000, 1)], T + 2)
+            .await
+            .admitted
+    );
 }
 
 async fn check_only_records_nothing(l: Arc<dyn Limiter>) {
     for _ in 0..5 {
-        let out = at(&l, &[c("k", 2, 0)], T).await;
+        let out = decide_at(&l, &[consume_hits("k", 2, 0)], T).await;
         assert!(out.admitted);
-        assert_eq!(out.items[0], ko(true, 0, 1000));
+        assert_eq!(out.items[0], key_outcome(true, 0, 1000));
     }
-    assert!(at(&l, &[c("k", 2, 2)], T).await.admitted);
-    let out = at(&l, &[c("k", 2, 0)], T + 1).await;
+    assert!(decide_at(&l, &[consume_hits("k", 2, 2)], T).await.admitted);
+    let out = decide_at(&l, &[consume_hits("k", 2, 0)], T + 1).await;
     assert!(!out.admitted, "a full key reports over even for a probe");
-    assert_eq!(out.items[0], ko(false, 2, 999));
+    assert_eq!(out.items[0], key_outcome(false, 2, 999));
     assert_eq!(count_at(&l, "k", 1000, T + 1).await, 2);
     // One below the limit: the probe passes.
-    assert!(at(&l, &[c("j", 2, 1)], T).await.admitted);
-    assert!(at(&l, &[c("j", 2, 0)], T).await.admitted);
+    assert!(decide_at(&l, &[consume_hits("j", 2, 1)], T).await.admitted);
+    assert!(decide_at(&l, &[consume_hits("j", 2, 0)], T).await.admitted);
 }
 
 async fn all_or_nothing_across_keys(l: Arc<dyn Limiter>) {
-    assert!(at(&l, &[c("full", 1, 1)], T).await.admitted);
-    let out = at(&l, &[c("free", 5, 1), c("full", 1, 1)], T + 1).await;
+    assert!(
+        decide_at(&l, &[consume_hits("full", 1, 1)], T)
+            .await
+            .admitted
+    );
+    let out = decide_at(
+        &l,
+        &[consume_hits("free", 5, 1), consume_hits("full", 1, 1)],
+        T + 1,
+    )
+    .await;
     assert!(!out.admitted);
-    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 1, 999)]);
+    assert_eq!(
+        out.items,
+        vec![key_outcome(true, 0, 1000), key_outcome(false, 1, 999)]
+    );
     assert_eq!(count_at(&l, "free", 1000, T + 1).await, 0);
     assert_eq!(count_at(&l, "full", 1000, T + 1).await, 1);
-    let out = at(&l, &[c("free", 5, 1), c("other", 5, 2)], T + 2).await;
+    let out = decide_at(
+        &l,
+        &[consume_hits("free", 5, 1), consume_hits("other", 5, 2)],
+        T + 2,
+    )
+    .await;
     assert!(out.admitted);
-    assert_eq!(out.items, vec![ko(true, 1, 1000), ko(true, 2, 1000)]);
+    assert_eq!(
+        out.items,
+        vec![key_outcome(true, 1, 1000), key_outcome(true, 2, 1000)]
+    );
 }
 
 async fn rejected_batch_changes_nothing(l: Arc<dyn Limiter>) {
-    assert!(at(&l, &[c("a", 3, 2), c("b", 1, 1)], T).await.admitted);
+    assert!(
+        decide_at(&l, &[consume_hits("a", 3, 2), consume_hits("b", 1, 1)], T)
+            .await
+            .admitted
+    );
     let batch = [
-        c("a", 3, 1),
-        hit("a", 3, 1000, 2, HitKind::Refund),
-        hit("s", 9, 1000, 1, HitKind::Shadow),
-        c("b", 1, 1),
+        consume_hits("a", 3, 1),
+        log_item("a", 3, 1000, 2, ItemKind::Refund),
+        log_item("s", 9, 1000, 1, ItemKind::Shadow),
+        consume_hits("b", 1, 1),
     ];
-    let out = at(&l, &batch, T + 5).await;
+    let out = decide_at(&l, &batch, T + 5).await;
     assert!(!out.admitted);
     assert_eq!(
         out.items,
         vec![
-            ko(true, 2, 995),
-            ko(true, 2, 995),
-            ko(true, 0, 1000),
-            ko(false, 1, 995)
+            key_outcome(true, 2, 995),
+            key_outcome(true, 2, 995),
+            key_outcome(true, 0, 1000),
+            key_outcome(false, 1, 995)
         ]
     );
     assert_eq!(count_at(&l, "a", 1000, T + 5).await, 2);
@@ -152,47 +201,67 @@ async fn rejected_batch_changes_nothing(l: Arc<dyn Limiter>) {
 }
 
 async fn same_key_twice_is_cumulative(l: Arc<dyn Limiter>) {
-    assert!(at(&l, &[c("k", 10, 4)], T).await.admitted);
-    let out = at(&l, &[c("k", 10, 3), c("k", 10, 3)], T + 1).await;
+    assert!(decide_at(&l, &[consume_hits("k", 10, 4)], T).await.admitted);
+    let out = decide_at(
+        &l,
+        &[consume_hits("k", 10, 3), consume_hits("k", 10, 3)],
+        T + 1,
+    )
+    .await;
     assert!(out.admitted);
-    assert_eq!(out.items, vec![ko(true, 10, 999), ko(true, 10, 999)]);
+    assert_eq!(
+        out.items,
+        vec![key_outcome(true, 10, 999), key_outcome(true, 10, 999)]
+    );
     // Room for one, two items of one hit: the second sees the first's hit and fails, so the
     // batch is rejected. Refused, it records nothing.
-    let refuse = |key| over(OverLimit::Refuse, c(key, 1, 1));
-    let out = at(&l, &[refuse("j"), refuse("j")], T).await;
+    let refuse = |key| over(OverLimit::Refuse, consume_hits(key, 1, 1));
+    let out = decide_at(&l, &[refuse("j"), refuse("j")], T).await;
     assert!(!out.admitted);
-    assert_eq!(out.items, vec![ko(true, 0, 1000), ko(false, 0, 1000)]);
+    assert_eq!(
+        out.items,
+        vec![key_outcome(true, 0, 1000), key_outcome(false, 0, 1000)]
+    );
     assert_eq!(count_at(&l, "j", 1000, T).await, 0);
     // Filled: the first fitted and is dropped with the verdict, so the second's cost fits.
-    let out = at(&l, &[c("i", 1, 1), c("i", 1, 1)], T).await;
+    let out = decide_at(&l, &[consume_hits("i", 1, 1), consume_hits("i", 1, 1)], T).await;
     assert!(!out.admitted);
-    assert_eq!(out.items, vec![ko(true, 1, 1000), ko(false, 1, 1000)]);
+    assert_eq!(
+        out.items,
+        vec![key_outcome(true, 1, 1000), key_outcome(false, 1, 1000)]
+    );
 }
 
 async fn shadow_never_vetoes(l: Arc<dyn Limiter>) {
     let batch = [
-        c("c", 5, 1),
-        over(OverLimit::Refuse, hit("s", 1, 1000, 2, HitKind::Shadow)),
-        hit("p", 5, 1000, 2, HitKind::Shadow),
-        hit("f", 1, 1000, 2, HitKind::Shadow),
+        consume_hits("c", 5, 1),
+        over(
+            OverLimit::Refuse,
+            log_item("s", 1, 1000, 2, ItemKind::Shadow),
+        ),
+        log_item("p", 5, 1000, 2, ItemKind::Shadow),
+        log_item("f", 1, 1000, 2, ItemKind::Shadow),
     ];
-    let out = at(&l, &batch, T).await;
+    let out = decide_at(&l, &batch, T).await;
     assert!(out.admitted);
     // Over its limit, a shadow item records what enforcement would: nothing when refused, its
     // key filled by default.
     assert_eq!(
         out.items,
         vec![
-            ko(true, 1, 1000),
-            ko(false, 0, 1000),
-            ko(true, 2, 1000),
-            ko(false, 1, 1000)
+            key_outcome(true, 1, 1000),
+            key_outcome(false, 0, 1000),
+            key_outcome(true, 2, 1000),
+            key_outcome(false, 1, 1000)
         ]
     );
     // A shadow item on a rejected batch records nothing even when it passed.
-    let out = at(
+    let out = decide_at(
         &l,
-        &[hit("p", 5, 1000, 1, HitKind::Shadow), c("c", 1, 1)],
+        &[
+            log_item("p", 5, 1000, 1, ItemKind::Shadow),
+            consume_hits("c", 1, 1),
+        ],
         T + 1,
     )
     .await;
@@ -204,9 +273,9 @@ async fn shadow_never_vetoes(l: Arc<dyn Limiter>) {
 async fn quota_mode_needs_one_quota_item(l: Arc<dyn Limiter>) {
     let batch = |n: u64| {
         [
-            hit("qa", 1, 1000, 1, HitKind::Quota),
-            hit("qb", 2, 1000, 1, HitKind::Quota),
-            hit("qc", 10, 1000, 1, HitKind::Consume),
+            log_item("qa", 1, 1000, 1, ItemKind::Quota),
+            log_item("qb", 2, 1000, 1, ItemKind::Quota),
+            log_item("qc", 10, 1000, 1, ItemKind::Consume),
         ]
         .map(|mut h| {
             h.hits = n;
@@ -214,14 +283,14 @@ async fn quota_mode_needs_one_quota_item(l: Arc<dyn Limiter>) {
         })
     };
     // Both quota items pass: everything records.
-    let out = at(&l, &batch(1), T).await;
+    let out = decide_at(&l, &batch(1), T).await;
     assert!(out.admitted);
     assert_eq!(
         out.items.iter().map(|i| i.count).collect::<Vec<_>>(),
         [1, 1, 1]
     );
     // `qa` is over, `qb` still has room: admitted; `qa` records nothing.
-    let out = at(&l, &batch(1), T + 1).await;
+    let out = decide_at(&l, &batch(1), T + 1).await;
     assert!(out.admitted);
     assert_eq!(
         out.items.iter().map(|i| i.passed).collect::<Vec<_>>(),
@@ -232,7 +301,7 @@ async fn quota_mode_needs_one_quota_item(l: Arc<dyn Limiter>) {
         [1, 2, 2]
     );
     // Both over: rejected, and the consume item records nothing either.
-    let out = at(&l, &batch(1), T + 2).await;
+    let out = decide_at(&l, &batch(1), T + 2).await;
     assert!(!out.admitted);
     assert_eq!(
         out.items.iter().map(|i| i.passed).collect::<Vec<_>>(),
@@ -244,44 +313,65 @@ async fn quota_mode_needs_one_quota_item(l: Arc<dyn Limiter>) {
 }
 
 async fn refund_removes_newest(l: Arc<dyn Limiter>) {
-    assert!(at(&l, &[c("k", 10, 2)], T).await.admitted);
-    assert!(at(&l, &[c("k", 10, 3)], T + 500).await.admitted);
-    let out = at(&l, &[hit("k", 10, 1000, 4, HitKind::Refund)], T + 600).await;
+    assert!(decide_at(&l, &[consume_hits("k", 10, 2)], T).await.admitted);
+    assert!(
+        decide_at(&l, &[consume_hits("k", 10, 3)], T + 500)
+            .await
+            .admitted
+    );
+    let out = decide_at(&l, &[log_item("k", 10, 1000, 4, ItemKind::Refund)], T + 600).await;
     assert!(out.admitted);
     // The 3 at T+500 and one at T went; one entry at T is left.
-    assert_eq!(out.items[0], ko(true, 1, 400));
+    assert_eq!(out.items[0], key_outcome(true, 1, 400));
     assert_eq!(count_at(&l, "k", 1000, T + 999).await, 1);
     assert_eq!(count_at(&l, "k", 1000, T + 1000).await, 0);
     // Refunding more than there is empties the key; refunds never reject.
-    assert!(at(&l, &[c("r", 10, 2)], T).await.admitted);
-    let out = at(&l, &[hit("r", 10, 1000, 99, HitKind::Refund)], T).await;
-    assert_eq!(out.items[0], ko(true, 0, 1000));
-    let out = at(&l, &[hit("none", 1, 1000, 5, HitKind::Refund)], T).await;
+    assert!(decide_at(&l, &[consume_hits("r", 10, 2)], T).await.admitted);
+    let out = decide_at(&l, &[log_item("r", 10, 1000, 99, ItemKind::Refund)], T).await;
+    assert_eq!(out.items[0], key_outcome(true, 0, 1000));
+    let out = decide_at(&l, &[log_item("none", 1, 1000, 5, ItemKind::Refund)], T).await;
     assert!(out.admitted);
-    assert_eq!(out.items[0], ko(true, 0, 1000));
+    assert_eq!(out.items[0], key_outcome(true, 0, 1000));
 }
 
 async fn reset_ms_tracks_oldest_entry(l: Arc<dyn Limiter>) {
-    assert_eq!(at(&l, &[c("k", 9, 1)], T).await.items[0].reset_ms, 1000);
     assert_eq!(
-        at(&l, &[c("k", 9, 1)], T + 300).await.items[0].reset_ms,
+        decide_at(&l, &[consume_hits("k", 9, 1)], T).await.items[0].reset_ms,
+        1000
+    );
+    assert_eq!(
+        decide_at(&l, &[consume_hits("k", 9, 1)], T + 300)
+            .await
+            .items[0]
+            .reset_ms,
         700
     );
     assert_eq!(
-        at(&l, &[c("k", 9, 1)], T + 900).await.items[0].reset_ms,
+        decide_at(&l, &[consume_hits("k", 9, 1)], T + 900)
+            .await
+            .items[0]
+            .reset_ms,
         100
     );
     // The T entry left; the oldest is now the one at T+300.
-    let out = at(&l, &[c("k", 9, 0)], T + 1000).await;
-    assert_eq!(out.items[0], ko(true, 2, 300));
-    let out = at(&l, &[hit("w", 9, 60_000, 1, HitKind::Consume)], T).await;
+    let out = decide_at(&l, &[consume_hits("k", 9, 0)], T + 1000).await;
+    assert_eq!(out.items[0], key_outcome(true, 2, 300));
+    let out = decide_at(&l, &[log_item("w", 9, 60_000, 1, ItemKind::Consume)], T).await;
     assert_eq!(out.items[0].reset_ms, 60_000);
 }
 
 async fn clock_step_back_does_not_shorten_entries(l: Arc<dyn Limiter>) {
-    assert!(at(&l, &[c("k", 5, 1)], T + 1000).await.admitted);
+    assert!(
+        decide_at(&l, &[consume_hits("k", 5, 1)], T + 1000)
+            .await
+            .admitted
+    );
     // An earlier `now` (another instance's clock, a clock step) records at the newest time.
-    assert!(at(&l, &[c("k", 5, 1)], T + 500).await.admitted);
+    assert!(
+        decide_at(&l, &[consume_hits("k", 5, 1)], T + 500)
+            .await
+            .admitted
+    );
     assert_eq!(count_at(&l, "k", 1000, T + 1999).await, 2);
     assert_eq!(count_at(&l, "k", 1000, T + 2000).await, 0);
 }
@@ -291,7 +381,7 @@ async fn clock_step_back_does_not_shorten_entries(l: Arc<dyn Limiter>) {
 /// machine stretched past it proves nothing and is repeated on a fresh key (5 times at most).
 async fn real_clock(l: Arc<dyn Limiter>) {
     for attempt in 0..5 {
-        let batch = [hit(&format!("rt{attempt}"), 2, 300, 1, HitKind::Consume)];
+        let batch = [log_item(&format!("rt{attempt}"), 2, 300, 1, ItemKind::Consume)];
         let decide = |l: &Arc<dyn Limiter>| {
             let l = Arc::clone(l);
             let batch = batch.clone();
@@ -321,7 +411,7 @@ async fn concurrent_single_key(l: Arc<dyn Limiter>) {
     for _ in 0..64 {
         let l = Arc::clone(&l);
         tasks.spawn(async move {
-            let batch = [hit("hot", 10, 60_000, 1, HitKind::Consume)];
+            let batch = [log_item("hot", 10, 60_000, 1, ItemKind::Consume)];
             l.decide(&batch, None).await.expect("decide").admitted
         });
     }
@@ -335,33 +425,50 @@ async fn concurrent_single_key(l: Arc<dyn Limiter>) {
 /// Weighted entries: an item's hits are one entry, counted exactly whatever their number (and
 /// whatever the window), and a refund takes the newest weight, splitting an entry.
 async fn weights_count_exactly(l: Arc<dyn Limiter>) {
-    let w = |hits, kind| hit("w", 1_000_000, 2500, hits, kind);
-    let consume = |hits| w(hits, HitKind::Consume);
-    let out = at(&l, &[consume(100_000)], T).await;
-    assert_eq!(out.items[0], ko(true, 100_000, 2500));
-    let out = at(&l, &[consume(1)], T + 1000).await;
-    assert_eq!(out.items[0], ko(true, 100_001, 1500));
-    let out = at(&l, &[consume(2000)], T + 2000).await;
-    assert_eq!(out.items[0], ko(true, 102_001, 500));
+    let w = |hits, kind| log_item("w", 1_000_000, 2500, hits, kind);
+    let consume = |hits| w(hits, ItemKind::Consume);
+    let out = decide_at(&l, &[consume(100_000)], T).await;
+    assert_eq!(out.items[0], key_outcome(true, 100_000, 2500));
+    let out = decide_at(&l, &[consume(1)], T + 1000).await;
+    assert_eq!(out.items[0], key_outcome(true, 100_001, 1500));
+    let out = decide_at(&l, &[consume(2000)], T + 2000).await;
+    assert_eq!(out.items[0], key_outcome(true, 102_001, 500));
     // The newest 2000 and 1 go whole, 500 comes off the entry of T, which stays with 99,500.
-    let out = at(&l, &[w(2501, HitKind::Refund)], T + 2100).await;
-    assert_eq!(out.items[0], ko(true, 99_500, 400));
+    let out = decide_at(&l, &[w(2501, ItemKind::Refund)], T + 2100).await;
+    assert_eq!(out.items[0], key_outcome(true, 99_500, 400));
     assert_eq!(count_at(&l, "w", 2500, T + 2499).await, 99_500);
     assert_eq!(count_at(&l, "w", 2500, T + 2500).await, 0);
     // At the limit exactly, and one past it.
-    let out = at(&l, &[consume(1_000_000)], T + 2500).await;
-    assert_eq!(out.items[0], ko(true, 1_000_000, 2500));
-    let out = at(&l, &[consume(1)], T + 2501).await;
-    assert_eq!(out.items[0], ko(false, 1_000_000, 2499));
+    let out = decide_at(&l, &[consume(1_000_000)], T + 2500).await;
+    assert_eq!(out.items[0], key_outcome(true, 1_000_000, 2500));
+    let out = decide_at(&l, &[consume(1)], T + 2501).await;
+    assert_eq!(out.items[0], key_outcome(false, 1_000_000, 2499));
     // Several entries leave at once, some of them more than the two oldest.
     for i in 0..5 {
-        assert!(at(&l, &[c("many", 100, i + 1)], T + i).await.admitted);
+        assert!(
+            decide_at(&l, &[consume_hits("many", 100, i + 1)], T + i)
+                .await
+                .admitted
+        );
     }
-    let probe = [c("many", 100, 0)];
-    assert_eq!(at(&l, &probe, T + 1002).await.items[0], ko(true, 9, 1));
-    assert_eq!(at(&l, &probe, T + 1003).await.items[0], ko(true, 5, 1));
-    assert!(at(&l, &[c("many", 100, 1)], T + 1003).await.admitted);
-    assert_eq!(at(&l, &probe, T + 1004).await.items[0], ko(true, 1, 999));
+    let probe = [consume_hits("many", 100, 0)];
+    assert_eq!(
+        decide_at(&l, &probe, T + 1002).await.items[0],
+        key_outcome(true, 9, 1)
+    );
+    assert_eq!(
+        decide_at(&l, &probe, T + 1003).await.items[0],
+        key_outcome(true, 5, 1)
+    );
+    assert!(
+        decide_at(&l, &[consume_hits("many", 100, 1)], T + 1003)
+            .await
+            .admitted
+    );
+    assert_eq!(
+        decide_at(&l, &probe, T + 1004).await.items[0],
+        key_outcome(true, 1, 999)
+    );
 }
 
 /// The token budget of an AI or Envoy Gateway (a cost charged after the response): each request is checked with 0 hits on the request path, and its cost (4) is
@@ -384,24 +491,24 @@ async fn charges_after_the_response_hold_the_budget(l: Arc<dyn Limiter>) {
             let item = |hits| {
                 over(
                     over_limit,
-                    with(alg, hit(&key, 10, 1500, hits, HitKind::Consume)),
+                    with(alg, log_item(&key, 10, 1500, hits, ItemKind::Consume)),
                 )
             };
             let what = format!("{} {}", alg.name(), over_limit.name());
             for (i, count) in [(0, 4), (1, 8)] {
                 assert!(
-                    at(&l, &[item(0)], T + i).await.admitted,
+                    decide_at(&l, &[item(0)], T + i).await.admitted,
                     "{what}: check {i}"
                 );
-                let out = at(&l, &[item(4)], T + i).await;
+                let out = decide_at(&l, &[item(4)], T + i).await;
                 assert_eq!((out.admitted, out.items[0].count), (true, count), "{what}");
             }
-            let check = at(&l, &[item(0)], T + 2).await;
+            let check = decide_at(&l, &[item(0)], T + 2).await;
             assert_eq!((check.admitted, check.items[0].count), (true, 8), "{what}");
-            let charge = at(&l, &[item(4)], T + 2).await;
+            let charge = decide_at(&l, &[item(4)], T + 2).await;
             assert!(!charge.admitted, "{what}");
             assert_eq!(charge.items[0].count, after_third, "{what}: third charge");
-            let next = at(&l, &[item(0)], T + 3).await;
+            let next = decide_at(&l, &[item(0)], T + 3).await;
             assert_eq!(
                 next.admitted,
                 over_limit == OverLimit::Refuse,
@@ -409,14 +516,14 @@ async fn charges_after_the_response_hold_the_budget(l: Arc<dyn Limiter>) {
             );
             // One more hit: at the full budget it records nothing (fill) or overdraws it
             // (record); under refuse it still fits.
-            let one = at(&l, &[item(1)], T + 3).await;
+            let one = decide_at(&l, &[item(1)], T + 3).await;
             let expected = match over_limit {
                 OverLimit::Fill => after_third,
                 OverLimit::Record | OverLimit::Refuse => after_third + 1,
             };
             assert_eq!(one.items[0].count, expected, "{what}: one more hit");
             // Once the window has slid past every charge: admitted again.
-            let later = at(&l, &[item(0)], T + 3000).await;
+            let later = decide_at(&l, &[item(0)], T + 3000).await;
             assert_eq!((later.admitted, later.items[0].count), (true, 0), "{what}");
         }
     }
@@ -430,15 +537,23 @@ async fn over_limit_on_a_rejected_batch(l: Arc<dyn Limiter>) {
         (OverLimit::Fill, 0, 10),
         (OverLimit::Record, 1, 12),
     ] {
-        let item = |key: &str, hits| over(over_limit, hit(key, 10, 60_000, hits, HitKind::Consume));
+        let item = |key: &str, hits| {
+            over(
+                over_limit,
+                log_item(key, 10, 60_000, hits, ItemKind::Consume),
+            )
+        };
         let full = format!("full-{}", over_limit.name());
         let other = format!("other-{}", over_limit.name());
-        assert!(at(&l, &[item(&full, 8)], T).await.admitted);
-        let out = at(&l, &[item(&other, 1), item(&full, 4)], T + 10).await;
+        assert!(decide_at(&l, &[item(&full, 8)], T).await.admitted);
+        let out = decide_at(&l, &[item(&other, 1), item(&full, 4)], T + 10).await;
         assert!(!out.admitted, "{over_limit:?}");
         assert_eq!(
             out.items,
-            vec![ko(true, fitted, 60_000), ko(false, filled, 59_990)],
+            vec![
+                key_outcome(true, fitted, 60_000),
+                key_outcome(false, filled, 59_990)
+            ],
             "{over_limit:?}"
         );
         assert_eq!(count_at(&l, &other, 60_000, T + 11).await, fitted);
@@ -450,58 +565,64 @@ async fn over_limit_on_a_rejected_batch(l: Arc<dyn Limiter>) {
 /// names it (and no other) or after the lease; a refused request holds none, whatever its
 /// `over_limit`, also when another key refused its batch (on the cluster: compensated).
 async fn in_flight_leases(l: Arc<dyn Limiter>) {
-    let lease = |token: u64, kind: HitKind| Hit {
+    let lease = |token: u64, kind: ItemKind| Item {
         algorithm: Algorithm::InFlight,
         lease: token,
-        ..hit("conc", 2, 1000, 1, kind)
+        ..log_item("conc", 2, 1000, 1, kind)
     };
-    let probe = || Hit {
+    let probe = || Item {
         hits: 0,
-        ..lease(0, HitKind::Consume)
+        ..lease(0, ItemKind::Consume)
     };
-    let out = at(&l, &[lease(1, HitKind::Consume)], T).await;
-    assert_eq!(out.items[0], ko(true, 1, 1000));
-    let out = at(&l, &[lease(2, HitKind::Consume)], T + 400).await;
-    assert_eq!(out.items[0], ko(true, 2, 600));
-    let refused = over(OverLimit::Record, lease(3, HitKind::Consume));
-    let out = at(&l, &[refused], T + 500).await;
+    let out = decide_at(&l, &[lease(1, ItemKind::Consume)], T).await;
+    assert_eq!(out.items[0], key_outcome(true, 1, 1000));
+    let out = decide_at(&l, &[lease(2, ItemKind::Consume)], T + 400).await;
+    assert_eq!(out.items[0], key_outcome(true, 2, 600));
+    let refused = over(OverLimit::Record, lease(3, ItemKind::Consume));
+    let out = decide_at(&l, &[refused], T + 500).await;
     assert!(!out.admitted);
-    assert_eq!(out.items[0], ko(false, 2, 500));
+    assert_eq!(out.items[0], key_outcome(false, 2, 500));
     // Request 2 is done: its refund ends lease 2, not the older lease 1.
-    let out = at(&l, &[lease(2, HitKind::Refund)], T + 600).await;
-    assert_eq!(out.items[0], ko(true, 1, 400));
+    let out = decide_at(&l, &[lease(2, ItemKind::Refund)], T + 600).await;
+    assert_eq!(out.items[0], key_outcome(true, 1, 400));
     // Its refund again, one for a lease never held, or for token 0: nothing more.
     for token in [2, 3, 9, 0] {
-        let out = at(&l, &[lease(token, HitKind::Refund)], T + 700).await;
+        let out = decide_at(&l, &[lease(token, ItemKind::Refund)], T + 700).await;
         assert_eq!(out.items[0].count, 1, "refund of {token}");
     }
     // More hits still take one lease; a probe takes none.
-    let heavy = Hit {
+    let heavy = Item {
         hits: 5,
-        ..lease(4, HitKind::Consume)
+        ..lease(4, ItemKind::Consume)
     };
-    assert_eq!(at(&l, &[heavy], T + 800).await.items[0], ko(true, 2, 200));
-    assert_eq!(at(&l, &[probe()], T + 999).await.items[0], ko(false, 2, 1));
+    assert_eq!(
+        decide_at(&l, &[heavy], T + 800).await.items[0],
+        key_outcome(true, 2, 200)
+    );
+    assert_eq!(
+        decide_at(&l, &[probe()], T + 999).await.items[0],
+        key_outcome(false, 2, 1)
+    );
     // Lease 1, never released (a lost refund), ends at exactly T + 1000.
     assert_eq!(
-        at(&l, &[probe()], T + 1000).await.items[0],
-        ko(true, 1, 800)
+        decide_at(&l, &[probe()], T + 1000).await.items[0],
+        key_outcome(true, 1, 800)
     );
     // All or nothing: refused by another key, the request holds no lease.
-    let out = at(
+    let out = decide_at(
         &l,
-        &[lease(5, HitKind::Consume), c("blocker", 0, 1)],
+        &[lease(5, ItemKind::Consume), consume_hits("blocker", 0, 1)],
         T + 1000,
     )
     .await;
     assert!(!out.admitted);
     assert_eq!(
-        at(&l, &[probe()], T + 1001).await.items[0],
-        ko(true, 1, 799)
+        decide_at(&l, &[probe()], T + 1001).await.items[0],
+        key_outcome(true, 1, 799)
     );
     assert_eq!(
-        at(&l, &[probe()], T + 1800).await.items[0],
-        ko(true, 0, 1000)
+        decide_at(&l, &[probe()], T + 1800).await.items[0],
+        key_outcome(true, 0, 1000)
     );
 }
 
@@ -520,26 +641,30 @@ async fn algorithms_mix_all_or_nothing(l: Arc<dyn Limiter>) {
     let item = |alg: Algorithm, hits: u64| {
         with(
             alg,
-            hit(
+            log_item(
                 &format!("mix-{}", alg.name()),
                 3,
                 1000,
                 hits,
-                HitKind::Consume,
+                ItemKind::Consume,
             ),
         )
     };
     let probe = |alg: Algorithm| item(alg, 0);
-    assert!(at(&l, &[c("blocker", 1, 1)], T).await.admitted);
-    let mut batch: Vec<Hit> = ALGORITHMS.iter().map(|&a| item(a, 2)).collect();
-    batch.push(c("blocker", 1, 1));
-    let out = at(&l, &batch, T + 10).await;
+    assert!(
+        decide_at(&l, &[consume_hits("blocker", 1, 1)], T)
+            .await
+            .admitted
+    );
+    let mut batch: Vec<Item> = ALGORITHMS.iter().map(|&a| item(a, 2)).collect();
+    batch.push(consume_hits("blocker", 1, 1));
+    let out = decide_at(&l, &batch, T + 10).await;
     assert!(!out.admitted);
     for (alg, o) in ALGORITHMS.iter().zip(&out.items) {
         assert!(o.passed, "{}", alg.name());
     }
     for &alg in &ALGORITHMS {
-        let out = at(&l, &[probe(alg)], T + 20).await;
+        let out = decide_at(&l, &[probe(alg)], T + 20).await;
         assert_eq!(
             out.items[0].count,
             0,
@@ -548,14 +673,14 @@ async fn algorithms_mix_all_or_nothing(l: Arc<dyn Limiter>) {
         );
     }
     batch.pop();
-    let out = at(&l, &batch, T + 30).await;
+    let out = decide_at(&l, &batch, T + 30).await;
     assert!(out.admitted);
     for (alg, o) in ALGORITHMS.iter().zip(&out.items) {
         assert_eq!(o.count, 2, "{}", alg.name());
     }
     // Capacity 3 everywhere: two more hits are over on every algorithm, and fill the key.
     for &alg in &ALGORITHMS {
-        let out = at(&l, &[item(alg, 2)], T + 40).await;
+        let out = decide_at(&l, &[item(alg, 2)], T + 40).await;
         assert!(!out.admitted, "{}", alg.name());
         assert_eq!(out.items[0].count, 3, "{}", alg.name());
     }
@@ -567,57 +692,69 @@ async fn algorithm_specifics(l: Arc<dyn Limiter>) {
     let g = |hits: u64| {
         with(
             Algorithm::Gcra { burst: 3 },
-            hit("g", 10, 1000, hits, HitKind::Consume),
+            log_item("g", 10, 1000, hits, ItemKind::Consume),
         )
     };
-    let out = at(&l, &[g(3)], T).await;
-    assert_eq!(out.items[0], ko(true, 3, 100));
-    let out = at(&l, &[g(1)], T + 99).await;
-    assert_eq!(out.items[0], ko(false, 3, 1));
-    let out = at(&l, &[g(1)], T + 100).await;
-    assert_eq!(out.items[0], ko(true, 3, 100));
+    let out = decide_at(&l, &[g(3)], T).await;
+    assert_eq!(out.items[0], key_outcome(true, 3, 100));
+    let out = decide_at(&l, &[g(1)], T + 99).await;
+    assert_eq!(out.items[0], key_outcome(false, 3, 1));
+    let out = decide_at(&l, &[g(1)], T + 100).await;
+    assert_eq!(out.items[0], key_outcome(true, 3, 100));
     // Refunds give tokens back.
     let refund = with(
         Algorithm::Gcra { burst: 3 },
-        hit("g", 10, 1000, 2, HitKind::Refund),
+        log_item("g", 10, 1000, 2, ItemKind::Refund),
     );
-    assert_eq!(at(&l, &[refund], T + 100).await.items[0].count, 1);
+    assert_eq!(decide_at(&l, &[refund], T + 100).await.items[0].count, 1);
 
     // Fixed window: resets at the boundary, reports the window's end.
     let f = |hits: u64| {
         with(
             Algorithm::FixedWindow,
-            hit("f", 2, 1000, hits, HitKind::Consume),
+            log_item("f", 2, 1000, hits, ItemKind::Consume),
         )
     };
-    assert_eq!(at(&l, &[f(2)], T + 900).await.items[0], ko(true, 2, 100));
-    assert!(!at(&l, &[f(1)], T + 999).await.admitted);
-    assert_eq!(at(&l, &[f(2)], T + 1000).await.items[0], ko(true, 2, 1000));
+    assert_eq!(
+        decide_at(&l, &[f(2)], T + 900).await.items[0],
+        key_outcome(true, 2, 100)
+    );
+    assert!(!decide_at(&l, &[f(1)], T + 999).await.admitted);
+    assert_eq!(
+        decide_at(&l, &[f(2)], T + 1000).await.items[0],
+        key_outcome(true, 2, 1000)
+    );
 
     // Sliding counter: 25% into the next window, 75% of the previous count still counts.
     let s = |hits: u64| {
         with(
             Algorithm::SlidingCounter,
-            hit("s", 10, 1000, hits, HitKind::Consume),
+            log_item("s", 10, 1000, hits, ItemKind::Consume),
         )
     };
-    assert!(at(&l, &[s(10)], T + 500).await.admitted);
-    let out = at(&l, &[s(0)], T + 1250).await;
-    assert_eq!(out.items[0], ko(true, 8, 750));
-    assert!(at(&l, &[s(2)], T + 1250).await.admitted);
-    assert!(!at(&l, &[s(1)], T + 1250).await.admitted);
+    assert!(decide_at(&l, &[s(10)], T + 500).await.admitted);
+    let out = decide_at(&l, &[s(0)], T + 1250).await;
+    assert_eq!(out.items[0], key_outcome(true, 8, 750));
+    assert!(decide_at(&l, &[s(2)], T + 1250).await.admitted);
+    assert!(!decide_at(&l, &[s(1)], T + 1250).await.admitted);
 
     // Quantized log: buckets of 100 ms; a bucket counts until start + quantum + window.
     let q = |hits: u64| {
         with(
             Algorithm::QuantizedLog { quantum_ms: 100 },
-            hit("q", 4, 1000, hits, HitKind::Consume),
+            log_item("q", 4, 1000, hits, ItemKind::Consume),
         )
     };
-    assert!(at(&l, &[q(2)], T + 50).await.admitted);
-    assert!(at(&l, &[q(2)], T + 199).await.admitted);
-    assert_eq!(at(&l, &[q(0)], T + 1099).await.items[0], ko(false, 4, 1));
-    assert_eq!(at(&l, &[q(0)], T + 1100).await.items[0], ko(true, 2, 100));
+    assert!(decide_at(&l, &[q(2)], T + 50).await.admitted);
+    assert!(decide_at(&l, &[q(2)], T + 199).await.admitted);
+    assert_eq!(
+        decide_at(&l, &[q(0)], T + 1099).await.items[0],
+        key_outcome(false, 4, 1)
+    );
+    assert_eq!(
+        decide_at(&l, &[q(0)], T + 1100).await.items[0],
+        key_outcome(true, 2, 100)
+    );
 }
 
 /// The edge table (docs/algorithms.md): `limit` single hits in the last `limit` ms before a
@@ -646,9 +783,12 @@ async fn edge_table(l: Arc<dyn Limiter>) {
             let mut admitted = Vec::new();
             for i in 0..2 * limit {
                 let now = boundary - limit + i;
-                let out = at(
+                let out = decide_at(
                     &l,
-                    &[with(alg, hit(&key, limit, window, 1, HitKind::Consume))],
+                    &[with(
+                        alg,
+                        log_item(&key, limit, window, 1, ItemKind::Consume),
+                    )],
                     now,
                 )
                 .await;
@@ -669,7 +809,7 @@ async fn edge_table(l: Arc<dyn Limiter>) {
             println!(
                 "edge {:<16} limit {limit:>4}: {most:>4} admitted within one window ({} backend)",
                 alg.name(),
-                l.backend()
+                l.name()
             );
             let published = match (alg, limit) {
                 (Algorithm::SlidingLog | Algorithm::QuantizedLog { .. }, _) => limit,

@@ -8,12 +8,12 @@ use crate::helpers;
 
 use std::sync::Arc;
 
-use helpers::limiter::{at, cluster_limiter, hit, redis_limiter, T};
+use helpers::limiter::{cluster_limiter, decide_at, log_item, redis_limiter, T};
 use helpers::raw_connection;
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::redis::cluster::key_slot;
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, OverLimit, SystemClock};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, SystemClock};
 
 /// Each key has one algorithm, as the engine's keys do (the algorithm is part of the key).
 fn algorithm_of(key: &str, burst: u64) -> Algorithm {
@@ -44,12 +44,12 @@ fn window_of(key: &str) -> u64 {
 /// The keys of the generated traces; see [`algorithm_of`] and [`window_of`].
 const KEYS: [&str; 8] = ["a", "b", "c", "q", "s", "g", "f", "i"];
 
-fn arb_hit() -> impl Strategy<Value = Hit> {
+fn arb_hit() -> impl Strategy<Value = Item> {
     let kind = prop_oneof![
-        4 => Just(HitKind::Consume),
-        2 => Just(HitKind::Shadow),
-        1 => Just(HitKind::Refund),
-        2 => Just(HitKind::Quota),
+        4 => Just(ItemKind::Consume),
+        2 => Just(ItemKind::Shadow),
+        1 => Just(ItemKind::Refund),
+        2 => Just(ItemKind::Quota),
     ];
     // Small limits meet their edges often; large ones take weights of thousands.
     let limit = prop_oneof![4 => 0u64..6, 1 => 100u64..5000];
@@ -70,23 +70,23 @@ fn arb_hit() -> impl Strategy<Value = Hit> {
         over_limit,
         lease,
     )
-        .prop_map(|(key, limit, hits, kind, burst, over_limit, lease)| Hit {
+        .prop_map(|(key, limit, hits, kind, burst, over_limit, lease)| Item {
             algorithm: algorithm_of(key, burst),
             over_limit,
             lease,
-            ..hit(key, limit, window_of(key), hits, kind)
+            ..log_item(key, limit, window_of(key), hits, kind)
         })
 }
 
 /// (time step in ms, may be negative: clocks of other instances lag; batch)
-fn arb_steps() -> impl Strategy<Value = Vec<(i64, Vec<Hit>)>> {
+fn arb_steps() -> impl Strategy<Value = Vec<(i64, Vec<Item>)>> {
     prop::collection::vec(
         (-100i64..700, prop::collection::vec(arb_hit(), 0..4)),
         1..12,
     )
 }
 
-type Steps = Vec<(i64, Vec<Hit>)>;
+type Steps = Vec<(i64, Vec<Item>)>;
 
 /// [`arb_steps`] without the cases in which the cluster backend cannot act like one script
 /// (docs/algorithms.md, "Redis Cluster"), each narrowed as little as it takes:
@@ -122,13 +122,13 @@ type Steps = Vec<(i64, Vec<Hit>)>;
 ///    which name those tokens or none).
 fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
     arb_steps().prop_map(|steps| {
-        let o1 = |h: &Hit| {
+        let o1 = |h: &Item| {
             matches!(
                 h.algorithm,
                 Algorithm::FixedWindow | Algorithm::SlidingCounter | Algorithm::Gcra { .. }
             )
         };
-        let records = |h: &Hit| h.kind != HitKind::Refund && h.hits > 0;
+        let records = |h: &Item| h.kind != ItemKind::Refund && h.hits > 0;
         let gcra_rate = steps
             .iter()
             .flat_map(|(_, b)| b)
@@ -144,7 +144,7 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
                 if h.algorithm != Algorithm::InFlight {
                     continue;
                 }
-                if h.kind != HitKind::Refund {
+                if h.kind != ItemKind::Refund {
                     fresh += 1; // rule 5
                     h.lease = fresh;
                 } else if h.lease > 0 {
@@ -157,13 +157,14 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
                 .any(|h| key_slot(&h.key) != key_slot(&batch[0].key));
             if spans_slots {
                 // Rule 1. Stable: the order among refunds and among the rest is kept.
-                batch.sort_by_key(|h| h.kind == HitKind::Refund);
+                batch.sort_by_key(|h| h.kind == ItemKind::Refund);
                 // Rule 4.
                 for i in 0..batch.len() {
                     let after_a_record = batch[..i].iter().any(|e| {
                         e.key == batch[i].key && records(e) && e.over_limit != OverLimit::Record
                     });
-                    if after_a_record && matches!(batch[i].kind, HitKind::Shadow | HitKind::Quota) {
+                    if after_a_record && matches!(batch[i].kind, ItemKind::Shadow | ItemKind::Quota)
+                    {
                         batch[i].over_limit = OverLimit::Refuse;
                     }
                 }
@@ -261,8 +262,8 @@ fn run_trace(
     let mut now = T;
     for (step, batch) in steps {
         now = now.saturating_add_signed(*step);
-        let m = rt.block_on(at(&memory, batch, now));
-        let r = rt.block_on(at(backend.limiter, batch, now));
+        let m = rt.block_on(decide_at(&memory, batch, now));
+        let r = rt.block_on(decide_at(backend.limiter, batch, now));
         if m != r {
             return Err(format!(
                 "batch {batch:?} at {now}: memory {m:?}, backend {r:?}"
@@ -363,28 +364,6 @@ fn memory_and_redis_agree() {
     agrees_with_memory(&rt, backend, arb_steps(), 500);
 }
 
-/// The ARGV values of an item, as the Redis limiter sends them (script.rs documents them).
-fn item_argv(h: &Hit) -> Vec<String> {
-    use sluice::limiter::redis::script::{
-        KIND_CONSUME, KIND_QUOTA, KIND_REFUND, KIND_SHADOW, MAX_EXACT,
-    };
-    let kind = match h.kind {
-        HitKind::Consume => KIND_CONSUME,
-        HitKind::Shadow => KIND_SHADOW,
-        HitKind::Refund => KIND_REFUND,
-        HitKind::Quota => KIND_QUOTA,
-    };
-    vec![
-        h.limit.min(MAX_EXACT - 1).to_string(),
-        h.window_ms.min(MAX_EXACT).to_string(),
-        h.hits.min(MAX_EXACT).to_string(),
-        kind.to_string(),
-        h.algorithm.code().to_string(),
-        h.param().min(MAX_EXACT - 1).to_string(),
-        h.over_limit.code().to_string(),
-    ]
-}
-
 /// A batched call (several requests in one `EVALSHA`, sharing one `now`) answers every
 /// request exactly as separate calls in the same order do: same replies, undo tokens
 /// included, on every algorithm. The batched call works on the generator's keys, the separate
@@ -394,7 +373,7 @@ fn item_argv(h: &Hit) -> Vec<String> {
 /// still counts (Redis 7 samples the time once for a transaction).
 #[test]
 fn batched_call_equals_separate_calls() {
-    use sluice::limiter::redis::script::SCRIPT;
+    use sluice::limiter::redis::script::{DecideCall, SCRIPT};
     let server = helpers::RedisServer::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let db = rt.block_on(raw_connection(&server.url()));
@@ -418,29 +397,17 @@ fn batched_call_equals_separate_calls() {
             now += step as u64;
             let mut pipe = redis::pipe();
             pipe.atomic();
-            let call = pipe
-                .cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(requests.iter().map(Vec::len).sum::<usize>());
-            for hit in requests.iter().flatten() {
-                call.arg(&hit.key);
-            }
-            call.arg("b").arg(now).arg(requests.len());
+            let batched: Vec<&[Item]> = requests.iter().map(Vec::as_slice).collect();
+            pipe.add_command(DecideCall::batched(batched, Some(now)).evalsha(script.get_hash()));
             for request in &requests {
-                call.arg(request.len());
-            }
-            for hit in requests.iter().flatten() {
-                call.arg(item_argv(hit));
-            }
-            for request in &requests {
-                let single = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(request.len());
-                for hit in request {
-                    single.arg(format!("separate:{}", hit.key));
-                }
-                single.arg(now);
-                for hit in request {
-                    single.arg(item_argv(hit));
-                }
+                let separate: Vec<Item> = request
+                    .iter()
+                    .map(|hit| Item {
+                        key: format!("separate:{}", hit.key),
+                        ..hit.clone()
+                    })
+                    .collect();
+                pipe.add_command(DecideCall::single(&separate, Some(now)).evalsha(script.get_hash()));
             }
             let mut replies: Vec<redis::Value> = rt
                 .block_on(pipe.query_async(&mut db.clone()))

@@ -23,10 +23,10 @@ use crate::helpers;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use helpers::limiter::{at, redis_limiter, T};
+use helpers::limiter::{decide_at, redis_limiter, T};
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;
-use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, OverLimit, SystemClock};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, SystemClock};
 
 const LIMIT: u64 = 3;
 const LEASE_MS: u64 = 1_000;
@@ -57,8 +57,8 @@ fn arb_step() -> impl Strategy<Value = Step> {
     ]
 }
 
-fn item(kind: HitKind, lease: u64) -> Hit {
-    Hit {
+fn item(kind: ItemKind, lease: u64) -> Item {
+    Item {
         key: KEY.into(),
         limit: LIMIT,
         window_ms: LEASE_MS,
@@ -129,24 +129,24 @@ fn follows_the_model(
             Step::Start => {
                 let token = model.next_token;
                 model.next_token += 1;
-                Some((item(HitKind::Consume, token), Some(token)))
+                Some((item(ItemKind::Consume, token), Some(token)))
             }
             Step::Done(n) => model
                 .finish(*n)
-                .map(|token| (item(HitKind::Refund, token), None)),
+                .map(|token| (item(ItemKind::Refund, token), None)),
             Step::Lost(n) => {
                 model.finish(*n);
                 None
             }
             // Tokens the model never gave (it counts from 1 upwards, 1000 apart from these) or
             // gave and saw refunded: either way the refund must release nothing.
-            Step::Stray(t) => Some((item(HitKind::Refund, 1000 + t), None)),
+            Step::Stray(t) => Some((item(ItemKind::Refund, 1000 + t), None)),
         };
         model.expire(now);
         let Some((hit, started)) = sent else {
             continue;
         };
-        let outcome = rt.block_on(at(backend, std::slice::from_ref(&hit), now));
+        let outcome = rt.block_on(decide_at(backend, std::slice::from_ref(&hit), now));
         if let Some(token) = started {
             let fits = (model.leases.len() as u64) < LIMIT;
             prop_assert_eq!(outcome.admitted, fits, "admission of {} at {}", token, now);

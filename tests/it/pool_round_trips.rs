@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use helpers::redis_server::command_calls;
 use helpers::{consume, RedisServer};
+use sluice::limiter::redis::script::{DecideCall, SCRIPT};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Hit, Limiter};
+use sluice::limiter::{Item, Limiter};
 
 const DECISIONS: u64 = 200;
 
@@ -42,7 +43,7 @@ fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTree
         .collect()
 }
 
-fn batch(i: u64) -> Vec<Hit> {
+fn batch(i: u64) -> Vec<Item> {
     vec![consume(&format!("sluice:{{k{i}}}"), 10, 1000)]
 }
 
@@ -74,23 +75,14 @@ async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more(
     let pool = deadpool_redis::Config::from_url(server.url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("pool");
-    let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
+    let script = redis::Script::new(SCRIPT);
     let run = |i: u64| {
         let pool = pool.clone();
         let script = &script;
         async move {
             let mut conn = pool.get().await.expect("checkout");
-            let hit = &batch(i)[0];
-            let _: redis::Value = script
-                .key(&hit.key)
-                .arg("")
-                .arg(hit.limit)
-                .arg(hit.window_ms)
-                .arg(hit.hits)
-                .arg("c")
-                .arg(hit.algorithm.code())
-                .arg(hit.algorithm.param())
-                .arg(hit.over_limit.code())
+            let _: redis::Value = DecideCall::single(&batch(i)[..1], None)
+                .invocation(script)
                 .invoke_async(&mut conn)
                 .await
                 .expect("script via pool");

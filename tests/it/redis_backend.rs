@@ -7,12 +7,12 @@ use crate::helpers;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use helpers::limiter::{at, c, hit, redis_limiter, with, T};
+use helpers::limiter::{consume_hits, decide_at, log_item, redis_limiter, with, T};
 use helpers::RedisServer;
 use redis::AsyncCommands;
-use sluice::limiter::redis::script::LOG_TOTAL_MEMBER;
+use sluice::limiter::redis::script::{self, CompensateCall, DecideCall, LOG_TOTAL_MEMBER};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, HitKind, Limiter, LimiterError};
+use sluice::limiter::{Algorithm, ItemKind, KeyOutcome, Limiter, LimiterError};
 
 /// The script prints times as integers, so a clock that is not a whole number of ms is
 /// refused like a malformed one, before anything is written; a whole one is decided.
@@ -20,13 +20,12 @@ use sluice::limiter::{Algorithm, HitKind, Limiter, LimiterError};
 async fn a_fractional_clock_is_refused_and_writes_nothing() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
-    let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
-    let call = |now: &str| {
-        let mut call = script.prepare_invoke();
-        call.arg(now)
-            .key("clock-key")
-            .arg(&["10", "1000", "1", "c", "l", "0", "f"]);
-        call
+    let script = redis::Script::new(script::SCRIPT);
+    let item = [consume_hits("clock-key", 10, 1)];
+    let call = |clock: &str| {
+        DecideCall::single(&item, None)
+            .with_clock_arg(clock)
+            .invocation(&script)
     };
     let refused: redis::RedisResult<redis::Value> =
         call(&format!("{T}.5")).invoke_async(&mut conn).await;
@@ -40,7 +39,7 @@ async fn a_fractional_clock_is_refused_and_writes_nothing() {
         .invoke_async(&mut conn)
         .await
         .expect("a whole clock is decided");
-    let outcome = sluice::limiter::redis::script::decode_reply(&reply, 1).expect("reply");
+    let outcome = script::decode_reply(&reply, 1).expect("reply");
     assert!(outcome.admitted);
     let score: Option<f64> = conn.zscore("clock-key", "1000000").await.expect("zscore");
     assert_eq!(
@@ -70,8 +69,8 @@ async fn batched_calls_decide_each_request_on_its_own() {
         tasks.spawn(async move {
             let own = format!("k{}", i % 5);
             let batch = [
-                hit(&own, 10, 60_000, 1, HitKind::Consume),
-                hit("shared", 30, 60_000, 1, HitKind::Consume),
+                log_item(&own, 10, 60_000, 1, ItemKind::Consume),
+                log_item("shared", 30, 60_000, 1, ItemKind::Consume),
             ];
             let out = l.decide(&batch, None).await.expect("decide");
             // The outcome belongs to this request: its own items, its own counts.
@@ -125,13 +124,15 @@ async fn first_probe_warms_every_connection_and_the_script() {
     let mut conn = server.raw().await;
     let loaded: Vec<bool> = redis::cmd("SCRIPT")
         .arg("EXISTS")
-        .arg(redis::Script::new(sluice::limiter::redis::script::SCRIPT).get_hash())
+        .arg(redis::Script::new(script::SCRIPT).get_hash())
         .query_async(&mut conn)
         .await
         .expect("SCRIPT EXISTS");
     assert_eq!(loaded, [true]);
     // The first decision finds the script: no reload.
-    l.decide(&[c("w", 1, 1)], None).await.expect("decide");
+    l.decide(&[consume_hits("w", 1, 1)], None)
+        .await
+        .expect("decide");
     assert_eq!(l.stats().expect("stats").script_loads, 1);
 }
 
@@ -159,7 +160,7 @@ async fn admitted_expiry(
 ) -> i64 {
     let before = redis_ms(conn).await;
     assert!(
-        at(l, &[hit("k", 5, 2000, 1, HitKind::Consume)], now)
+        decide_at(l, &[log_item("k", 5, 2000, 1, ItemKind::Consume)], now)
             .await
             .admitted
     );
@@ -183,7 +184,7 @@ async fn keys_expire_within_the_window() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    let item = |hits, limit| [hit("k", limit, 2000, hits, HitKind::Consume)];
+    let item = |hits, limit| [log_item("k", limit, 2000, hits, ItemKind::Consume)];
     let mut expiry = 0;
     // The first hit, then a later one that moves the expiry to its own exit (1500 + 2000 -
     // 1500): each TTL 2000 from Redis's clock while the call ran.
@@ -191,13 +192,13 @@ async fn keys_expire_within_the_window() {
         expiry = admitted_expiry(&l, &mut conn, now, 2000).await;
     }
     // A probe (0 hits) and a rejected batch (limit 2, two entries in the window) write nothing.
-    assert!(at(&l, &item(0, 5), T + 1000).await.admitted);
+    assert!(decide_at(&l, &item(0, 5), T + 1000).await.admitted);
     assert_eq!(
         pexpiretime(&mut conn, "k").await,
         expiry,
         "a probe rewrote the TTL"
     );
-    assert!(!at(&l, &item(1, 2), T + 1000).await.admitted);
+    assert!(!decide_at(&l, &item(1, 2), T + 1000).await.admitted);
     assert_eq!(
         pexpiretime(&mut conn, "k").await,
         expiry,
@@ -207,7 +208,7 @@ async fn keys_expire_within_the_window() {
     // and keeps the key until that entry leaves: 1500 + 2000 - 1000.
     admitted_expiry(&l, &mut conn, T + 1000, 2500).await;
     // Check-only batches create nothing.
-    let _ = at(&l, &[hit("probe", 5, 2000, 0, HitKind::Consume)], T).await;
+    let _ = decide_at(&l, &[log_item("probe", 5, 2000, 0, ItemKind::Consume)], T).await;
     let exists: bool = conn.exists("probe").await.expect("exists");
     assert!(!exists);
 }
@@ -228,11 +229,19 @@ async fn members_are_short_increasing_integers() {
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
     // A tiny explicit clock (tests) and the real TIME (production) give the same shape.
-    assert!(at(&l, &[c("small", 100, 1)], 5).await.admitted);
-    assert!(at(&l, &[c("small", 100, 2)], 5).await.admitted);
-    let real = [hit("real", 100, 60_000, 1, HitKind::Consume)];
+    assert!(
+        decide_at(&l, &[consume_hits("small", 100, 1)], 5)
+            .await
+            .admitted
+    );
+    assert!(
+        decide_at(&l, &[consume_hits("small", 100, 2)], 5)
+            .await
+            .admitted
+    );
+    let real = [log_item("real", 100, 60_000, 1, ItemKind::Consume)];
     assert!(l.decide(&real, None).await.expect("decide").admitted);
-    let real = [hit("real", 100, 60_000, 2, HitKind::Consume)];
+    let real = [log_item("real", 100, 60_000, 2, ItemKind::Consume)];
     assert!(l.decide(&real, None).await.expect("decide").admitted);
     for key in ["small", "real"] {
         let members: Vec<String> = conn.zrange(key, 0, -1).await.expect("zrange");
@@ -252,18 +261,18 @@ async fn an_entry_is_one_member_carrying_its_weight() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    let item = |key: &str, hits, kind| hit(key, 1_000_000, 1000, hits, kind);
+    let item = |key: &str, hits, kind| log_item(key, 1_000_000, 1000, hits, kind);
     let bytes = |conn: &mut redis::aio::MultiplexedConnection, key: &'static str| {
         let mut conn = conn.clone();
         async move { memory_usage(&mut conn, key).await }
     };
     assert!(
-        at(&l, &[item("one", 1, HitKind::Consume)], T)
+        decide_at(&l, &[item("one", 1, ItemKind::Consume)], T)
             .await
             .admitted
     );
     assert!(
-        at(&l, &[item("many", 100_000, HitKind::Consume)], T)
+        decide_at(&l, &[item("many", 100_000, ItemKind::Consume)], T)
             .await
             .admitted
     );
@@ -283,20 +292,20 @@ async fn an_entry_is_one_member_carrying_its_weight() {
     );
     // A later entry, then a refund that splits it: 100,000 + 5 - 3.
     assert!(
-        at(&l, &[item("many", 5, HitKind::Consume)], T + 500)
+        decide_at(&l, &[item("many", 5, ItemKind::Consume)], T + 500)
             .await
             .admitted
     );
-    let out = at(&l, &[item("many", 3, HitKind::Refund)], T + 600).await;
+    let out = decide_at(&l, &[item("many", 3, ItemKind::Refund)], T + 600).await;
     assert_eq!(out.items[0].count, 100_002);
     let members: Vec<String> = conn.zrange("many", 0, -1).await.expect("zrange");
     assert_eq!(members, ["t", "1000000100000", "10000012"]);
     // The first entry expires: its weight leaves the total, even on a probe.
-    let out = at(&l, &[item("many", 0, HitKind::Consume)], T + 1000).await;
+    let out = decide_at(&l, &[item("many", 0, ItemKind::Consume)], T + 1000).await;
     assert_eq!(out.items[0].count, 2);
     assert_eq!(log_of(&mut conn, "many").await, (1, 2));
     // Everything expired: the probe deletes the key (total and all).
-    at(&l, &[item("many", 0, HitKind::Consume)], T + 1500).await;
+    decide_at(&l, &[item("many", 0, ItemKind::Consume)], T + 1500).await;
     let exists: bool = conn.exists("many").await.expect("exists");
     assert!(!exists);
 }
@@ -324,50 +333,47 @@ async fn counters_are_integers() {
         ("sc", Algorithm::SlidingCounter, "1201700000000"),
         ("g", gcra, "101700000000650"),
     ] {
-        assert!(at(&l, &[with(alg, c(key, 5, 2))], T + 250).await.admitted);
+        assert!(
+            decide_at(&l, &[with(alg, consume_hits(key, 5, 2))], T + 250)
+                .await
+                .admitted
+        );
         let v: String = conn.get(key).await.expect("get");
         assert_eq!(v, value, "{key}");
         assert_eq!(encoding(&mut conn, key).await, "int", "{key}");
     }
 }
 
-/// One decision item straight through the script: (reply, or the error text).
+/// One sliding-log item of window 1000 straight through the script: the item's outcome and
+/// undo token, or the error text.
 async fn eval_log(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
     now: u64,
     hits: u64,
-    kind: &str,
-) -> Result<Vec<i64>, String> {
-    redis::Script::new(sluice::limiter::redis::script::SCRIPT)
-        .key(key)
-        .arg(now)
-        .arg(1000)
-        .arg(1000)
-        .arg(hits)
-        .arg(kind)
-        .arg("l")
-        .arg(0)
-        .arg("f")
+    kind: ItemKind,
+) -> Result<(KeyOutcome, u64), String> {
+    let item = [log_item(key, 1000, 1000, hits, kind)];
+    let reply: redis::Value = DecideCall::single(&item, Some(now))
+        .invocation(&redis::Script::new(script::SCRIPT))
         .invoke_async(conn)
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    let (outcome, undo) = script::decode_reply_with_undo(&reply, 1).map_err(|e| e.to_string())?;
+    Ok((outcome.items[0], undo[0]))
 }
 
-/// The compensation of one log item, on the clock of `T`.
+/// The compensation of one log item of `hits` that got undo token `token`, on the clock of `T`.
 async fn undo_log(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
-    token: i64,
+    token: u64,
     hits: u64,
 ) -> i64 {
-    redis::Script::new(sluice::limiter::redis::script::COMPENSATE)
-        .key(key)
-        .arg(T)
-        .arg("l")
-        .arg(token)
-        .arg(hits)
-        .arg(1000)
+    let item = log_item(key, 1000, 1000, hits, ItemKind::Consume);
+    CompensateCall::new(Some(T))
+        .undo(&item, token)
+        .invocation(&redis::Script::new(script::COMPENSATE))
         .invoke_async(conn)
         .await
         .expect("compensate")
@@ -410,48 +416,64 @@ async fn log_members_wrap_and_undo_checks_scores() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
 
-    let first = eval_log(&mut conn, "k", T, 2, "c").await.expect("add");
+    let first = eval_log(&mut conn, "k", T, 2, ItemKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(entries(&mut conn, "k").await, [e("10000002", T)]);
-    assert!(eval_log(&mut conn, "k", T, 2, "r").await.is_ok());
-    let second = eval_log(&mut conn, "k", T + 5, 2, "c").await.expect("add");
+    assert!(eval_log(&mut conn, "k", T, 2, ItemKind::Refund)
+        .await
+        .is_ok());
+    let second = eval_log(&mut conn, "k", T + 5, 2, ItemKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(entries(&mut conn, "k").await, [e("10000002", T + 5)]);
-    assert_eq!(undo_log(&mut conn, "k", first[4], 2).await, 0, "not ours");
-    assert_eq!(undo_log(&mut conn, "k", second[4], 2).await, 2);
+    assert_eq!(undo_log(&mut conn, "k", first.1, 2).await, 0, "not ours");
+    assert_eq!(undo_log(&mut conn, "k", second.1, 2).await, 2);
     assert!(entries(&mut conn, "k").await.is_empty());
     let exists: bool = conn.exists("k").await.expect("exists");
     assert!(!exists, "the total goes with the last entry");
 
     write_log(&mut conn, "w", &[(T - 5, "8388606", 1)]).await;
-    let added = eval_log(&mut conn, "w", T, 3, "c").await.expect("add");
-    let wrapped = eval_log(&mut conn, "w", T, 1, "c").await.expect("add");
+    let added = eval_log(&mut conn, "w", T, 3, ItemKind::Consume)
+        .await
+        .expect("add");
+    let wrapped = eval_log(&mut conn, "w", T, 1, ItemKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(
         entries(&mut conn, "w").await,
         [e("8388606", T - 5), e("83886073", T), e("1000000", T + 1)]
     );
-    assert!(eval_log(&mut conn, "w", T, 1, "r").await.is_ok());
-    let next = eval_log(&mut conn, "w", T + 2, 1, "c").await.expect("add");
+    assert!(eval_log(&mut conn, "w", T, 1, ItemKind::Refund)
+        .await
+        .is_ok());
+    let next = eval_log(&mut conn, "w", T + 2, 1, ItemKind::Consume)
+        .await
+        .expect("add");
     assert_eq!(entries(&mut conn, "w").await[2], e("1000000", T + 2));
     // The wrapped entry was refunded; its number, reused 1 ms later, is not its own.
-    assert_eq!(undo_log(&mut conn, "w", wrapped[4], 1).await, 0);
-    assert_eq!(undo_log(&mut conn, "w", next[4], 1).await, 1);
+    assert_eq!(undo_log(&mut conn, "w", wrapped.1, 1).await, 0);
+    assert_eq!(undo_log(&mut conn, "w", next.1, 1).await, 1);
     // A refund took part of the first item's entry: the rest goes.
-    let out = eval_log(&mut conn, "w", T + 3, 1, "r")
+    let out = eval_log(&mut conn, "w", T + 3, 1, ItemKind::Refund)
         .await
         .expect("refund");
-    assert_eq!(out[2], 3, "1 + 3 - 1");
+    assert_eq!(out.0.count, 3, "1 + 3 - 1");
     assert_eq!(entries(&mut conn, "w").await[1], e("83886072", T));
     assert_eq!(
-        undo_log(&mut conn, "w", added[4], 1).await,
+        undo_log(&mut conn, "w", added.1, 1).await,
         0,
         "heavier than 1: not ours"
     );
-    assert_eq!(undo_log(&mut conn, "w", added[4], 3).await, 2);
+    assert_eq!(undo_log(&mut conn, "w", added.1, 3).await, 2);
     assert_eq!(entries(&mut conn, "w").await, [e("8388606", T - 5)]);
     assert_eq!(log_of(&mut conn, "w").await, (1, 1));
 
     // Top number 8388607 at the same ms as the new entry: the wrapped one goes 1 ms later.
     write_log(&mut conn, "e", &[(T, "8388607", 1)]).await;
-    assert!(eval_log(&mut conn, "e", T, 1, "c").await.is_ok());
+    assert!(eval_log(&mut conn, "e", T, 1, ItemKind::Consume)
+        .await
+        .is_ok());
     assert_eq!(
         entries(&mut conn, "e").await,
         [e("8388607", T), e("1000000", T + 1)]
@@ -459,7 +481,7 @@ async fn log_members_wrap_and_undo_checks_scores() {
 
     // Live numbers spanning every number: the next one would collide.
     write_log(&mut conn, "full", &[(T, "1000000", 1), (T, "8388607", 1)]).await;
-    let err = eval_log(&mut conn, "full", T, 1, "c")
+    let err = eval_log(&mut conn, "full", T, 1, ItemKind::Consume)
         .await
         .expect_err("full");
     assert!(err.contains("sluice:"), "{err}");
@@ -471,18 +493,18 @@ async fn script_survives_script_flush() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
-    assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+    assert!(decide_at(&l, &[consume_hits("k", 3, 1)], T).await.admitted);
     // A fresh server has no script yet: the first call loaded it.
     let loads = |l: &Arc<dyn Limiter>| l.stats().expect("redis stats").script_loads;
     assert_eq!(loads(&l), 1);
-    assert!(at(&l, &[c("k", 3, 1)], T).await.admitted);
+    assert!(decide_at(&l, &[consume_hits("k", 3, 1)], T).await.admitted);
     assert_eq!(loads(&l), 1, "a loaded script is not loaded again");
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .expect("script flush");
-    let out = at(&l, &[c("k", 3, 1)], T + 1).await;
+    let out = decide_at(&l, &[consume_hits("k", 3, 1)], T + 1).await;
     assert!(out.admitted);
     assert_eq!(out.items[0].count, 3);
     assert_eq!(loads(&l), 2, "NOSCRIPT reloads are counted");
@@ -498,7 +520,7 @@ async fn ping_follows_the_server() {
     l.ping().await.expect("ping while up");
     server.stop();
     assert!(l.ping().await.is_err(), "ping while stopped");
-    match l.decide(&[c("k", 1, 1)], None).await {
+    match l.decide(&[consume_hits("k", 1, 1)], None).await {
         Err(LimiterError::Unavailable(_)) | Err(LimiterError::Timeout(_)) => {}
         other => panic!("decide while stopped: {other:?}"),
     }
@@ -511,7 +533,7 @@ async fn ping_follows_the_server() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let out = at(&l, &[c("k", 1, 1)], T).await;
+    let out = decide_at(&l, &[consume_hits("k", 1, 1)], T).await;
     assert!(out.admitted);
 }
 
@@ -615,10 +637,10 @@ async fn the_memory_estimate_follows_what_redis_reports() {
             .collect();
         let batch: Vec<_> = keys
             .iter()
-            .map(|key| hit(key, 1_000_000, 60_000, 1, HitKind::Consume))
+            .map(|key| log_item(key, 1_000_000, 60_000, 1, ItemKind::Consume))
             .collect();
         for i in 0..n {
-            assert!(at(&l, &batch, T + i).await.admitted);
+            assert!(decide_at(&l, &batch, T + i).await.admitted);
         }
         let mut usage = 0;
         for key in &keys {

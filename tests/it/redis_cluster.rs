@@ -15,7 +15,7 @@ use helpers::limiter::cluster_limiter;
 use helpers::{consume, RedisCluster};
 use sluice::limiter::redis::cluster::key_slot;
 use sluice::limiter::redis::script::LOG_TOTAL_MEMBER;
-use sluice::limiter::{Hit, HitKind, Limiter};
+use sluice::limiter::{Item, ItemKind, Limiter};
 
 async fn limiter(cluster: &RedisCluster) -> Arc<dyn Limiter> {
     Arc::new(cluster_limiter(cluster).await)
@@ -95,7 +95,7 @@ async fn cross_slot_reports_match_one_script() {
     let memory: Arc<dyn Limiter> = Arc::new(MemoryLimiter::new(Arc::new(SystemClock)));
     let (a, b) = keys_on_two_nodes(&cluster);
     assert_ne!(key_slot("sluice:{q}"), key_slot(&b));
-    let item = |key: &str, limit: u64, hits: u64, kind: HitKind, algorithm: Algorithm| Hit {
+    let item = |key: &str, limit: u64, hits: u64, kind: ItemKind, algorithm: Algorithm| Item {
         key: key.into(),
         limit,
         window_ms: 1000,
@@ -107,20 +107,20 @@ async fn cross_slot_reports_match_one_script() {
     };
     let log = Algorithm::SlidingLog;
     let quantized = Algorithm::QuantizedLog { quantum_ms: 100 };
-    let full = item(&b, 0, 1, HitKind::Consume, log);
-    let steps: Vec<(u64, Vec<Hit>)> = vec![
+    let full = item(&b, 0, 1, ItemKind::Consume, log);
+    let steps: Vec<(u64, Vec<Item>)> = vec![
         // Two entries on a, then a rejected request refunding a: 2 entries, reset 990.
-        (T, vec![item(&a, 5, 2, HitKind::Consume, log)]),
+        (T, vec![item(&a, 5, 2, ItemKind::Consume, log)]),
         (
             T + 10,
-            vec![full.clone(), item(&a, 0, 1, HitKind::Refund, log)],
+            vec![full.clone(), item(&a, 0, 1, ItemKind::Refund, log)],
         ),
         // A quantized log of its own slot admits, the other slot rejects: empty again, so the
         // reset is a whole window, not the bucket's window + quantum.
         (
             T + 20,
             vec![
-                item("sluice:{q}", 5, 1, HitKind::Consume, quantized),
+                item("sluice:{q}", 5, 1, ItemKind::Consume, quantized),
                 full.clone(),
             ],
         ),
@@ -128,9 +128,9 @@ async fn cross_slot_reports_match_one_script() {
         (
             T + 30,
             vec![
-                item(&a, 5, 1, HitKind::Consume, log),
-                item(&format!("{b}c"), 5, 1, HitKind::Consume, log),
-                item(&a, 0, 3, HitKind::Refund, log),
+                item(&a, 5, 1, ItemKind::Consume, log),
+                item(&format!("{b}c"), 5, 1, ItemKind::Consume, log),
+                item(&a, 0, 3, ItemKind::Refund, log),
             ],
         ),
     ];

@@ -14,12 +14,13 @@ use crate::helpers;
 use std::sync::Arc;
 use std::time::Duration;
 
-use helpers::limiter::hit;
+use helpers::limiter::log_item;
 use helpers::{descriptor, request, test_settings, RedisServer, TestServer};
 use redis::AsyncCommands;
 use sluice::decision::FailurePolicy;
+use sluice::limiter::redis::script::{self, CompensateCall, DecideCall};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{HitKind, Limiter, LimiterError, OverLimit};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, LimiterError};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// The limiter key of descriptor `k=<value>` in domain `p` under a one-minute limit.
@@ -85,7 +86,7 @@ async fn a_wrong_type_key_fails_only_its_own_requests_in_a_full_batch() {
         };
         tasks.spawn(async move {
             let out = limiter
-                .decide(&[hit(&key, 5, 60_000, 1, HitKind::Consume)], None)
+                .decide(&[log_item(&key, 5, 60_000, 1, ItemKind::Consume)], None)
                 .await;
             (i, key, out)
         });
@@ -251,7 +252,13 @@ async fn an_out_of_memory_redis_refuses_the_script_before_it_writes() {
         let key = format!("big{round}");
         let out = limiter
             .decide(
-                &[hit(&key, 1_000_000, 60_000, 100_000, HitKind::Consume)],
+                &[log_item(
+                    &key,
+                    1_000_000,
+                    60_000,
+                    100_000,
+                    ItemKind::Consume,
+                )],
                 None,
             )
             .await;
@@ -273,7 +280,7 @@ async fn an_out_of_memory_redis_refuses_the_script_before_it_writes() {
             let key = format!("batched{i}");
             let out = limiter
                 .decide(
-                    &[hit(&key, 1_000_000, 60_000, 1_000, HitKind::Consume)],
+                    &[log_item(&key, 1_000_000, 60_000, 1_000, ItemKind::Consume)],
                     None,
                 )
                 .await;
@@ -336,28 +343,31 @@ async fn out_of_memory_is_answered_by_the_failure_policy() {
 async fn compensation_runs_on_an_out_of_memory_redis() {
     let server = noeviction_redis();
     let mut conn = server.raw().await;
-    let script = redis::Script::new(sluice::limiter::redis::script::SCRIPT);
-    let record = |hits: u64| {
-        let mut call = script.prepare_invoke();
-        call.arg(helpers::limiter::T)
-            .key("gcra")
-            .arg(&["10", "60000"])
-            .arg(hits)
-            .arg(&["c", "g", "10"])
-            .arg(OverLimit::default().code());
-        call
+    let script = redis::Script::new(script::SCRIPT);
+    let gcra = |hits: u64| {
+        let item = log_item("gcra", 10, 60_000, hits, ItemKind::Consume);
+        Item {
+            algorithm: Algorithm::Gcra { burst: 10 },
+            ..item
+        }
     };
-    let first: Vec<i64> = record(3).invoke_async(&mut conn).await.expect("record 3");
-    let _: Vec<i64> = record(2).invoke_async(&mut conn).await.expect("record 2");
+    let (three, two) = ([gcra(3)], [gcra(2)]);
+    let record = |items| DecideCall::single(items, Some(helpers::limiter::T)).invocation(&script);
+    let first: redis::Value = record(&three)
+        .invoke_async(&mut conn)
+        .await
+        .expect("record 3");
+    let _: redis::Value = record(&two)
+        .invoke_async(&mut conn)
+        .await
+        .expect("record 2");
+    let (_, undo) = script::decode_reply_with_undo(&first, 1).expect("reply");
     let before: String = conn.get("gcra").await.expect("GET");
     exhaust(&mut conn).await;
 
-    let taken: i64 = redis::Script::new(sluice::limiter::redis::script::COMPENSATE)
-        .key("gcra")
-        .arg(helpers::limiter::T)
-        .arg(&["g"])
-        .arg(first[4])
-        .arg(&["3", "60000"])
+    let taken: i64 = CompensateCall::new(Some(helpers::limiter::T))
+        .undo(&three[0], undo[0])
+        .invocation(&redis::Script::new(script::COMPENSATE))
         .invoke_async(&mut conn)
         .await
         .expect("compensation runs under OOM");

@@ -335,19 +335,19 @@ async fn wait_replicas_keeps_admissions_across_a_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_replicas_needs_the_replicas_it_names() {
     use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-    use sluice::limiter::{Algorithm, Hit, HitKind, Limiter, LimiterError, OverLimit};
+    use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, LimiterError, OverLimit};
     let primary = helpers::RedisServer::start();
     let options = |replicas| RedisOptions {
         wait_replicas: replicas,
         wait_timeout: DEADLINE,
         ..RedisOptions::new(primary.url())
     };
-    let hit = |key: &str| Hit {
+    let hit = |key: &str| Item {
         key: key.into(),
         limit: 10,
         window_ms: 60_000,
         hits: 1,
-        kind: HitKind::Consume,
+        kind: ItemKind::Consume,
         algorithm: Algorithm::SlidingLog,
         over_limit: OverLimit::default(),
         lease: 0,

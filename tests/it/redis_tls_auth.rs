@@ -16,7 +16,7 @@ use helpers::{
 };
 use sluice::limiter::redis::connect::ClientCert;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Hit, HitKind, Limiter, LimiterError};
+use sluice::limiter::{Item, ItemKind, Limiter, LimiterError};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tempfile::TempDir;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -58,13 +58,13 @@ fn tls_server(certs: &Path) -> (RedisServer, u16) {
     (server, tls_port)
 }
 
-fn one_hit() -> Vec<Hit> {
-    vec![Hit {
+fn one_hit() -> Vec<Item> {
+    vec![Item {
         key: "sluice:{k}".into(),
         limit: 5,
         window_ms: 1000,
         hits: 1,
-        kind: HitKind::Consume,
+        kind: ItemKind::Consume,
         over_limit: sluice::limiter::OverLimit::default(),
         algorithm: sluice::limiter::Algorithm::SlidingLog,
         lease: 0,

@@ -42,7 +42,10 @@ async fn one_batch_per_request_with_every_limited_descriptor() {
         .collect();
     assert_eq!(
         kinds,
-        [(HitKind::Consume, 2, 60_000), (HitKind::Shadow, 1, 60_000)]
+        [
+            (ItemKind::Consume, 2, 60_000),
+            (ItemKind::Shadow, 1, 60_000)
+        ]
     );
     // The engine keeps no clock: the backend decides on its own (Redis: the server's time).
     assert_eq!(*backend.nows.lock().unwrap(), [None]);
@@ -116,7 +119,7 @@ descriptors:
     let limit = v.limit.as_ref().unwrap();
     assert_eq!(limit.name.as_deref(), Some("burst"));
     // Nothing was recorded on the other limit of the rejected request.
-    let probe = Hit {
+    let probe = Item {
         hits: 0,
         ..limiter.batches.lock().unwrap()[0][1].clone()
     };
@@ -210,13 +213,13 @@ struct Down;
 
 #[async_trait]
 impl Limiter for Down {
-    async fn decide(&self, _: &[Hit], _: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+    async fn decide(&self, _: &[Item], _: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         Err(LimiterError::Timeout(5))
     }
     async fn ping(&self) -> Result<(), LimiterError> {
         Ok(())
     }
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "down"
     }
 }

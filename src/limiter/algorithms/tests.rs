@@ -2,15 +2,15 @@
 //! the facts the Redis script is given (codes, parameters, capacities, key tags).
 
 use super::*;
-use crate::limiter::HitKind;
+use crate::limiter::ItemKind;
 
-fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Hit {
-    Hit {
+fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Item {
+    Item {
         key: "k".into(),
         limit,
         window_ms,
         hits: 1,
-        kind: HitKind::Consume,
+        kind: ItemKind::Consume,
         over_limit: crate::limiter::OverLimit::default(),
         algorithm,
         lease: 0,
@@ -18,7 +18,7 @@ fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Hit {
 }
 
 /// Admits one hit at a time while `count < capacity`; returns the admitted count.
-fn fill(state: &mut State, h: &Hit, now: u64, n: u64) -> u64 {
+fn fill(state: &mut State, h: &Item, now: u64, n: u64) -> u64 {
     let mut admitted = 0;
     for _ in 0..n {
         state.settle(h, now);
@@ -217,11 +217,6 @@ fn capacity_and_tags() {
     assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(3), 7);
     assert_eq!(Algorithm::Gcra { burst: 7 }.capacity(0), 0);
     assert_eq!(Algorithm::FixedWindow.capacity(3), 3);
-    // The script's parameter: the quantum, the burst, 0 for the others.
-    assert_eq!(Algorithm::QuantizedLog { quantum_ms: 250 }.param(), 250);
-    assert_eq!(Algorithm::Gcra { burst: 7 }.param(), 7);
-    assert_eq!(Algorithm::SlidingLog.param(), 0);
-    assert_eq!(Algorithm::InFlight.param(), 0);
     assert_eq!(Algorithm::SlidingLog.key_tag(), "");
     let tags = [
         Algorithm::QuantizedLog { quantum_ms: 1000 },

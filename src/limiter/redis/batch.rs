@@ -29,17 +29,16 @@ use crate::sync::lock;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::script::{decode_batched_reply, item_args, now_arg, push_item_args, ItemArgs, BATCHED};
+use super::script::{decode_batched_reply, DecideCall};
 use super::{Gauge, Shared};
-use crate::limiter::{BatchOutcome, Hit, LimiterError};
+use crate::limiter::{BatchOutcome, Item, LimiterError};
 
 /// Requests queued per slot beyond which new ones fail fast instead of queueing.
 const QUEUE_CAPACITY: usize = 4096;
 
 /// One request waiting for its call.
 struct Job {
-    keys: Vec<String>,
-    items: Vec<ItemArgs>,
+    items: Vec<Item>,
     now: Option<u64>,
     reply: oneshot::Sender<Result<BatchOutcome, LimiterError>>,
 }
@@ -87,7 +86,7 @@ impl Queue {
     pub(super) async fn submit(
         &self,
         shared: &Arc<Shared>,
-        batch: &[Hit],
+        batch: &[Item],
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         if self.busy.load(Ordering::Relaxed) == 0 {
@@ -96,8 +95,7 @@ impl Queue {
         }
         let (reply, outcome) = oneshot::channel();
         let job = Job {
-            keys: batch.iter().map(|hit| hit.key.clone()).collect(),
-            items: batch.iter().map(item_args).collect(),
+            items: batch.to_vec(),
             now,
             reply,
         };
@@ -148,32 +146,18 @@ async fn flush(
 async fn send(shared: &Shared, slot: usize, jobs: Vec<Job>) {
     let now = jobs.first().and_then(|job| job.now);
     let mut evalsha = shared.evalsha(jobs.len());
-    let keys: usize = jobs.iter().map(|job| job.keys.len()).sum();
-    evalsha.arg(keys);
-    for job in &jobs {
-        for key in &job.keys {
-            evalsha.arg(key.as_str());
-        }
-    }
-    if jobs.len() == 1 {
-        evalsha.arg(now_arg(now));
+    if let [job] = jobs.as_slice() {
+        DecideCall::single(&job.items, now).write(&mut evalsha);
     } else {
-        evalsha.arg(BATCHED).arg(now_arg(now)).arg(jobs.len());
-        for job in &jobs {
-            evalsha.arg(job.keys.len());
-        }
-    }
-    for job in &jobs {
-        for item in &job.items {
-            push_item_args(&mut evalsha, *item);
-        }
+        DecideCall::batched(jobs.iter().map(|job| &job.items[..]).collect(), now)
+            .write(&mut evalsha);
     }
     let reply = shared.call(slot, &mut evalsha).await;
     let outcomes = reply.and_then(|value| {
         if let [job] = jobs.as_slice() {
-            Ok(vec![super::decode_reply(&value, job.keys.len())])
+            Ok(vec![super::decode_reply(&value, job.items.len())])
         } else {
-            let sizes: Vec<usize> = jobs.iter().map(|job| job.keys.len()).collect();
+            let sizes: Vec<usize> = jobs.iter().map(|job| job.items.len()).collect();
             decode_batched_reply(&value, &sizes)
         }
     });

@@ -42,11 +42,11 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions, SettingError};
 use super::script::{
-    decode_reply_with_added, invocation, now_arg, undo_args, COMPENSATE, MAX_EXACT, SCRIPT,
+    decode_reply_with_undo, CompensateCall, DecideCall, COMPENSATE, MAX_EXACT, SCRIPT,
 };
 use super::slot::{probe_within_timeout, Slot};
 use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
-use crate::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, LimiterError};
+use crate::limiter::{Algorithm, BatchOutcome, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
 const SLOTS: u16 = 16384;
@@ -81,7 +81,7 @@ pub fn key_slot(key: &str) -> u16 {
 }
 
 /// Batch indices grouped by slot, each group in batch order.
-fn slot_groups(batch: &[Hit]) -> Vec<Vec<usize>> {
+fn slot_groups(batch: &[Item]) -> Vec<Vec<usize>> {
     let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
     for (i, hit) in batch.iter().enumerate() {
         groups.entry(key_slot(&hit.key)).or_default().push(i);
@@ -107,7 +107,7 @@ fn not_executed(e: &RedisError) -> bool {
 /// The count drops by exactly those hits for every algorithm. The reset is unchanged (the
 /// compensated hits were the newest; a fixed or sliding window keeps its start), except that a
 /// log, quantized log or GCRA key left empty reports a whole window, as an empty key does.
-fn without_undone(item: KeyOutcome, hit: &Hit, undone: u64) -> KeyOutcome {
+fn without_undone(item: KeyOutcome, hit: &Item, undone: u64) -> KeyOutcome {
     let count = item.count.saturating_sub(undone);
     let empty_resets = !matches!(
         hit.algorithm,
@@ -141,7 +141,7 @@ enum Mode {
 struct Part {
     indices: Vec<usize>,
     outcome: BatchOutcome,
-    added: Vec<u64>,
+    undo: Vec<u64>,
 }
 
 pub struct ClusterLimiter {
@@ -196,15 +196,15 @@ impl ClusterLimiter {
     async fn eval(
         &self,
         conn: &ClusterConnection,
-        batch: &[Hit],
+        batch: &[Item],
         indices: Vec<usize>,
         now: Option<u64>,
         mode: Mode,
     ) -> Result<Part, LimiterError> {
-        let mut hits: Vec<Hit> = indices.iter().map(|&i| batch[i].clone()).collect();
+        let mut hits: Vec<Item> = indices.iter().map(|&i| batch[i].clone()).collect();
         if mode == Mode::Refund {
-            for hit in hits.iter_mut().filter(|h| h.kind != HitKind::Refund) {
-                hit.kind = HitKind::Shadow;
+            for hit in hits.iter_mut().filter(|h| h.kind != ItemKind::Refund) {
+                hit.kind = ItemKind::Shadow;
                 hit.hits = 0;
             }
         }
@@ -214,22 +214,22 @@ impl ClusterLimiter {
                     // "At least one quota item passes" spans every group: here each quota item
                     // is checked and recorded like a shadow item, and `run` applies the rule to
                     // them all.
-                    HitKind::Quota => hit.kind = HitKind::Shadow,
+                    ItemKind::Quota => hit.kind = ItemKind::Shadow,
                     // A refund may only apply once every group admitted, and cannot be taken
                     // back exactly; here it is a check-only probe that records nothing but
                     // brings the key to `now` (log evictions persist, as in one script) and
                     // reports its state, which is the refund's outcome if the request is
                     // rejected.
-                    HitKind::Refund => {
-                        hit.kind = HitKind::Shadow;
+                    ItemKind::Refund => {
+                        hit.kind = ItemKind::Shadow;
                         hit.hits = 0;
                     }
-                    HitKind::Consume | HitKind::Shadow => {}
+                    ItemKind::Consume | ItemKind::Shadow => {}
                 }
             }
         }
         let mut conn = conn.clone();
-        let invocation = invocation(&self.script, &hits, now);
+        let invocation = DecideCall::single(&hits, now).invocation(&self.script);
         let mut attempt = 0;
         let reply: Value = loop {
             match invocation.invoke_async(&mut conn).await {
@@ -245,15 +245,15 @@ impl ClusterLimiter {
                 Err(e) => return Err(self.fail(&e)),
             }
         };
-        let (mut outcome, added) = decode_reply_with_added(&reply, hits.len())?;
+        let (mut outcome, undo) = decode_reply_with_undo(&reply, hits.len())?;
         for (item, &i) in outcome.items.iter_mut().zip(&indices) {
             // A refund item passes whatever its probe saw.
-            item.passed |= batch[i].kind == HitKind::Refund;
+            item.passed |= batch[i].kind == ItemKind::Refund;
         }
         Ok(Part {
             indices,
             outcome,
-            added,
+            undo,
         })
     }
 
@@ -261,33 +261,31 @@ impl ClusterLimiter {
     async fn undo(
         &self,
         conn: &ClusterConnection,
-        batch: &[Hit],
+        batch: &[Item],
         part: &Part,
         now: Option<u64>,
     ) -> Result<(), LimiterError> {
-        let mut invocation = self.compensate.prepare_invoke();
-        invocation.arg(now_arg(now));
-        let mut any = false;
-        for (k, &i) in part.indices.iter().enumerate() {
-            if part.added[k] > 0 {
-                any = true;
-                invocation
-                    .key(batch[i].key.as_str())
-                    .arg(&undo_args(&batch[i], part.added[k])[..]);
+        let mut call = CompensateCall::new(now);
+        for (&i, &token) in part.indices.iter().zip(&part.undo) {
+            if token > 0 {
+                call.undo(&batch[i], token);
             }
         }
-        if !any {
+        if call.is_empty() {
             return Ok(());
         }
         let mut conn = conn.clone();
-        let _: Value = invocation
+        let _: Value = call
+            .invocation(&self.compensate)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| self.fail(&e))?;
         Ok(())
     }
 
-    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+    /// Decides `batch`: one script call when its keys share a slot, else the phases of the
+    /// module doc.
+    async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         if batch.is_empty() {
             return Ok(BatchOutcome::from_backend(true, Vec::new()));
         }
@@ -297,112 +295,153 @@ impl ClusterLimiter {
             let all = (0..batch.len()).collect();
             return Ok(self.eval(&conn, batch, all, now, Mode::AsIs).await?.outcome);
         }
-        let has_refunds = |g: &&Vec<usize>| g.iter().any(|&i| batch[i].kind == HitKind::Refund);
-        let only_refunds = |g: &&Vec<usize>| g.iter().all(|&i| batch[i].kind == HitKind::Refund);
-
-        // Phase 1: every group with a checking item, in parallel (its refunds as probes).
-        let checking = groups.iter().filter(|g| !only_refunds(g));
-        let results =
-            join_all(checking.map(|g| self.eval(&conn, batch, g.clone(), now, Mode::Check))).await;
-        let mut admitted = results
-            .iter()
-            .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
-        // quota_mode across groups: some quota item must have passed somewhere. None passed
-        // means none recorded, so the compensation below only undoes the consume items.
-        if admitted && batch.iter().any(|h| h.kind == HitKind::Quota) {
-            admitted = results.iter().flatten().any(|p| {
-                p.indices
-                    .iter()
-                    .zip(&p.outcome.items)
-                    .any(|(&i, item)| batch[i].kind == HitKind::Quota && item.passed)
-            });
-        }
-
-        let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
-        if admitted {
-            // Phase 2: refunds never reject; they apply only once every group admitted. The
-            // other items of a refunded key go along as probes, so that they report the key as
-            // the request left it, as one script call would.
-            let refunds = groups.iter().filter(has_refunds).map(|g| {
-                let refunded = |key: &str| {
-                    g.iter()
-                        .any(|&j| batch[j].kind == HitKind::Refund && batch[j].key == key)
-                };
-                let idx: Vec<usize> = g
-                    .iter()
-                    .copied()
-                    .filter(|&i| refunded(&batch[i].key))
-                    .collect();
-                self.eval(&conn, batch, idx, now, Mode::Refund)
-            });
-            let refunded = join_all(refunds).await;
-            for part in results.into_iter().chain(refunded) {
-                let part = part?;
-                for (k, &i) in part.indices.iter().enumerate() {
-                    let mut item = part.outcome.items[k];
-                    if let Some(checked) = items[i] {
-                        // A probe of phase 2: the check was phase 1's.
-                        item.passed = checked.passed;
-                    }
-                    items[i] = Some(item);
-                }
-            }
+        let (checked, admitted) = self.check(&conn, batch, &groups, now).await;
+        let items = if admitted {
+            self.finish_admitted(&conn, batch, &groups, checked, now)
+                .await?
         } else {
-            let admitted_parts: Vec<&Part> = results
-                .iter()
-                .filter_map(|r| r.as_ref().ok())
-                .filter(|p| p.outcome.admitted)
-                .collect();
-            // Groups of refunds alone were not sent in phase 1: probe them now, next to the
-            // compensation (other slots, so neither sees the other).
-            let probes = groups
-                .iter()
-                .filter(only_refunds)
-                .map(|g| self.eval(&conn, batch, g.clone(), now, Mode::Check));
-            let (undone, probed) = futures_util::future::join(
-                join_all(
-                    admitted_parts
-                        .iter()
-                        .map(|p| self.undo(&conn, batch, p, now)),
-                ),
-                join_all(probes),
-            )
-            .await;
-            for err in undone.into_iter().filter_map(Result::err) {
-                tracing::warn!(error = %err, "cluster compensation failed; entries expire with their window");
-            }
-            for part in results.into_iter().chain(probed) {
-                let part = part?;
-                for (k, &i) in part.indices.iter().enumerate() {
-                    let mut item = part.outcome.items[k];
-                    if part.outcome.admitted {
-                        // What the key holds once this part's own entries are gone again.
-                        let undone: u64 = part
-                            .indices
-                            .iter()
-                            .zip(&part.added)
-                            .filter(|(&j, &first)| first > 0 && batch[j].key == batch[i].key)
-                            .map(|(&j, _)| batch[j].counted_hits().min(MAX_EXACT))
-                            .sum();
-                        item = without_undone(item, &batch[i], undone);
-                    }
-                    items[i] = Some(item);
-                }
-            }
-        }
+            self.finish_rejected(&conn, batch, &groups, checked, now)
+                .await?
+        };
         let items = items
             .into_iter()
             .collect::<Option<Vec<KeyOutcome>>>()
             .ok_or_else(|| LimiterError::Protocol("cluster batch item without outcome".into()))?;
         Ok(BatchOutcome::from_backend(admitted, items))
     }
+
+    /// Phase 1: every group with a checking item, in parallel (its refunds as probes). Returns
+    /// the parts and whether the request is admitted.
+    async fn check(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Item],
+        groups: &[Vec<usize>],
+        now: Option<u64>,
+    ) -> (Vec<Result<Part, LimiterError>>, bool) {
+        let checking = groups.iter().filter(|g| !only_refunds(batch, g));
+        let parts =
+            join_all(checking.map(|g| self.eval(conn, batch, g.clone(), now, Mode::Check))).await;
+        let mut admitted = parts
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|p| p.outcome.admitted));
+        // quota_mode across groups: some quota item must have passed somewhere. None passed
+        // means none recorded, so the compensation only undoes the consume items.
+        if admitted && batch.iter().any(|h| h.kind == ItemKind::Quota) {
+            admitted = parts.iter().flatten().any(|p| {
+                p.indices
+                    .iter()
+                    .zip(&p.outcome.items)
+                    .any(|(&i, item)| batch[i].kind == ItemKind::Quota && item.passed)
+            });
+        }
+        (parts, admitted)
+    }
+
+    /// Phase 2 of an admitted request: refunds never reject; they apply only once every group
+    /// admitted. The other items of a refunded key go along as probes, so that they report the
+    /// key as the request left it, as one script call would. Returns each item's outcome.
+    async fn finish_admitted(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Item],
+        groups: &[Vec<usize>],
+        checked: Vec<Result<Part, LimiterError>>,
+        now: Option<u64>,
+    ) -> Result<Vec<Option<KeyOutcome>>, LimiterError> {
+        let refunds = groups.iter().filter(|g| has_refunds(batch, g)).map(|g| {
+            let refunded = |key: &str| {
+                g.iter()
+                    .any(|&j| batch[j].kind == ItemKind::Refund && batch[j].key == key)
+            };
+            let idx: Vec<usize> = g
+                .iter()
+                .copied()
+                .filter(|&i| refunded(&batch[i].key))
+                .collect();
+            self.eval(conn, batch, idx, now, Mode::Refund)
+        });
+        let refunded = join_all(refunds).await;
+        let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
+        for part in checked.into_iter().chain(refunded) {
+            let part = part?;
+            for (k, &i) in part.indices.iter().enumerate() {
+                let mut item = part.outcome.items[k];
+                if let Some(checked) = items[i] {
+                    // A probe of phase 2: the check was phase 1's.
+                    item.passed = checked.passed;
+                }
+                items[i] = Some(item);
+            }
+        }
+        Ok(items)
+    }
+
+    /// A rejected request: takes back what the admitted parts recorded and probes the groups
+    /// of refunds alone, which phase 1 did not send (other slots, so neither sees the other).
+    /// Returns each item's outcome, as the keys are once the compensation ran.
+    async fn finish_rejected(
+        &self,
+        conn: &ClusterConnection,
+        batch: &[Item],
+        groups: &[Vec<usize>],
+        checked: Vec<Result<Part, LimiterError>>,
+        now: Option<u64>,
+    ) -> Result<Vec<Option<KeyOutcome>>, LimiterError> {
+        let admitted_parts = checked
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter(|p| p.outcome.admitted);
+        let probes = groups
+            .iter()
+            .filter(|g| only_refunds(batch, g))
+            .map(|g| self.eval(conn, batch, g.clone(), now, Mode::Check));
+        let (undone, probed) = futures_util::future::join(
+            join_all(admitted_parts.map(|p| self.undo(conn, batch, p, now))),
+            join_all(probes),
+        )
+        .await;
+        for err in undone.into_iter().filter_map(Result::err) {
+            tracing::warn!(error = %err, "cluster compensation failed; entries expire with their window");
+        }
+        let mut items: Vec<Option<KeyOutcome>> = vec![None; batch.len()];
+        for part in checked.into_iter().chain(probed) {
+            let part = part?;
+            for (k, &i) in part.indices.iter().enumerate() {
+                let mut item = part.outcome.items[k];
+                if part.outcome.admitted {
+                    // What the key holds once this part's own entries are gone again.
+                    let undone: u64 = part
+                        .indices
+                        .iter()
+                        .zip(&part.undo)
+                        .filter(|(&j, &token)| token > 0 && batch[j].key == batch[i].key)
+                        .map(|(&j, _)| batch[j].counted_hits().min(MAX_EXACT))
+                        .sum();
+                    item = without_undone(item, &batch[i], undone);
+                }
+                items[i] = Some(item);
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// Whether the group at `indices` has a refund item.
+fn has_refunds(batch: &[Item], indices: &[usize]) -> bool {
+    indices.iter().any(|&i| batch[i].kind == ItemKind::Refund)
+}
+
+/// Whether the group at `indices` has refund items only (phase 1 does not send it).
+fn only_refunds(batch: &[Item], indices: &[usize]) -> bool {
+    indices.iter().all(|&i| batch[i].kind == ItemKind::Refund)
 }
 
 #[async_trait]
 impl Limiter for ClusterLimiter {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         self.run(batch, now_ms).await
@@ -420,7 +459,7 @@ impl Limiter for ClusterLimiter {
         .await
     }
 
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "redis-cluster"
     }
 }
@@ -446,12 +485,12 @@ mod tests {
 
     #[test]
     fn groups_keep_batch_order() {
-        let hit = |key: &str| Hit {
+        let hit = |key: &str| Item {
             key: key.into(),
             limit: 1,
             window_ms: 1,
             hits: 1,
-            kind: HitKind::Consume,
+            kind: ItemKind::Consume,
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,

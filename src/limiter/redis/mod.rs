@@ -6,13 +6,8 @@
 //! once; the limiter sends `EVALSHA` itself rather than through redis-rs's `invoke_async`, which
 //! reloads silently, so that reloads can be counted ([`BackendStats::script_loads`]).
 //!
-//! Connections: a few shared [`MultiplexedConnection`]s used round-robin, not a pool. A
-//! multiplexed connection already carries any number of concurrent requests, so a pool adds
-//! nothing but its checkout, and deadpool-redis 0.23 makes that checkout cost a round trip: its
-//! `recycle` always sends `UNWATCH` + `PING` and has no fast recycling method to turn that off.
-//! A couple of connections (rather than one) spread the encoding/decoding work over two driver
-//! tasks; many more only split concurrent decisions into smaller batched calls (more calls, more
-//! socket work on both sides: measured in docs/performance.md, "Connections"). A connection
+//! Connections: a few shared [`MultiplexedConnection`]s used round-robin, not a pool (why, and
+//! why a couple rather than one or many: docs/redis.md, "Connections"). A connection
 //! that fails in a way that needs a new one is dropped and re-established lazily by the next
 //! request on that slot; while Redis is unreachable, reconnects of a slot are spaced by
 //! [`RECONNECT_BACKOFF`] so requests fail fast instead of queueing on connect attempts.
@@ -50,9 +45,9 @@ use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::{BackendStats, BatchOutcome, Hit, Limiter, LimiterError};
+use super::{BackendStats, BatchOutcome, Item, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
-use script::{decode_reply, item_args, now_arg, push_item_args, SCRIPT};
+use script::{decode_reply, DecideCall, SCRIPT};
 
 /// Time allowed to establish one connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -172,7 +167,7 @@ impl RedisLimiter {
         self.next.fetch_add(1, Ordering::Relaxed) % self.shared.slots.len()
     }
 
-    async fn run(&self, batch: &[Hit], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+    async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
         if batch.is_empty() {
             return Ok(BatchOutcome::from_backend(true, Vec::new()));
         }
@@ -189,18 +184,11 @@ impl Shared {
     pub(super) async fn call_one(
         &self,
         slot: usize,
-        batch: &[Hit],
+        batch: &[Item],
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         let mut evalsha = self.evalsha(1);
-        evalsha.arg(batch.len());
-        for hit in batch {
-            evalsha.arg(hit.key.as_str());
-        }
-        evalsha.arg(now_arg(now));
-        for hit in batch {
-            push_item_args(&mut evalsha, item_args(hit));
-        }
+        DecideCall::single(batch, now).write(&mut evalsha);
         let reply = self.call(slot, &mut evalsha).await?;
         decode_reply(&reply, batch.len())
     }
@@ -323,7 +311,7 @@ pub(crate) fn map_error(e: &RedisError) -> LimiterError {
 impl Limiter for RedisLimiter {
     async fn decide(
         &self,
-        batch: &[Hit],
+        batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
         self.run(batch, now_ms).await
@@ -360,7 +348,7 @@ impl Limiter for RedisLimiter {
         .await
     }
 
-    fn backend(&self) -> &'static str {
+    fn name(&self) -> &'static str {
         "redis"
     }
 

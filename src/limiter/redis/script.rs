@@ -13,11 +13,18 @@
 //! `compensate.lua` ([`COMPENSATE`]). Each script is assembled at build time: a header generated
 //! from the constants below (so Rust and Lua cannot disagree on them), `shared.lua`, then the
 //! script's own files. `KEYS`, `ARGV` and the replies are documented once, on [`SCRIPT`] and
-//! [`COMPENSATE`]; the Lua files say what the scripts do with them (steps, data layout in Redis,
-//! log members). `scripts/ci/lua-lint.sh` runs luacheck over them.
+//! [`COMPENSATE`], and named once, in the constants below: every argument and reply element by
+//! its offset (`ARG_*`, `REPLY_*`, `UNDO_ARG_*`), which the Lua reads by name, [`ItemArgs`] and
+//! the call builders ([`DecideCall`], [`CompensateCall`]) write and [`decode_reply`] reads. The
+//! codes the Lua dispatches on belong here too, not to the pure models. The Lua files say what
+//! the scripts do with them (steps, data layout in Redis, log members).
+//! `scripts/ci/lua-lint.sh` runs luacheck over them.
 
-use crate::limiter::{BatchOutcome, Hit, HitKind, KeyOutcome, LimiterError};
-use redis::{Script, ScriptInvocation, Value};
+use crate::limiter::{Algorithm, BatchOutcome, ItemKind, KeyOutcome, LimiterError, OverLimit};
+use redis::Value;
+
+mod call;
+pub use call::{Arg, CompensateCall, DecideCall, ItemArgs};
 
 /// Declares each constant that Rust and the scripts share once: as a Rust constant, and as a
 /// `local NAME = value` line of [`LUA_HEADER`], which starts every script.
@@ -37,20 +44,55 @@ macro_rules! shared_with_lua {
 }
 
 shared_with_lua! {
-    /// Arguments per batch item in a [`SCRIPT`] call (see its layout).
+    /// Arguments per batch item in a [`SCRIPT`] call: the item's `ARG_*` offsets, 1 to
+    /// `ARGS_PER_ITEM` ([`ItemArgs`] has their meaning).
     ARGS_PER_ITEM: usize = 7;
-    /// Arguments per key in a [`COMPENSATE`] call.
+    /// An item's limit, at `ARGV[at + ARG_LIMIT]` (`at`: the arguments before the item's).
+    ARG_LIMIT: usize = 1;
+    /// See [`ARG_LIMIT`].
+    ARG_WINDOW_MS: usize = 2;
+    /// See [`ARG_LIMIT`].
+    ARG_HITS: usize = 3;
+    /// See [`ARG_LIMIT`].
+    ARG_KIND: usize = 4;
+    /// See [`ARG_LIMIT`].
+    ARG_ALGORITHM: usize = 5;
+    /// See [`ARG_LIMIT`].
+    ARG_PARAM: usize = 6;
+    /// See [`ARG_LIMIT`].
+    ARG_OVER_LIMIT: usize = 7;
+    /// Elements of a [`SCRIPT`] reply before the items': the verdict.
+    REPLY_HEAD: usize = 1;
+    /// Elements per item of a [`SCRIPT`] reply: the item's `REPLY_*` offsets, 1 to
+    /// `REPLY_PER_ITEM`; item `i`'s (1-based) element `X` is
+    /// `REPLY_HEAD + REPLY_PER_ITEM × (i - 1) + REPLY_X` (1-based, as Lua counts).
+    REPLY_PER_ITEM: usize = 4;
+    /// See [`REPLY_PER_ITEM`].
+    REPLY_PASSED: usize = 1;
+    /// See [`REPLY_PER_ITEM`].
+    REPLY_COUNT: usize = 2;
+    /// See [`REPLY_PER_ITEM`].
+    REPLY_RESET_MS: usize = 3;
+    /// See [`REPLY_PER_ITEM`].
+    REPLY_UNDO: usize = 4;
+    /// Arguments per key in a [`COMPENSATE`] call, at `ARGV[at + UNDO_ARG_*]`.
     UNDO_ARGS_PER_KEY: usize = 4;
+    /// See [`UNDO_ARGS_PER_KEY`].
+    UNDO_ARG_ALGORITHM: usize = 1;
+    /// See [`UNDO_ARGS_PER_KEY`].
+    UNDO_ARG_TOKEN: usize = 2;
+    /// See [`UNDO_ARGS_PER_KEY`].
+    UNDO_ARG_HITS: usize = 3;
+    /// See [`UNDO_ARGS_PER_KEY`].
+    UNDO_ARG_WINDOW_MS: usize = 4;
     /// Largest number sent to the scripts, 2^52. Lua numbers are doubles, exact up to 2^53;
     /// capping every input at 2^52 keeps sums of two of them exact. Limits are capped at
     /// `MAX_EXACT - 1` (no real limit is near it, and Redis could not hold that many members
     /// anyway), so a capped `hits` still exceeds every limit, exactly like the original value.
     MAX_EXACT: u64 = 4503599627370496;
     /// A sliding-log entry's member starts with its number, one of the integers
-    /// `LOG_MEMBER_FIRST..=LOG_MEMBER_LAST` assigned cyclically per key: 7 digits, which a
-    /// listpack stores as a 24-bit integer (5 bytes) when the entry's weight is 1. A heavier
-    /// entry's member is the number followed by its weight in decimal (`1000003` weighs 1,
-    /// `10000032000` 2000): see "Log entries" in `lua/decide.lua`.
+    /// `LOG_MEMBER_FIRST..=LOG_MEMBER_LAST` assigned cyclically per key (see `log_add` in
+    /// `lua/decide.lua`).
     LOG_MEMBER_FIRST: u64 = 1000000;
     /// See [`LOG_MEMBER_FIRST`].
     LOG_MEMBER_LAST: u64 = 8388607;
@@ -59,7 +101,7 @@ shared_with_lua! {
     LOG_TOTAL_MEMBER: &str = "t";
     /// `ARGV[1]` of a batched call (several requests in one call).
     BATCHED: &str = "b";
-    /// Item kinds in `ARGV` (see [`crate::limiter::HitKind`]).
+    /// Item kinds in `ARGV` ([`kind_code`]).
     KIND_CONSUME: &str = "c";
     /// See [`KIND_CONSUME`].
     KIND_SHADOW: &str = "s";
@@ -67,7 +109,7 @@ shared_with_lua! {
     KIND_REFUND: &str = "r";
     /// See [`KIND_CONSUME`].
     KIND_QUOTA: &str = "q";
-    /// Algorithm codes in `ARGV`: [`crate::limiter::Algorithm::code`] (a test holds them equal).
+    /// Algorithm codes in `ARGV` ([`algorithm_code`]).
     ALGORITHM_SLIDING_LOG: &str = "l";
     /// See [`ALGORITHM_SLIDING_LOG`].
     ALGORITHM_QUANTIZED_LOG: &str = "q";
@@ -79,14 +121,57 @@ shared_with_lua! {
     ALGORITHM_FIXED_WINDOW: &str = "f";
     /// See [`ALGORITHM_SLIDING_LOG`].
     ALGORITHM_IN_FLIGHT: &str = "i";
-    /// [`crate::limiter::OverLimit`] codes in `ARGV` ([`crate::limiter::OverLimit::code`]; a
-    /// test holds them equal).
+    /// [`OverLimit`] codes in `ARGV` ([`over_limit_code`]).
     OVER_LIMIT_REFUSE: &str = "n";
     /// See [`OVER_LIMIT_REFUSE`].
     OVER_LIMIT_FILL: &str = "f";
     /// See [`OVER_LIMIT_REFUSE`].
     OVER_LIMIT_RECORD: &str = "a";
 }
+
+/// Whether `offsets` name each position `1..=len` exactly once.
+const fn is_layout(offsets: &[usize], len: usize) -> bool {
+    if offsets.len() != len {
+        return false;
+    }
+    let mut seen = [false; 64];
+    let mut i = 0;
+    while i < offsets.len() {
+        let at = offsets[i];
+        if at == 0 || at > len || at > seen.len() || seen[at - 1] {
+            return false;
+        }
+        seen[at - 1] = true;
+        i += 1;
+    }
+    true
+}
+
+const _: () = assert!(is_layout(
+    &[
+        ARG_LIMIT,
+        ARG_WINDOW_MS,
+        ARG_HITS,
+        ARG_KIND,
+        ARG_ALGORITHM,
+        ARG_PARAM,
+        ARG_OVER_LIMIT
+    ],
+    ARGS_PER_ITEM
+));
+const _: () = assert!(is_layout(
+    &[REPLY_PASSED, REPLY_COUNT, REPLY_RESET_MS, REPLY_UNDO],
+    REPLY_PER_ITEM
+));
+const _: () = assert!(is_layout(
+    &[
+        UNDO_ARG_ALGORITHM,
+        UNDO_ARG_TOKEN,
+        UNDO_ARG_HITS,
+        UNDO_ARG_WINDOW_MS
+    ],
+    UNDO_ARGS_PER_KEY
+));
 
 const _: () = assert!(MAX_EXACT == 1 << 52 && MAX_EXACT == crate::limiter::MAX_COUNT);
 const _: () = assert!(LOG_MEMBER_FIRST == 1_000_000 && LOG_MEMBER_LAST == (1 << 23) - 1);
@@ -107,56 +192,42 @@ macro_rules! compensate_shebang {
 /// The first lines of every script: each constant above as a Lua local of the same name.
 pub const LUA_HEADER: &str = lua_header!();
 
-/// Decides a batch, or several (batched call). The KEYS/ARGV layout, shared by every caller:
+/// Decides a batch, or several (batched call). Callers build its calls with [`DecideCall`].
 ///
 /// `KEYS`: one per batch item, in batch order (a key may repeat; repeats are cumulative). A key
 /// is used with one algorithm only (the engine puts the algorithm in the key); a call that mixes
 /// two on one key is refused.
 ///
-/// `ARGV`:
-/// - `ARGV[1]`: `now` in whole ms, or the empty string to read Redis `TIME` (production: every
-///   sidecar then uses the same clock, however skewed their hosts are). An explicit `now` is for
-///   tests; a fraction is refused (`sluice: bad now`), since scores are printed as integers.
-/// - then [`ARGS_PER_ITEM`] per item `i` (1-based), from `ARGV[2 + ARGS_PER_ITEM × (i - 1)]`:
-///   `limit`, `window_ms`, `hits`, `kind` ([`KIND_CONSUME`], [`KIND_SHADOW`], [`KIND_REFUND`],
-///   [`KIND_QUOTA`]), `algorithm` ([`crate::limiter::Algorithm::code`]: [`ALGORITHM_SLIDING_LOG`]
-///   and the other `ALGORITHM_*`), its parameter ([`Hit::param`]: the quantized log's quantum in
-///   ms, GCRA's burst, `in_flight`'s lease token; else 0) and `over_limit`
-///   ([`OVER_LIMIT_REFUSE`], [`OVER_LIMIT_FILL`], [`OVER_LIMIT_RECORD`]). Numbers are decimal
-///   integers, each at most [`MAX_EXACT`] (limits, bursts and lease tokens at most
-///   `MAX_EXACT - 1`).
+/// `ARGV`: `ARGV[1]` is the clock: `now` in whole ms, or the empty string to read Redis `TIME`
+/// (production: every sidecar then uses the same clock, however skewed their hosts are; an
+/// explicit `now` is for tests, and a fraction is refused, `sluice: bad now`). Then
+/// [`ARGS_PER_ITEM`] per item, [`ItemArgs`] at their `ARG_*` offsets: item `i` (1-based) reads
+/// `ARGV[at + ARG_LIMIT]` etc. with `at = 1 + ARGS_PER_ITEM × (i - 1)`.
 ///
-/// Reply: a flat array of integers, `1 + 4n` long:
-/// `{admitted, passed_1, count_1, reset_ms_1, ..., passed_n, count_n, reset_ms_n, undo_1, ...,
-/// undo_n}` with `admitted`/`passed` 0 or 1, `count` what counts against the item's capacity
-/// after the decision, `reset_ms` as the reference models define it
-/// ([`crate::limiter::algorithms`]) and `undo` 0 when the item added nothing, else a token
-/// below 2^53 from which [`COMPENSATE`] takes the item's hits back (its form per algorithm:
-/// `lua/decide.lua`, "Undo tokens"). Malformed arguments give an error reply starting with
-/// `sluice:` before any key is touched, and a log key whose members would wrap onto live ones
-/// gives one before anything is written (it takes about 7.4 million live entries).
+/// Reply: a flat array of integers, [`REPLY_HEAD`] + [`REPLY_PER_ITEM`] × n long: the verdict
+/// (`admitted`, 0 or 1), then per item at its `REPLY_*` offsets `passed` (0 or 1), `count` (what
+/// counts against the item's capacity after the decision), `reset_ms` (as the reference models
+/// define it, [`crate::limiter::algorithms`]) and `undo`: 0 when the item added nothing, else a
+/// token below 2^53 from which [`COMPENSATE`] takes the item's hits back (its form per algorithm:
+/// `log_add` in `lua/decide.lua`, `record` in `lua/models.lua`). Malformed arguments give an error
+/// reply starting with `sluice:` before any key is touched, and a log key whose members would wrap
+/// onto live ones gives one before anything is written (it takes about 7.4 million live entries).
 ///
 /// Batched call (several requests in one call, see the `batch` module): `ARGV[1]` is
 /// [`BATCHED`], `ARGV[2]` the clock as above, `ARGV[3]` the number of requests `G`,
-/// `ARGV[4 .. 3 + G]` each request's item count, then every request's items
-/// ([`ARGS_PER_ITEM`] arguments each) in order; `KEYS` are every request's keys in the same
-/// order. The requests are decided one after the other, each exactly as a call of its own would
-/// be (all sharing one `now`), and the reply is an array of `G` replies as above (an error
-/// element for a request whose arguments are malformed or whose keys hold another type of value,
-/// `WRONGTYPE`; that request records nothing and the others are unaffected).
+/// `ARGV[4 .. 3 + G]` each request's item count, then every request's items in order; `KEYS`
+/// are every request's keys in the same order. The requests are decided one after the other,
+/// each exactly as a call of its own would be (all sharing one `now`), and the reply is an array
+/// of `G` replies as above (an error element for a request whose arguments are malformed or
+/// whose keys hold another type of value, `WRONGTYPE`; that request records nothing and the
+/// others are unaffected).
 ///
-/// What the script does with them is written in its files: the steps, the sliding log's data and
-/// members and what each step costs at the top of `lua/decide.lua`, the other algorithms' data
-/// in `lua/models.lua`.
+/// What the script does with them is written in its files: the steps, the sliding log's data
+/// and members at the top of `lua/decide.lua`, the other algorithms' data in `lua/models.lua`.
 ///
-/// Its first line declares it the Redis 7 way (`#!lua`, [`SCRIPT_SHEBANG`]) with no flags, so
-/// the server checks it before running it: an out-of-memory Redis (`maxmemory` reached under
-/// `noeviction`) refuses the whole call with `OOM` before a command of it runs, where a script
-/// without the line was refused only until its first write command (the eviction of phase 1), and
-/// then grew Redis past `maxmemory`. Nothing else changes for this script: its keys are all in
-/// `KEYS` already (in a cluster, a declared script may only touch its own slot, as each call of
-/// the cluster backend does), `TIME` is allowed (Redis 7 replicates a script's effects, not the
-/// script), and it is not run on read-only replicas. Needs Redis 7.0 or later.
+/// Its first line ([`SCRIPT_SHEBANG`], no flags) declares it, so that an out-of-memory Redis
+/// refuses the whole call before any command of it runs (docs/redis.md, "Redis out of memory").
+/// Needs Redis 7.0 or later.
 pub const SCRIPT: &str = concat!(
     script_shebang!(),
     "\n",
@@ -167,16 +238,15 @@ pub const SCRIPT: &str = concat!(
 );
 
 /// Takes back exactly what earlier [`SCRIPT`] calls recorded (the cluster backend's
-/// compensation). `KEYS`: the keys; `ARGV[1]`: the clock argument the [`SCRIPT`] call was sent
-/// with (see [`SCRIPT`]; a log entry's time is found again near it), then [`UNDO_ARGS_PER_KEY`]
-/// per key, in order: the `algorithm` code, the item's `undo` token from that call's reply
-/// (non-zero), its `hits` and its `window_ms` (each at most [`MAX_EXACT`]). Reply: the hits
-/// taken back; malformed arguments give an error reply starting with `sluice:` before any key
-/// is touched. How each algorithm's hits are found again: `lua/compensate.lua`.
+/// compensation); callers build its calls with [`CompensateCall`]. `KEYS`: the keys; `ARGV[1]`:
+/// the clock argument the [`SCRIPT`] call was sent with (a log entry's time is found again near
+/// it), then [`UNDO_ARGS_PER_KEY`] per key at their `UNDO_ARG_*` offsets: the `algorithm` code,
+/// the item's `undo` token from that call's reply (non-zero), its `hits` and its `window_ms`
+/// (each at most [`MAX_EXACT`]). Reply: the hits taken back; malformed arguments give an error
+/// reply starting with `sluice:` before any key is touched. How each algorithm's hits are found
+/// again: `lua/compensate.lua`.
 ///
-/// Declared with `allow-oom` ([`COMPENSATE_SHEBANG`]): it only takes back what [`SCRIPT`]
-/// recorded, so it must run exactly when Redis is full too (a script without the declaration is
-/// refused at its first `SET`/`HINCRBY` under OOM, leaving the entries it should remove).
+/// Declared `allow-oom` ([`COMPENSATE_SHEBANG`]): it must run when Redis is full too.
 pub const COMPENSATE: &str = concat!(
     compensate_shebang!(),
     "\n",
@@ -190,84 +260,35 @@ pub const SCRIPT_SHEBANG: &str = script_shebang!();
 /// The first line of [`COMPENSATE`].
 pub const COMPENSATE_SHEBANG: &str = compensate_shebang!();
 
-/// The clock argument (`ARGV[1]`, in a batched call `ARGV[2]`): the explicit clock in ms, or
-/// empty for Redis `TIME`.
-pub(super) fn now_arg(now: Option<u64>) -> String {
-    now.map_or_else(String::new, |n| n.min(MAX_EXACT).to_string())
-}
-
-/// One item's [`ARGS_PER_ITEM`] `ARGV` values, in order: limit, window_ms, hits, kind,
-/// algorithm code, parameter, over_limit code.
-pub(super) type ItemArgs = (u64, u64, u64, &'static str, &'static str, u64, &'static str);
-
-/// The `ARGV` values of `hit` (see [`SCRIPT`]).
-pub(super) fn item_args(hit: &Hit) -> ItemArgs {
-    // Lua numbers are doubles: every number is capped at 2^52 so sums stay exact. Limits cap one
-    // below hits, so that a clamped huge `hits` still fails like the original, and still counts
-    // as at least any limit for later items on the key.
-    let kind = match hit.kind {
-        HitKind::Consume => KIND_CONSUME,
-        HitKind::Shadow => KIND_SHADOW,
-        HitKind::Refund => KIND_REFUND,
-        HitKind::Quota => KIND_QUOTA,
-    };
-    (
-        hit.limit.min(MAX_EXACT - 1),
-        hit.window_ms.min(MAX_EXACT),
-        hit.hits.min(MAX_EXACT),
-        kind,
-        hit.algorithm.code(),
-        hit.param().min(MAX_EXACT - 1),
-        hit.over_limit.code(),
-    )
-}
-
-/// Appends one item's `ARGV` values to a hand-built `EVALSHA`.
-pub(super) fn push_item_args(
-    cmd: &mut redis::Cmd,
-    (limit, window_ms, hits, kind, algorithm, param, over_limit): ItemArgs,
-) {
-    cmd.arg(limit)
-        .arg(window_ms)
-        .arg(hits)
-        .arg(kind)
-        .arg(algorithm)
-        .arg(param)
-        .arg(over_limit);
-}
-
-/// The unbatched call of [`SCRIPT`] for `batch`.
-pub(super) fn invocation<'s>(
-    script: &'s Script,
-    batch: &[Hit],
-    now: Option<u64>,
-) -> ScriptInvocation<'s> {
-    let mut invocation = script.prepare_invoke();
-    invocation.arg(now_arg(now));
-    for hit in batch {
-        let (limit, window_ms, hits, kind, algorithm, param, over_limit) = item_args(hit);
-        invocation
-            .key(hit.key.as_str())
-            .arg(limit)
-            .arg(window_ms)
-            .arg(hits)
-            .arg(kind)
-            .arg(algorithm)
-            .arg(param)
-            .arg(over_limit);
+/// The code of an item kind in `ARGV` (`KIND_*`).
+pub const fn kind_code(kind: ItemKind) -> &'static str {
+    match kind {
+        ItemKind::Consume => KIND_CONSUME,
+        ItemKind::Shadow => KIND_SHADOW,
+        ItemKind::Refund => KIND_REFUND,
+        ItemKind::Quota => KIND_QUOTA,
     }
-    invocation
 }
 
-/// The `ARGV` values of a [`COMPENSATE`] call for `hit`, whose [`SCRIPT`] call returned undo
-/// token `undo` (after the clock argument, [`now_arg`]).
-pub(super) fn undo_args(hit: &Hit, undo: u64) -> [String; UNDO_ARGS_PER_KEY] {
-    [
-        hit.algorithm.code().to_string(),
-        undo.to_string(),
-        hit.hits.min(MAX_EXACT).to_string(),
-        hit.window_ms.min(MAX_EXACT).to_string(),
-    ]
+/// The code of an algorithm in `ARGV` (`ALGORITHM_*`).
+pub const fn algorithm_code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::SlidingLog => ALGORITHM_SLIDING_LOG,
+        Algorithm::QuantizedLog { .. } => ALGORITHM_QUANTIZED_LOG,
+        Algorithm::SlidingCounter => ALGORITHM_SLIDING_COUNTER,
+        Algorithm::Gcra { .. } => ALGORITHM_GCRA,
+        Algorithm::FixedWindow => ALGORITHM_FIXED_WINDOW,
+        Algorithm::InFlight => ALGORITHM_IN_FLIGHT,
+    }
+}
+
+/// The code of an [`OverLimit`] in `ARGV` (`OVER_LIMIT_*`).
+pub const fn over_limit_code(over_limit: OverLimit) -> &'static str {
+    match over_limit {
+        OverLimit::Refuse => OVER_LIMIT_REFUSE,
+        OverLimit::Fill => OVER_LIMIT_FILL,
+        OverLimit::Record => OVER_LIMIT_RECORD,
+    }
 }
 
 /// Decodes the reply of a batched call (`ARGV[1] = "b"`): one reply per group, each decoded by
@@ -317,11 +338,11 @@ pub fn refusal(code: &str, detail: Option<&str>) -> LimiterError {
 
 /// Decodes the script's reply for a batch of `items` items (layout documented on [`SCRIPT`]).
 pub fn decode_reply(value: &Value, items: usize) -> Result<BatchOutcome, LimiterError> {
-    decode_reply_with_added(value, items).map(|(outcome, _)| outcome)
+    decode_reply_with_undo(value, items).map(|(outcome, _)| outcome)
 }
 
 /// Like [`decode_reply`], also returning each item's undo token (0: added nothing).
-pub fn decode_reply_with_added(
+pub fn decode_reply_with_undo(
     value: &Value,
     items: usize,
 ) -> Result<(BatchOutcome, Vec<u64>), LimiterError> {
@@ -331,8 +352,8 @@ pub fn decode_reply_with_added(
         )));
     };
     let expected = items
-        .checked_mul(4)
-        .and_then(|n| n.checked_add(1))
+        .checked_mul(REPLY_PER_ITEM)
+        .and_then(|n| n.checked_add(REPLY_HEAD))
         .unwrap_or(usize::MAX);
     if values.len() != expected {
         return Err(LimiterError::Protocol(format!(
@@ -340,8 +361,9 @@ pub fn decode_reply_with_added(
             values.len()
         )));
     }
+    // Element `i`, counted from 1 as the script (and the layout on `SCRIPT`) counts them.
     let int = |i: usize| -> Result<u64, LimiterError> {
-        match values.get(i) {
+        match values.get(i - 1) {
             Some(Value::Int(n)) if *n >= 0 => Ok(*n as u64),
             other => Err(LimiterError::Protocol(format!(
                 "script reply element {i} is not a non-negative integer: {other:?}"
@@ -357,21 +379,19 @@ pub fn decode_reply_with_added(
             ))),
         }
     };
-    let admitted = flag(0)?;
-    let items = (0..items)
-        .map(|k| {
-            let base = 1 + 3 * k;
-            Ok(KeyOutcome {
-                passed: flag(base)?,
-                count: int(base + 1)?,
-                reset_ms: int(base + 2)?,
-            })
-        })
-        .collect::<Result<Vec<_>, LimiterError>>()?;
-    let added = (0..items.len())
-        .map(|k| int(1 + 3 * items.len() + k))
-        .collect::<Result<Vec<_>, LimiterError>>()?;
-    Ok((BatchOutcome::from_backend(admitted, items), added))
+    let admitted = flag(1)?;
+    let mut outcomes = Vec::with_capacity(items);
+    let mut undo = Vec::with_capacity(items);
+    for k in 0..items {
+        let at = REPLY_HEAD + REPLY_PER_ITEM * k;
+        outcomes.push(KeyOutcome {
+            passed: flag(at + REPLY_PASSED)?,
+            count: int(at + REPLY_COUNT)?,
+            reset_ms: int(at + REPLY_RESET_MS)?,
+        });
+        undo.push(int(at + REPLY_UNDO)?);
+    }
+    Ok((BatchOutcome::from_backend(admitted, outcomes), undo))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use sluice::limiter::redis::cluster::ClusterLimiter;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, BatchOutcome, Hit, HitKind, KeyOutcome, Limiter, OverLimit};
+use sluice::limiter::{Algorithm, BatchOutcome, Item, ItemKind, KeyOutcome, Limiter, OverLimit};
 
 use super::redis_server::{RedisCluster, RedisServer};
 
@@ -13,9 +13,9 @@ use super::redis_server::{RedisCluster, RedisServer};
 /// shape as in production.
 pub const T: u64 = 1_700_000_000_000;
 
-/// A sliding-log hit, with the default `over_limit` (fill).
-pub fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> Hit {
-    Hit {
+/// A sliding-log item, with the default `over_limit` (fill).
+pub fn log_item(key: &str, limit: u64, window_ms: u64, hits: u64, kind: ItemKind) -> Item {
+    Item {
         key: key.to_string(),
         limit,
         window_ms,
@@ -27,31 +27,32 @@ pub fn hit(key: &str, limit: u64, window_ms: u64, hits: u64, kind: HitKind) -> H
     }
 }
 
-/// A `Consume` hit on a 1 s window.
-pub fn c(key: &str, limit: u64, hits: u64) -> Hit {
-    hit(key, limit, 1000, hits, HitKind::Consume)
+/// A `Consume` item of `hits` on a 1 s sliding log.
+pub fn consume_hits(key: &str, limit: u64, hits: u64) -> Item {
+    log_item(key, limit, 1000, hits, ItemKind::Consume)
 }
 
 /// One consume hit of `key` on a sliding log: the decision shape of tests that exercise a Redis
 /// backend rather than a rule.
-pub fn consume(key: &str, limit: u64, window_ms: u64) -> Hit {
-    hit(key, limit, window_ms, 1, HitKind::Consume)
+pub fn consume(key: &str, limit: u64, window_ms: u64) -> Item {
+    log_item(key, limit, window_ms, 1, ItemKind::Consume)
 }
 
 /// `h` counted by `alg`.
-pub fn with(alg: Algorithm, h: Hit) -> Hit {
-    Hit {
+pub fn with(alg: Algorithm, h: Item) -> Item {
+    Item {
         algorithm: alg,
         ..h
     }
 }
 
 /// `h` with `over_limit` set.
-pub fn over(over_limit: OverLimit, h: Hit) -> Hit {
-    Hit { over_limit, ..h }
+pub fn over(over_limit: OverLimit, h: Item) -> Item {
+    Item { over_limit, ..h }
 }
 
-pub fn ko(passed: bool, count: u64, reset_ms: u64) -> KeyOutcome {
+/// What a backend reports for one item.
+pub fn key_outcome(passed: bool, count: u64, reset_ms: u64) -> KeyOutcome {
     KeyOutcome {
         passed,
         count,
@@ -60,24 +61,24 @@ pub fn ko(passed: bool, count: u64, reset_ms: u64) -> KeyOutcome {
 }
 
 /// Decides `batch` as if the time were `now`; panics on a backend error.
-pub async fn at(l: &Arc<dyn Limiter>, batch: &[Hit], now: u64) -> BatchOutcome {
+pub async fn decide_at(l: &Arc<dyn Limiter>, batch: &[Item], now: u64) -> BatchOutcome {
     l.decide(batch, Some(now))
         .await
         .unwrap_or_else(|e| panic!("decide at {now} failed: {e}"))
 }
 
-/// [`at`] on a task of its own, waited for `limit` at most: a decision that loops or deadlocks
-/// fails the test instead of hanging it, even on the memory backend, whose decision never
-/// yields (the task holds one worker; the waiting test runs on another, so the runtime needs
-/// two or more).
-pub async fn at_within(
+/// [`decide_at`] on a task of its own, waited for `limit` at most: a decision that loops or
+/// deadlocks fails the test instead of hanging it, even on the memory backend, whose decision
+/// never yields (the task holds one worker; the waiting test runs on another, so the runtime
+/// needs two or more).
+pub async fn decide_at_within(
     l: &Arc<dyn Limiter>,
-    batch: &[Hit],
+    batch: &[Item],
     now: u64,
     limit: std::time::Duration,
 ) -> BatchOutcome {
     let (l, owned) = (Arc::clone(l), batch.to_vec());
-    let task = tokio::spawn(async move { at(&l, &owned, now).await });
+    let task = tokio::spawn(async move { decide_at(&l, &owned, now).await });
     match tokio::time::timeout(limit, task).await {
         Ok(outcome) => outcome.unwrap_or_else(|e| panic!("decide at {now}: {e}")),
         Err(_) => panic!("no decision within {limit:?} for {batch:?}"),
@@ -86,9 +87,9 @@ pub async fn at_within(
 
 /// The key's count in the window at `now`, via a check-only probe with an unreachable limit.
 pub async fn count_at(l: &Arc<dyn Limiter>, key: &str, window_ms: u64, now: u64) -> u64 {
-    let out = at(
+    let out = decide_at(
         l,
-        &[hit(key, u64::MAX, window_ms, 0, HitKind::Consume)],
+        &[log_item(key, u64::MAX, window_ms, 0, ItemKind::Consume)],
         now,
     )
     .await;

@@ -117,10 +117,10 @@ local undo = {}
 for i = 1, #KEYS do
   local at = 1 + UNDO_ARGS_PER_KEY * (i - 1)
   local entry = {
-    algorithm = ARGV[at + 1],
-    token = tonumber(ARGV[at + 2]),
-    hits = tonumber(ARGV[at + 3]),
-    window = tonumber(ARGV[at + 4]),
+    algorithm = ARGV[at + UNDO_ARG_ALGORITHM],
+    token = tonumber(ARGV[at + UNDO_ARG_TOKEN]),
+    hits = tonumber(ARGV[at + UNDO_ARG_HITS]),
+    window = tonumber(ARGV[at + UNDO_ARG_WINDOW_MS]),
   }
   if not (entry.token and entry.hits and entry.window) then
     return redis.error_reply('sluice: bad number in item ' .. i)

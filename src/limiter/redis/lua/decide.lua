@@ -1,77 +1,19 @@
 -- Decides one request (or, in a batched call, several one after the other) atomically inside
 -- Redis: every key of a request is read, checked and then written as its verdict says, in one
--- round trip, so concurrent sidecars can never interleave between check and record.
+-- round trip. KEYS, ARGV and the reply: `SCRIPT` in src/limiter/redis/script.rs, which
+-- assembles the script: the header it generates, shared.lua, models.lua, then this file.
 --
--- KEYS, ARGV and the reply: the doc of `SCRIPT` in src/limiter/redis/script.rs, which assembles
--- the script: the layout header it generates, shared.lua, models.lua, then this file.
+-- A transcription of `decide_batch` (src/limiter/window.rs) over the models of
+-- src/limiter/algorithms.rs, which are the reference (tests/differential.rs holds the two to the
+-- same outcomes on random traces); what each item records is defined once, in the doc of
+-- src/limiter/mod.rs. A request is read (read_item), checked (check: phase 1, which writes
+-- nothing to a sliding log), recorded (write: phase 2) and reported (report).
 --
--- The steps are a transcription of `decide_batch` (src/limiter/window.rs) over the per-algorithm
--- models of src/limiter/algorithms.rs, which are the reference (a property test holds the two to
--- the same outcomes on random traces); what each item records is defined once, in the doc of
--- src/limiter/mod.rs:
--- - phase 1, per item in order: bring the key to now (sliding log: read the total, and the
---   entries at or before now - window, whose weight comes off it; the other algorithms: settle
---   a copy in Lua), then check `count + earlier + hits <= capacity` (`< capacity` for a probe of
---   0 hits), `earlier` being what earlier items of the request record on the same key if it is
---   admitted, the capacity the limit or GCRA's burst. Refunds pass. If the request has quota
---   items, at least one must pass. Each item's take under either verdict is fixed here
---   (`over_limit`). Phase 1 writes nothing to a sliding log (a quantized log drops its expired
---   buckets), so a command failing in it (a key of another type) leaves the log as it was;
--- - phase 2, in request order: the sliding logs' expired entries go, then each item records its
---   take for the verdict (admitted: consume items and passed shadow and quota items their hits;
---   otherwise what `over_limit` says), and on an admitted request refunds take back up to
---   theirs, newest first; then every written key gets its TTL, so idle keys vanish on their
---   own. A verdict whose takes are all 0 (a rejected request of `refuse` items, or of `fill`
---   items that fit or found their key full) writes nothing but the evictions;
--- - every item reports its key's count and reset after the decision.
---
--- Data layout of the sliding log (the other algorithms': models.lua): one sorted set per key,
--- one member per entry (an item that recorded, whatever its weight), scored with the ms it was
--- recorded, and the member LOG_TOTAL_MEMBER scored with minus the key's total (the sum of the
--- entries' weights), below every entry (store_log_total in shared.lua). Phase 1 reads the total
--- with the oldest entry (ZRANGE 0 1), and what left the window only when that entry has; the
--- newest is read when an entry is added. The total is stored again with the request's first
--- write to the key (one ZADD with the new entry), or on its own when only evictions changed it.
--- So a request never reads more than the entries it evicts. TTL: until the newest entry leaves
--- the window, so that idle keys vanish on their own.
---
--- Undo tokens (the reply's last numbers, which compensate.lua takes back): 0 unless the item
--- recorded its hits only because the request was admitted (it passed, and its over_limit is not
--- record, which in_flight ignores); for the sliding log (score mod TOKEN_SCORE) * TOKEN_MEMBER +
--- (member number - LOG_MEMBER_FIRST) + 1; for the quantized log the bucket start + 1; for the
--- fixed window and the sliding counter the window start + 1; for GCRA its rate max(limit, 1);
--- for in_flight the lease token + 1 (0 when it renewed a lease it did not add).
---
--- Log entries must be unique per key and short: a listpack stores an integer member of
--- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (1000000..8388607) in 5 bytes (a 24-bit integer; a UUID
--- costs 37). So an entry's member is a 7-digit number, assigned cyclically per key, followed by
--- its weight in decimal unless that is 1 (log_member in shared.lua): `1000041` weighs 1,
--- `10000412000` 2000 (an integer still: 9 bytes up to a weight of about 900 billion). A new key
--- starts at LOG_MEMBER_FIRST, then number = newest number + 1 per entry, wrapping from the last
--- to the first. Scores never decrease: score = max(now, newest score). Why this is safe across
--- instances and clock steps:
--- - members of equal score sort lexicographically, and every member starts with a number of one
---   width, so they sort by number: with non-decreasing scores the newest entry is the last one
---   (refunds take from there, and the next number follows it). At a wrap the new number would
---   sort below the newest at an equal score, so the entry goes 1 ms later: it counts 1 ms longer
---   than the memory backend's would (conservative), once per 7.4 million entries;
--- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
---   cyclic range; a new number collides with a live one only if the range's span plus the
---   request's new entries exceed the LOG_MEMBERS numbers. The span is checked before anything
---   is written, and the call fails with a `sluice:` error (it takes 7.4 million live entries,
---   i.e. requests, in one window);
--- - a score never goes back in time, so a step back of the clock cannot make a new entry expire
---   before the one before it (the memory backend records at max(now, newest) too).
---
--- Cost (instructions per request: docs/performance.md, scripts/bench/script-cost.sh): a log
--- key's total and ends are read once per request, then kept up to date through the request's
--- own adds and refunds: an admitted item costs two ZRANGEs (one on a new key, or on a key of one
--- entry), one ZADD (the entry and the total) and PEXPIRE, whatever its weight, plus a ZRANGE of
--- what left the window and a ZREMRANGEBYSCORE when something did. Redis 7.0 prints every score
--- it returns with '%.17g', which costs about as much as a command, so scores are only asked for
--- where needed. Every closure costs an allocation per call, so the other algorithms' models are
--- only made when a call has an item that needs them, and the per-request state is one table per
--- item and one per key. Every request shape takes the same path (docs/performance.md).
+-- The sliding log (the other algorithms: models.lua) is one sorted set per key: one member per
+-- entry, i.e. per item that recorded, whatever its weight (log_add has the members' form), scored
+-- with the ms it was recorded at, and LOG_TOTAL_MEMBER holding the key's total
+-- (store_log_total in shared.lua). A request reads no more entries than it evicts (log_settle).
+-- Instructions per request, and what they go to: docs/performance.md.
 
 -- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
 -- less than a global per access.
@@ -111,7 +53,8 @@ end
 
 -- A sliding-log key's entry at `at`, NEWEST or OLDEST: its number and score, nil when the key
 -- is empty. Each end is read at most once per request (phase 1 reads the oldest), then kept up
--- to date by the request's own adds and refunds.
+-- to date by the request's own adds and refunds: Redis 7.0 prints every score it returns with
+-- '%.17g', which costs about as much as a command, so scores are only asked for where needed.
 local function log_entry(key, state, at)
   if state.total == 0 then
     return nil
@@ -137,7 +80,22 @@ local function log_span(key, state)
   return (newest - log_entry(key, state, OLDEST)) % LOG_MEMBERS + 1
 end
 
--- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token.
+-- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token,
+-- (score mod TOKEN_SCORE) * TOKEN_MEMBER + (number - LOG_MEMBER_FIRST) + 1 (compensate.lua's
+-- undo_log finds the entry from it).
+--
+-- An entry's member must be unique per key and short: a listpack stores an integer of
+-- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (7 digits) in 5 bytes where a UUID costs 37. So a member is
+-- a number, the newest entry's + 1 (LOG_MEMBER_FIRST on a new key, wrapping from the last to the
+-- first), followed by the entry's weight unless that is 1 (log_member in shared.lua: `1000041`
+-- weighs 1, `10000412000` 2000). The score is max(now, newest score), never back in time (as
+-- the memory backend records), so that entries of equal score sort by number and the newest is
+-- the last (refunds take from there). This is safe across instances and clock steps because:
+-- - at a wrap the new number would sort below the newest at an equal score, so the entry goes
+--   1 ms later (it counts 1 ms longer, conservative, once per 7.4 million entries);
+-- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
+--   cyclic range, and write checks before writing anything that the request's new entries do
+--   not reach a live number (log_span; it takes 7.4 million live entries in one window).
 local function log_add(key, state, weight)
   local newest_member, newest_score = log_entry(key, state, NEWEST)
   local score, member = now_ms, LOG_MEMBER_FIRST
@@ -269,16 +227,13 @@ local function log_evict(key, state)
   end
 end
 
--- Phase 2 for a sliding-log item: records its take or takes back its refund; whether it wrote.
+-- Phase 2 for a sliding-log item: records its take or takes back its refund; whether it wrote,
+-- and the undo token of what it recorded (0 for a refund).
 local function log_write(item, state)
   if item.kind == KIND_REFUND then
-    return log_refund(item.key, state, item.take)
+    return log_refund(item.key, state, item.take), 0
   end
-  local token = log_add(item.key, state, item.take)
-  if item.undoable then
-    item.undo = token
-  end
-  return true
+  return true, log_add(item.key, state, item.take)
 end
 
 -- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
@@ -316,75 +271,68 @@ local function models()
   return lua_models
 end
 
--- Reads the `n` items of one request, KEYS[first_key + 1 ..] and ARGV[first_arg + 1 ..]: one
--- table per item, each with its key's state. Returns nil and an error message for a malformed
--- item, before anything is read from or written to Redis.
-local function read_items(first_key, first_arg, n)
-  local items = {}
-  for i = 1, n do
-    local key, at = KEYS[first_key + i], first_arg + (i - 1) * ARGS_PER_ITEM
-    local limit, window, hits = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]),
-      tonumber(ARGV[at + 3])
-    local kind, algorithm, param = ARGV[at + 4], ARGV[at + 5], tonumber(ARGV[at + 6])
-    local over_limit = ARGV[at + 7]
-    -- Whole windows and hits: times and weights are printed as integers.
-    if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
-        or hits < 0 or param % 1 ~= 0 then
-      return nil, 'sluice: bad number in item ' .. i
-    end
-    if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
-        and kind ~= KIND_QUOTA then
-      return nil, 'sluice: bad kind in item ' .. i
-    end
-    if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
-        and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
-        and algorithm ~= ALGORITHM_FIXED_WINDOW and algorithm ~= ALGORITHM_IN_FLIGHT then
-      return nil, 'sluice: bad algorithm in item ' .. i
-    end
-    -- Leases count requests: an in_flight item's hits count as at most 1 (counted_hits).
-    if algorithm == ALGORITHM_IN_FLIGHT and hits > 1 then
-      hits = 1
-    end
-    if over_limit ~= OVER_LIMIT_FILL and over_limit ~= OVER_LIMIT_REFUSE
-        and over_limit ~= OVER_LIMIT_RECORD then
-      return nil, 'sluice: bad over_limit in item ' .. i
-    end
-    -- The state of an earlier item's key, else a new one. A linear scan: requests carry a
-    -- handful of items, and a table of keys would cost more than the scan.
-    local state
-    for j = 1, i - 1 do
-      if items[j].key == key then
-        state = items[j].state
-        break
-      end
-    end
-    if not state then
-      -- A key's state during the request, shared by its items: `earlier` and `rejected`, what
-      -- earlier items record on it if the request is admitted or rejected; `adds`, the entries
-      -- the request adds to a log; `writer`, the item whose write decides its TTL (false: not
-      -- written); for a sliding log its total (false: not read yet), the `cutoff` it was read
-      -- up to, whether entries wait to be removed (`evict`, log_evict) and whether that left
-      -- the stored total `stale`, and its newest and oldest entry (log_entry); for the other
-      -- algorithms what models().load reads.
-      if algorithm == ALGORITHM_SLIDING_LOG then
-        state = {
-          algorithm = algorithm, earlier = 0, rejected = 0, adds = 0, writer = false,
-          total = false, cutoff = false, evict = false, stale = false, newest_member = false,
-          newest_score = false, oldest_member = false, oldest_score = false,
-        }
-      else
-        state = {algorithm = algorithm, earlier = 0, rejected = 0, writer = false, loaded = false}
-      end
-    elseif state.algorithm ~= algorithm then
-      return nil, 'sluice: the key of item ' .. i .. ' has two algorithms'
-    end
-    items[i] = {
-      key = key, limit = limit, window = window, hits = hits, kind = kind,
-      algorithm = algorithm, param = param, over_limit = over_limit, state = state,
-      passed = false, if_admitted = 0, if_rejected = 0, take = 0, undoable = false, undo = 0,
-    }
+-- Reads item `i` of a request into items[i], with its key's state (shared with the request's
+-- earlier items on the key), from its key and its arguments (the main chunk reads them from
+-- ARGV, see its end). Returns an error message for a malformed item, before anything is read
+-- from or written to Redis.
+local function read_item(items, i, key, limit, window, hits, kind, algorithm, param, over_limit)
+  -- Whole windows and hits: times and weights are printed as integers.
+  if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
+      or hits < 0 or param % 1 ~= 0 then
+    return 'sluice: bad number in item ' .. i
   end
-  return items
+  if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
+      and kind ~= KIND_QUOTA then
+    return 'sluice: bad kind in item ' .. i
+  end
+  if algorithm ~= ALGORITHM_SLIDING_LOG and algorithm ~= ALGORITHM_QUANTIZED_LOG
+      and algorithm ~= ALGORITHM_SLIDING_COUNTER and algorithm ~= ALGORITHM_GCRA
+      and algorithm ~= ALGORITHM_FIXED_WINDOW and algorithm ~= ALGORITHM_IN_FLIGHT then
+    return 'sluice: bad algorithm in item ' .. i
+  end
+  -- Leases count requests: an in_flight item's hits count as at most 1 (counted_hits).
+  if algorithm == ALGORITHM_IN_FLIGHT and hits > 1 then
+    hits = 1
+  end
+  if over_limit ~= OVER_LIMIT_FILL and over_limit ~= OVER_LIMIT_REFUSE
+      and over_limit ~= OVER_LIMIT_RECORD then
+    return 'sluice: bad over_limit in item ' .. i
+  end
+  -- The state of an earlier item's key, else a new one. A linear scan: requests carry a
+  -- handful of items, and a table of keys would cost more than the scan.
+  local state
+  for j = 1, i - 1 do
+    if items[j].key == key then
+      state = items[j].state
+      break
+    end
+  end
+  if not state then
+    -- A key's state during the request, shared by its items: `earlier` and `rejected`, what
+    -- earlier items record on it if the request is admitted or rejected; `adds`, the entries
+    -- the request adds to a log; `writer`, the item whose write decides its TTL (false: not
+    -- written); for a sliding log its total (false: not read yet), the `cutoff` it was read
+    -- up to, whether entries wait to be removed (`evict`, log_evict) and whether that left
+    -- the stored total `stale`, and its newest and oldest entry (log_entry); for the other
+    -- algorithms what models().load reads.
+    if algorithm == ALGORITHM_SLIDING_LOG then
+      state = {
+        algorithm = algorithm, earlier = 0, rejected = 0, adds = 0, writer = false,
+        total = false, cutoff = false, evict = false, stale = false, newest_member = false,
+        newest_score = false, oldest_member = false, oldest_score = false,
+      }
+    else
+      state = {algorithm = algorithm, earlier = 0, rejected = 0, writer = false, loaded = false}
+    end
+  elseif state.algorithm ~= algorithm then
+    return 'sluice: the key of item ' .. i .. ' has two algorithms'
+  end
+  items[i] = {
+    key = key, limit = limit, window = window, hits = hits, kind = kind,
+    algorithm = algorithm, param = param, over_limit = over_limit, state = state,
+    passed = false, if_admitted = 0, if_rejected = 0, take = 0, undo = 0, count = 0, reset_ms = 0,
+  }
+  return nil
 end
 
 -- What an item records when it is not recorded as admitted (window.rs, over_limit_take):
@@ -517,11 +465,14 @@ local function write(items, n, admitted)
       local state = item.state
       -- Recorded only because the request was admitted: what compensation takes back (an
       -- in_flight item ignores over_limit: it records nothing unless admitted).
-      item.undoable = admitted and item.passed
+      local undoable = admitted and item.passed
         and (item.over_limit ~= OVER_LIMIT_RECORD or item.algorithm == ALGORITHM_IN_FLIGHT)
+      local token = 0
       if item.algorithm == ALGORITHM_SLIDING_LOG then
+        local wrote
+        wrote, token = log_write(item, state)
         -- A log's TTL follows the window of the first item that wrote to it.
-        if log_write(item, state) and not state.writer then
+        if wrote and not state.writer then
           state.writer = item
         end
       else
@@ -529,12 +480,12 @@ local function write(items, n, admitted)
         if item.kind == KIND_REFUND then
           models().refund(item, state)
         else
-          local token = models().record(item, state)
-          if item.undoable then
-            item.undo = token
-          end
+          token = models().record(item, state)
         end
         state.writer = item
+      end
+      if undoable then
+        item.undo = token
       end
     end
   end
@@ -554,86 +505,113 @@ local function write(items, n, admitted)
   return nil
 end
 
--- The reply of a decided request (see `SCRIPT` in script.rs): {admitted, then passed, count and
--- reset_ms per item, then the undo token per item}. Filled in index order, so the table only
--- ever grows its array part.
-local function outcomes(items, n, admitted)
-  local reply = {admitted and 1 or 0}
+-- Each item's count and reset after the decision, into the item.
+local function report(items, n)
   for i = 1, n do
     local item = items[i]
     local state = item.state
-    reply[3 * i - 1] = item.passed and 1 or 0
     if item.algorithm == ALGORITHM_SLIDING_LOG then
-      reply[3 * i] = state.total
-      reply[3 * i + 1] = log_reset_ms(item, state)
+      item.count, item.reset_ms = state.total, log_reset_ms(item, state)
     else
-      reply[3 * i] = models().count(item, state)
-      reply[3 * i + 1] = models().reset_ms(item, state)
+      item.count, item.reset_ms = models().count(item, state), models().reset_ms(item, state)
     end
   end
-  for i = 1, n do
-    reply[1 + 3 * n + i] = items[i].undo
-  end
-  return reply
 end
 
--- Decides the request of `n` items at KEYS[first_key + 1 ..] and ARGV[first_arg + 1 ..];
--- returns its reply.
-local function decide(first_key, first_arg, n)
-  local items, malformed = read_items(first_key, first_arg, n)
-  if not items then
-    return redis.error_reply(malformed)
-  end
+-- Decides a request of `n` items (read_item): returns whether it is admitted, each item's
+-- outcome in the item (passed, count, reset_ms, undo); or an error reply, having written
+-- nothing.
+local function decide(items, n)
   local admitted = check(items, n)
   local refused = write(items, n, admitted)
   if refused then
     return refused
   end
-  return outcomes(items, n, admitted)
+  report(items, n)
+  return admitted
 end
 
-if not batched then
-  if #ARGV ~= 1 + ARGS_PER_ITEM * #KEYS then
-    return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
+-- The requests of the call: one, or several in a batched call, decided one after the other as
+-- if each had its own call.
+local requests, sizes, replies, first_arg = 1, nil, nil, 1
+if batched then
+  requests = tonumber(ARGV[3])
+  if not requests or requests < 1 or #ARGV < 3 + requests then
+    return redis.error_reply('sluice: bad group count')
   end
-  return decide(0, 1, #KEYS)
+  local total = 0
+  sizes, replies, first_arg = {}, {}, 3 + requests
+  for r = 1, requests do
+    sizes[r] = tonumber(ARGV[3 + r])
+    if not sizes[r] or sizes[r] < 0 then
+      return redis.error_reply('sluice: bad size of group ' .. r)
+    end
+    total = total + sizes[r]
+  end
+  if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
+    return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
+  end
+elseif #ARGV ~= 1 + ARGS_PER_ITEM * #KEYS then
+  return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
 end
 
--- Several requests in one call, decided one after the other as if each had its own call.
-local requests = tonumber(ARGV[3])
-if not requests or requests < 1 or #ARGV < 3 + requests then
-  return redis.error_reply('sluice: bad group count')
-end
-local sizes, total = {}, 0
+-- Each request's items are read from ARGV and its reply is laid out here, in the main chunk,
+-- where the header's offsets are registers: a function would capture each as an upvalue, which
+-- costs about a thousand instructions per offset and call.
+local first_key = 0
 for r = 1, requests do
-  sizes[r] = tonumber(ARGV[3 + r])
-  if not sizes[r] or sizes[r] < 0 then
-    return redis.error_reply('sluice: bad size of group ' .. r)
+  local n = #KEYS
+  if batched then
+    n = sizes[r]
   end
-  total = total + sizes[r]
-end
-if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
-  return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
-end
--- Each request stands alone: a command that fails inside one (a key holding another type,
--- WRONGTYPE) becomes that request's error reply, and the others are decided as usual. The failure
--- comes from phase 1 (every key is read, type-checked, before anything is recorded), so the
--- failed request has written nothing but phase 1's evictions.
-local function error_text(err)
-  if type(err) == 'table' and err.err then
-    return err.err
+  local items, malformed, at = {}, nil, first_arg
+  for i = 1, n do
+    malformed = read_item(items, i, KEYS[first_key + i], tonumber(ARGV[at + ARG_LIMIT]),
+      tonumber(ARGV[at + ARG_WINDOW_MS]), tonumber(ARGV[at + ARG_HITS]), ARGV[at + ARG_KIND],
+      ARGV[at + ARG_ALGORITHM], tonumber(ARGV[at + ARG_PARAM]), ARGV[at + ARG_OVER_LIMIT])
+    if malformed then
+      break
+    end
+    at = at + ARGS_PER_ITEM
   end
-  return tostring(err)
-end
-local replies = {}
-local first_key, first_arg = 0, 3 + requests
-for r = 1, requests do
-  local ok, reply = pcall(decide, first_key, first_arg, sizes[r])
-  if not ok then
-    reply = redis.error_reply(error_text(reply))
+  local reply
+  if malformed then
+    reply = redis.error_reply(malformed)
+  else
+    local ok, admitted = true
+    if batched then
+      -- Each request stands alone: a command that fails inside one (a key holding another
+      -- type, WRONGTYPE) becomes that request's error reply, and the others are decided as
+      -- usual. The failure comes from phase 1 (every key is read, type-checked, before anything
+      -- is recorded), so the failed request has written nothing but phase 1's evictions.
+      ok, admitted = pcall(decide, items, n)
+    else
+      admitted = decide(items, n)
+    end
+    if not ok then
+      reply = redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
+    elseif type(admitted) ~= 'boolean' then
+      reply = admitted
+    else
+      -- The reply (see `SCRIPT` in script.rs): the verdict (REPLY_HEAD elements), then each
+      -- item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index order (the
+      -- offsets' order), so the table only ever grows its array part.
+      reply = {admitted and 1 or 0}
+      at = REPLY_HEAD
+      for i = 1, n do
+        local item = items[i]
+        reply[at + REPLY_PASSED] = item.passed and 1 or 0
+        reply[at + REPLY_COUNT] = item.count
+        reply[at + REPLY_RESET_MS] = item.reset_ms
+        reply[at + REPLY_UNDO] = item.undo
+        at = at + REPLY_PER_ITEM
+      end
+    end
+  end
+  if not batched then
+    return reply
   end
   replies[r] = reply
-  first_key = first_key + sizes[r]
-  first_arg = first_arg + ARGS_PER_ITEM * sizes[r]
+  first_key, first_arg = first_key + n, first_arg + ARGS_PER_ITEM * n
 end
 return replies

@@ -8,12 +8,12 @@
 -- script's own files (models.lua and decide.lua, or compensate.lua). KEYS, ARGV and the replies
 -- are documented once, on `SCRIPT` and `COMPENSATE` in script.rs.
 
--- How many member numbers a sliding log cycles through (see "Log entries" in decide.lua).
+-- How many member numbers a sliding log cycles through (see log_add in decide.lua).
 local LOG_MEMBERS = LOG_MEMBER_LAST - LOG_MEMBER_FIRST + 1
 -- Digits of a member number (LOG_MEMBER_FIRST and LOG_MEMBER_LAST have as many).
 local LOG_NUMBER_DIGITS = #string.format('%d', LOG_MEMBER_FIRST)
 
--- The undo token of a sliding log item (decide.lua, "Undo tokens"): its score modulo
+-- The undo token of a sliding log item (log_add in decide.lua): its score modulo
 -- TOKEN_SCORE and its first member, below 2^53 together.
 local TOKEN_MEMBER, TOKEN_SCORE = 8388608, 1073741824
 
@@ -56,7 +56,7 @@ local function read_clock(argument)
   return ms
 end
 
--- The member of a log entry: its number, then its weight unless that is 1 ("Log entries" in
+-- The member of a log entry: its number, then its weight unless that is 1 (log_add in
 -- decide.lua).
 local function log_member(number, weight)
   if weight == 1 then

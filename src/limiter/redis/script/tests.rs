@@ -1,7 +1,7 @@
 //! Unit tests of script.rs: the generated header, the codes Rust sends, the reply decoding.
 
 use super::*;
-use crate::limiter::Algorithm;
+use crate::limiter::{Algorithm, Item, ItemKind, OverLimit};
 use std::collections::BTreeSet;
 
 /// Each line of the generated header is `local NAME = <Lua literal>`: an integer the scripts
@@ -39,10 +39,10 @@ fn header_names() -> BTreeSet<&'static str> {
         .collect()
 }
 
-/// The codes Rust sends ([`Algorithm::code`]) are the ones the Lua compares with.
+/// Every algorithm, over limit and kind has a code of its own (the Lua tells them apart).
 #[test]
-fn algorithm_codes_are_the_header_constants() {
-    let all = [
+fn codes_are_distinct() {
+    let algorithms = [
         Algorithm::SlidingLog,
         Algorithm::QuantizedLog { quantum_ms: 100 },
         Algorithm::SlidingCounter,
@@ -50,74 +50,91 @@ fn algorithm_codes_are_the_header_constants() {
         Algorithm::FixedWindow,
         Algorithm::InFlight,
     ];
-    for algorithm in all {
-        // Exhaustive: a new algorithm does not compile without its constant.
-        let constant = match algorithm {
-            Algorithm::SlidingLog => ALGORITHM_SLIDING_LOG,
-            Algorithm::QuantizedLog { .. } => ALGORITHM_QUANTIZED_LOG,
-            Algorithm::SlidingCounter => ALGORITHM_SLIDING_COUNTER,
-            Algorithm::Gcra { .. } => ALGORITHM_GCRA,
-            Algorithm::FixedWindow => ALGORITHM_FIXED_WINDOW,
-            Algorithm::InFlight => ALGORITHM_IN_FLIGHT,
-        };
-        assert_eq!(algorithm.code(), constant, "{algorithm:?}");
-    }
-    let distinct: BTreeSet<_> = all.iter().map(|a| a.code()).collect();
-    assert_eq!(distinct.len(), all.len());
+    let codes: BTreeSet<_> = algorithms.into_iter().map(algorithm_code).collect();
+    assert_eq!(codes.len(), algorithms.len());
+    let over_limits = [OverLimit::Refuse, OverLimit::Fill, OverLimit::Record];
+    let codes: BTreeSet<_> = over_limits.into_iter().map(over_limit_code).collect();
+    assert_eq!(codes.len(), over_limits.len());
+    let kinds = [
+        ItemKind::Consume,
+        ItemKind::Shadow,
+        ItemKind::Refund,
+        ItemKind::Quota,
+    ];
+    let codes: BTreeSet<_> = kinds.into_iter().map(kind_code).collect();
+    assert_eq!(codes.len(), kinds.len());
 }
 
-/// The codes Rust sends ([`OverLimit::code`]) are the ones the Lua compares with.
-#[test]
-fn over_limit_codes_are_the_header_constants() {
-    use crate::limiter::OverLimit;
-    let all = [OverLimit::Refuse, OverLimit::Fill, OverLimit::Record];
-    for over_limit in all {
-        let constant = match over_limit {
-            OverLimit::Refuse => OVER_LIMIT_REFUSE,
-            OverLimit::Fill => OVER_LIMIT_FILL,
-            OverLimit::Record => OVER_LIMIT_RECORD,
-        };
-        assert_eq!(over_limit.code(), constant, "{over_limit:?}");
-    }
-    let distinct: BTreeSet<_> = all.iter().map(|o| o.code()).collect();
-    assert_eq!(distinct.len(), all.len());
-}
-
-/// An item takes [`ARGS_PER_ITEM`] arguments however it is sent.
-#[test]
-fn an_item_is_args_per_item_arguments() {
-    let hit = Hit {
+fn gcra_quota() -> Item {
+    Item {
         key: "k".into(),
         limit: u64::MAX,
         window_ms: 60_000,
         hits: 1,
-        kind: crate::limiter::HitKind::Quota,
-        over_limit: crate::limiter::OverLimit::Record,
+        kind: ItemKind::Quota,
+        over_limit: OverLimit::Record,
         algorithm: Algorithm::Gcra { burst: 3 },
-        lease: 0,
+        lease: 9,
+    }
+}
+
+/// The parameter is the algorithm's: the quantum, the burst, the lease token; 0 otherwise.
+#[test]
+fn the_parameter_is_the_algorithms() {
+    let with = |algorithm| {
+        ItemArgs::of(&Item {
+            algorithm,
+            ..gcra_quota()
+        })
+        .param
     };
-    let mut cmd = redis::cmd("EVALSHA");
-    push_item_args(&mut cmd, item_args(&hit));
-    let args: Vec<String> = cmd
-        .args_iter()
+    assert_eq!(with(Algorithm::QuantizedLog { quantum_ms: 250 }), 250);
+    assert_eq!(with(Algorithm::Gcra { burst: 7 }), 7);
+    assert_eq!(with(Algorithm::InFlight), 9, "the lease token");
+    assert_eq!(with(Algorithm::SlidingLog), 0);
+    assert_eq!(with(Algorithm::FixedWindow), 0);
+}
+
+/// The `ARGV` values of a call (after `EVALSHA`, the hash and the key count, and the keys).
+fn argv(cmd: &redis::Cmd, keys: usize) -> Vec<String> {
+    cmd.args_iter()
+        .skip(3 + keys)
         .map(|arg| match arg {
             redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
             other => panic!("not a plain argument: {other:?}"),
         })
-        .collect();
+        .collect()
+}
+
+/// An item is [`ARGS_PER_ITEM`] arguments, each at its `ARG_*` offset, capped for Lua.
+#[test]
+fn an_item_is_its_named_arguments() {
+    let hit = gcra_quota();
+    let args = argv(&DecideCall::single(&[hit], Some(5)).evalsha("sha"), 1);
     assert_eq!(args.len(), 1 + ARGS_PER_ITEM, "{args:?}");
-    let limit = (MAX_EXACT - 1).to_string();
-    assert_eq!(
-        args[1..],
-        [
-            &limit,
-            "60000",
-            "1",
-            KIND_QUOTA,
-            ALGORITHM_GCRA,
-            "3",
-            OVER_LIMIT_RECORD
-        ]
+    let at = |offset: usize| args[offset].as_str();
+    assert_eq!(at(0), "5", "the clock");
+    assert_eq!(at(ARG_LIMIT), (MAX_EXACT - 1).to_string());
+    assert_eq!(at(ARG_WINDOW_MS), "60000");
+    assert_eq!(at(ARG_HITS), "1");
+    assert_eq!(at(ARG_KIND), KIND_QUOTA);
+    assert_eq!(at(ARG_ALGORITHM), ALGORITHM_GCRA);
+    assert_eq!(at(ARG_PARAM), "3");
+    assert_eq!(at(ARG_OVER_LIMIT), OVER_LIMIT_RECORD);
+}
+
+/// A batched call: the marker, the clock, the request count and sizes, then every item.
+#[test]
+fn a_batched_call_lists_its_requests() {
+    let one = [gcra_quota()];
+    let two = [gcra_quota(), gcra_quota()];
+    let cmd = DecideCall::batched(vec![&one, &two], None).evalsha("sha");
+    let args = argv(&cmd, 3);
+    assert_eq!(args[..5], [BATCHED, "", "2", "1", "2"]);
+    assert_eq!(args.len(), 5 + 3 * ARGS_PER_ITEM);
+    assert!(
+        matches!(cmd.args_iter().nth(2), Some(redis::Arg::Simple(b"3"))),
+        "the key count"
     );
 }
 
@@ -129,23 +146,26 @@ fn scripts_start_with_their_declaration() {
     assert!(!SCRIPT_SHEBANG.contains("allow-oom"));
 }
 
-/// luacheck reads each .lua file alone, so .luacheckrc lists the header's names; this keeps
-/// the list equal to what script.rs generates.
+/// luacheck reads each .lua file alone, so .luacheckrc reads the header's names from this
+/// file's source, as scripts/bench/assemble-script.py does: every `NAME: type = value;` line
+/// inside `shared_with_lua! {`. This keeps that reading equal to what script.rs generates.
 #[test]
-fn luacheckrc_lists_the_header() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/.luacheckrc");
-    let rc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let list = rc
-        .split("local header = {")
+fn the_header_names_can_be_read_from_the_source() {
+    let source = include_str!("../script.rs");
+    let block = source
+        .split("\nshared_with_lua! {\n")
         .nth(1)
-        .and_then(|rest| rest.split('}').next())
-        .expect("a `local header = {...}` list in .luacheckrc");
-    let listed: BTreeSet<&str> = list
-        .split(',')
-        .map(|name| name.trim().trim_matches('"'))
-        .filter(|name| !name.is_empty())
+        .and_then(|rest| rest.split("\n}\n").next())
+        .expect("a `shared_with_lua! {...}` block in script.rs");
+    let listed: BTreeSet<&str> = block
+        .lines()
+        .filter_map(|line| line.trim_start().split_once(": "))
+        .map(|(name, _)| name)
+        .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
         .collect();
     assert_eq!(listed, header_names());
+    let rc = include_str!("../../../../.luacheckrc");
+    assert!(rc.contains("src/limiter/redis/script.rs"), "{rc}");
 }
 
 fn ints(v: &[i64]) -> Value {
@@ -154,7 +174,7 @@ fn ints(v: &[i64]) -> Value {
 
 #[test]
 fn decodes_a_two_item_reply() {
-    let out = decode_reply(&ints(&[0, 1, 3, 250, 0, 5, 1000, 0, 0]), 2).expect("valid reply");
+    let out = decode_reply(&ints(&[0, 1, 3, 250, 0, 0, 5, 1000, 0]), 2).expect("valid reply");
     assert_eq!(
         out,
         BatchOutcome {
@@ -177,6 +197,15 @@ fn decodes_a_two_item_reply() {
 }
 
 #[test]
+fn decodes_each_items_undo_token() {
+    let reply = ints(&[1, 1, 3, 250, 7, 1, 5, 1000, 0]);
+    let (out, undo) = decode_reply_with_undo(&reply, 2).expect("valid reply");
+    assert!(out.admitted);
+    assert_eq!(undo, [7, 0]);
+    assert_eq!(out.items[1].count, 5);
+}
+
+#[test]
 fn decodes_an_empty_batch() {
     let out = decode_reply(&ints(&[1]), 0).expect("valid reply");
     assert!(out.admitted);
@@ -191,7 +220,7 @@ fn decodes_batched_replies_per_group() {
     assert!(matches!(refused, Value::ServerError(_)), "{refused:?}");
     let reply = Value::Array(vec![
         ints(&[1, 1, 1, 999, 7]),
-        ints(&[0, 0, 2, 500, 1, 3, 40, 0, 0]),
+        ints(&[0, 0, 2, 500, 0, 1, 3, 40, 0]),
         refused,
     ]);
     let groups = decode_batched_reply(&reply, &[1, 2, 0]).expect("valid batched reply");

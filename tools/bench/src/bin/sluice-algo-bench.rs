@@ -19,8 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice::descriptor::{limiter_key_tagged, Entry};
-use sluice::limiter::redis::script::SCRIPT;
-use sluice::limiter::{Algorithm, OverLimit};
+use sluice::limiter::redis::script::{DecideCall, SCRIPT};
+use sluice::limiter::{Algorithm, Item, ItemKind, OverLimit};
 
 const WINDOW_MS: u64 = 60_000;
 /// Aligned on the window, so the fixed and sliding counters fill one window.
@@ -85,22 +85,19 @@ fn key(user: &str, algorithm: Algorithm) -> String {
     )
 }
 
-/// One single-item EVALSHA (the layout of `SCRIPT` in src/limiter/redis/script.rs): `now` empty
-/// for Redis TIME.
-fn call(sha: &str, key: &str, now: &str, limit: u64, algorithm: Algorithm) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
-        .arg(1)
-        .arg(key)
-        .arg(now)
-        .arg(limit)
-        .arg(WINDOW_MS)
-        .arg(1)
-        .arg("c")
-        .arg(algorithm.code())
-        .arg(algorithm.param())
-        .arg(OverLimit::default().code());
-    cmd
+/// One single-item EVALSHA of one consume hit, on the clock `now` (`None`: Redis TIME).
+fn call(sha: &str, key: &str, now: Option<u64>, limit: u64, algorithm: Algorithm) -> redis::Cmd {
+    let hit = Item {
+        key: key.to_string(),
+        limit,
+        window_ms: WINDOW_MS,
+        hits: 1,
+        kind: ItemKind::Consume,
+        over_limit: OverLimit::default(),
+        algorithm,
+        lease: 0,
+    };
+    DecideCall::single(&[hit], now).evalsha(sha)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -120,9 +117,8 @@ fn main() -> anyhow::Result<()> {
             let algorithm = configured(algorithm, limit);
             let k = key(&format!("u{limit}"), algorithm);
             for i in 0..limit {
-                let now = (T0 + i * WINDOW_MS / limit).to_string();
-                let reply: redis::Value =
-                    call(&sha, &k, &now, limit, algorithm).query(&mut conn)?;
+                let now = Some(T0 + i * WINDOW_MS / limit);
+                let reply: redis::Value = call(&sha, &k, now, limit, algorithm).query(&mut conn)?;
                 let redis::Value::Array(items) = &reply else {
                     anyhow::bail!("unexpected reply {reply:?}");
                 };
@@ -172,7 +168,7 @@ fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         for i in 0..n {
             let _: redis::Value =
-                call(&sha, &keys[i % keys.len()], "", 1_000_000, algorithm).query(&mut conn)?;
+                call(&sha, &keys[i % keys.len()], None, 1_000_000, algorithm).query(&mut conn)?;
         }
         let sequential = n as f64 / started.elapsed().as_secs_f64();
         let n = 50_000usize;
@@ -181,7 +177,13 @@ fn main() -> anyhow::Result<()> {
             let mut pipe = redis::pipe();
             for j in 0..100 {
                 let i = chunk * 100 + j;
-                pipe.add_command(call(&sha, &keys[i % keys.len()], "", 1_000_000, algorithm));
+                pipe.add_command(call(
+                    &sha,
+                    &keys[i % keys.len()],
+                    None,
+                    1_000_000,
+                    algorithm,
+                ));
             }
             let _: Vec<redis::Value> = pipe.query(&mut conn)?;
         }
