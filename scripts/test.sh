@@ -2,10 +2,10 @@
 # The test command (README's, and CI's through .ci/run), from a fresh clone on a fresh machine:
 # installs what the tests use (scripts/setup.sh), then runs lint (rustfmt, clippy on the whole
 # workspace, luacheck), the deploy/ validation, the README checks (the grpcurl session, the
-# curl session through Envoy, the metric names and the flag table against the built binary), a
-# smoke run of the benchmark harness, a parse check of the other benchmark scripts and every
-# test of the workspace (last, so its summary closes the output). Tests start their own
-# redis-server and envoy processes on ephemeral ports. The tests run under cargo-nextest
+# curl session through Envoy, the metric names and the flag table against the built binary),
+# smoke runs of the benchmark harnesses (bench.sh, scale.sh), a parse check of the other
+# benchmark scripts and every test of the workspace (last, so its summary closes the output).
+# Tests start their own redis-server and envoy processes on ephemeral ports. The tests run under cargo-nextest
 # (.config/nextest.toml): each in a process of its own, killed and failed past 3 minutes, so a
 # hung test fails the run instead of stalling it; the tests about time run alone.
 # SLUICE_TEST_THREADS sets how many run at once (default 4).
@@ -31,6 +31,8 @@ echo "== README vs the binary (grpcurl session, curl session through Envoy, metr
 bash scripts/ci/readme-check.sh
 echo "== benchmark harness smoke run (scripts/bench/bench.sh --smoke: a few seconds, no figures checked)"
 bash scripts/bench/bench.sh --smoke >/dev/null
+echo "== scale benchmark smoke run (scripts/bench/scale.sh --quick: its table and chart, no figures checked)"
+bash scripts/bench/scale.sh --quick >/dev/null
 echo "== the other benchmark scripts parse (bash -n)"
 for script in scripts/bench/*.sh; do bash -n "$script"; done
 echo "== doc tests (nextest does not run them)"
