@@ -24,6 +24,7 @@
 #   scripts/bench/scale.sh --quick              # a smoke run: debug build, small sizes, < 1 minute
 #   scripts/bench/scale.sh --before main --chart docs/performance-scale.png
 #   SCALE_SECS=10 SCALE_ROUNDS=3 scripts/bench/scale.sh   # longer phases, more rounds (median)
+#   SCALE_BEFORE_BIN=/path/to/sluice scripts/bench/scale.sh   # a before build made elsewhere
 #
 # Writes table.md, the chart (scale.png) and the raw JSON to target/bench/scale-<date>/; --chart
 # also copies the chart to the path given. Every process listens on 127.0.0.1 only; all of them
@@ -61,7 +62,10 @@ need scale.sh redis-server redis-cli python3 gnuplot git
 export SLUICE_CONFIG=benches/scale
 
 BUILDS=(after)
-if [ -n "$BEFORE_REV" ]; then
+if [ -n "${SCALE_BEFORE_BIN:-}" ]; then
+  cp "$SCALE_BEFORE_BIN" "$WORK/sluice-before"
+  BUILDS=(before after)
+elif [ -n "$BEFORE_REV" ]; then
   # Built first, in a worktree of its own against this tree's target directory (the
   # dependencies are shared; only sluice itself compiles), then copied out of the way of the
   # current tree's build.
