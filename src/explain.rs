@@ -179,9 +179,9 @@ fn limited(
     out: &mut String,
     rule: Option<&Rule>,
     limit: &CurrentLimit,
-    hit: &Hit,
+    hit: &Item,
     headers: HeaderPolicy,
-    stacked: &[(CurrentLimit, Hit)],
+    stacked: &[(CurrentLimit, Item)],
 ) {
     let rule_text = rule.map_or("(no rule)".to_owned(), |r| format!("`{}`", r.path));
     let name = limit

@@ -89,9 +89,9 @@ start_noop() { # -> sets NOOP_PORT NOOP_PID: the no-op RLS server (`sluice-bench
 }
 
 start_sluice() { # redis-url-or-empty [command] -> sets SLUICE_PORT SLUICE_PID: `sluice serve` with
-  # benches/limits on ephemeral loopback ports, the memory backend when the URL is empty. The
-  # command (default: $BIN/sluice) may be `env VAR=value... binary [serve flags]`; `env` execs
-  # the binary, so SLUICE_PID is sluice's own.
+  # benches/limits (or $SLUICE_CONFIG) on ephemeral loopback ports, the memory backend when the
+  # URL is empty. The command (default: $BIN/sluice) may be `env VAR=value... binary [serve
+  # flags]`; `env` execs the binary, so SLUICE_PID is sluice's own.
   SLUICE_PORT="$(free_port)"
   local admin backend=() command=("$BIN/sluice") binary_at=0
   admin="$(free_port)"
@@ -101,7 +101,7 @@ start_sluice() { # redis-url-or-empty [command] -> sets SLUICE_PORT SLUICE_PID: 
     binary_at=1
     while [[ "${command[$binary_at]}" == *=* ]]; do binary_at=$((binary_at + 1)); done
   fi
-  RUST_LOG=warn "${command[@]:0:$((binary_at + 1))}" serve --config benches/limits \
+  RUST_LOG=warn "${command[@]:0:$((binary_at + 1))}" serve --config "${SLUICE_CONFIG:-benches/limits}" \
     --grpc-addr "127.0.0.1:$SLUICE_PORT" --admin-addr "127.0.0.1:$admin" "${backend[@]}" \
     "${command[@]:$((binary_at + 1))}" >"$WORK/sluice-$SLUICE_PORT.log" 2>&1 &
   SLUICE_PID=$!

@@ -80,7 +80,11 @@ pub fn decide_batch(
     states: &mut [State],
     now: u64,
 ) -> BatchOutcome {
-    let mut work: Vec<State> = states.to_vec();
+    // The states the decision works on: a log or a key's leases is moved out (its evictions are
+    // kept anyway), any other state is copied (a few words), so that one written to by no item
+    // stays as it was. Nothing here copies a log: a decision costs what it evicts, records and
+    // refunds, not the entries its keys hold.
+    let mut work: Vec<State> = states.iter_mut().map(take_or_copy).collect();
     let mut dirty = vec![false; states.len()];
     // Per key: what earlier items record if the batch is admitted, and if it is rejected.
     let mut if_admitted = vec![0u64; states.len()];
@@ -183,6 +187,17 @@ pub fn decide_batch(
         }
     }
     BatchOutcome::from_backend(admitted, items)
+}
+
+/// A log or leases moved out of `state` (an empty placeholder left behind, which the decision
+/// always writes back over), or a copy of any other (small) state.
+fn take_or_copy(state: &mut State) -> State {
+    match state {
+        State::Log(_) | State::Leases(_) => {
+            std::mem::replace(state, State::Fixed { start: 0, count: 0 })
+        }
+        small => small.clone(),
+    }
 }
 
 /// Maps each batch item to a slot, one slot per distinct key, in order of first appearance.

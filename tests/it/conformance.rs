@@ -3,7 +3,8 @@
 //! Why: the trait's semantics (src/limiter/mod.rs) are only worth something if every backend
 //! implements them identically. Each check below is written once against `Arc<dyn Limiter>` and
 //! instantiated per backend by `conformance!`: memory, standalone Redis (batched and not) and a
-//! 3-primary Redis Cluster, each Redis instance on its own `redis-server` from `helpers`.
+//! 3-primary Redis Cluster, each Redis instance on its own `redis-server` from `helpers`;
+//! and memory, Redis and Redis Cluster again behind the local rejection cache.
 //! Checks pass explicit times to `decide` so window edges are exact; only `real_clock` and
 //! `concurrent_single_key` use the backend's own clock. The other suites of the limiter:
 //! `differential` (random traces, every backend against the memory reference) and
@@ -18,6 +19,7 @@ use helpers::limiter::{
     cluster_limiter, consume_hits, count_at, decide_at, decide_at_within, key_outcome, log_item,
     over, redis_limiter, with, T,
 };
+use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, MAX_COUNT};
 
@@ -381,7 +383,13 @@ async fn clock_step_back_does_not_shorten_entries(l: Arc<dyn Limiter>) {
 /// machine stretched past it proves nothing and is repeated on a fresh key (5 times at most).
 async fn real_clock(l: Arc<dyn Limiter>) {
     for attempt in 0..5 {
-        let batch = [log_item(&format!("rt{attempt}"), 2, 300, 1, ItemKind::Consume)];
+        let batch = [log_item(
+            &format!("rt{attempt}"),
+            2,
+            300,
+            1,
+            ItemKind::Consume,
+        )];
         let decide = |l: &Arc<dyn Limiter>| {
             let l = Arc::clone(l);
             let batch = batch.clone();
@@ -825,6 +833,95 @@ async fn edge_table(l: Arc<dyn Limiter>) {
     }
 }
 
+/// envoyproxy/ratelimit's two-descriptor case: `key2` 20 per minute and `key3` 10 per hour, 15
+/// calls. Every call reports both keys as the backend holds them, also once `key3` is over its
+/// limit (with the local cache on, those calls are answered locally: `key2` keeps its 10 hits
+/// and its oldest entry's reset).
+async fn two_descriptors_report_every_key(l: Arc<dyn Limiter>) {
+    let batch = [
+        log_item("key2", 20, 60_000, 1, ItemKind::Consume),
+        log_item("key3", 10, 3_600_000, 1, ItemKind::Consume),
+    ];
+    for i in 0..15u64 {
+        let out = decide_at(&l, &batch, T + i).await;
+        let n = (i + 1).min(10);
+        assert_eq!(out.admitted, i < 10, "call {i}");
+        assert_eq!(
+            out.items,
+            vec![
+                key_outcome(true, n, 60_000 - i),
+                key_outcome(i < 10, n, 3_600_000 - i)
+            ],
+            "call {i}"
+        );
+    }
+}
+
+/// The same multi-descriptor request again and again over a full key: a shadow item, one key
+/// twice with a probe after it, then a refund that frees the full key. Every status of every
+/// call is the backend's (the cache answers the repeats, and must forget a key a refund freed).
+async fn repeated_multi_descriptor_requests(l: Arc<dyn Limiter>) {
+    let shadow = |hits| log_item("sh", 5, 1000, hits, ItemKind::Shadow);
+    assert!(
+        decide_at(
+            &l,
+            &[
+                consume_hits("full", 2, 2),
+                consume_hits("some", 10, 3),
+                shadow(5)
+            ],
+            T
+        )
+        .await
+        .admitted
+    );
+    let refuse = |hits| over(OverLimit::Refuse, consume_hits("some", 10, hits));
+    let batch = [
+        refuse(4),
+        shadow(1),
+        consume_hits("full", 2, 1),
+        refuse(4),
+        consume_hits("some", 10, 0),
+    ];
+    for d in 1..5 {
+        let out = decide_at(&l, &batch, T + d).await;
+        assert!(!out.admitted);
+        let r = 1000 - d;
+        assert_eq!(
+            out.items,
+            vec![
+                key_outcome(true, 3, r),
+                key_outcome(false, 5, r),
+                key_outcome(false, 2, r),
+                key_outcome(false, 3, r),
+                key_outcome(false, 3, r)
+            ],
+            "at T + {d}"
+        );
+    }
+    let refund = [
+        log_item("full", 2, 1000, 1, ItemKind::Refund),
+        consume_hits("some", 10, 1),
+    ];
+    assert!(decide_at(&l, &refund, T + 5).await.admitted);
+    for d in 6..9 {
+        let out = decide_at(&l, &batch, T + d).await;
+        assert!(!out.admitted);
+        let r = 1000 - d;
+        assert_eq!(
+            out.items,
+            vec![
+                key_outcome(true, 4, r),
+                key_outcome(false, 5, r),
+                key_outcome(true, 1, r),
+                key_outcome(false, 4, r),
+                key_outcome(false, 4, r)
+            ],
+            "at T + {d}"
+        );
+    }
+}
+
 /// Instantiates every check above for one backend: `$make` is an async block yielding
 /// `(guard, Arc<dyn Limiter>)`, where the guard (e.g. a Redis server) must outlive the test.
 macro_rules! conformance {
@@ -855,7 +952,9 @@ macro_rules! conformance {
                 weights_count_exactly,
                 charges_after_the_response_hold_the_budget,
                 over_limit_on_a_rejected_batch,
-                in_flight_leases
+                in_flight_leases,
+                two_descriptors_report_every_key,
+                repeated_multi_descriptor_requests
             );
         }
     };
@@ -901,4 +1000,33 @@ conformance!(redis_cluster, async {
     let cluster = helpers::RedisCluster::start();
     let limiter: Arc<dyn Limiter> = Arc::new(cluster_limiter(&cluster).await);
     (cluster, limiter)
+});
+
+/// Each backend again behind the local rejection cache, as `sluice serve` runs it (the cache's
+/// local answers must be indistinguishable from the backend's).
+fn cached(limiter: Arc<dyn Limiter>) -> Arc<dyn Limiter> {
+    Arc::new(RejectionCache::new(
+        limiter,
+        Arc::new(MonotonicClock::default()),
+        cache::DEFAULT_CAPACITY,
+    ))
+}
+
+conformance!(memory_cached, async {
+    let limiter: Arc<dyn Limiter> = Arc::new(sluice::limiter::memory::MemoryLimiter::new(
+        Arc::new(sluice::limiter::SystemClock),
+    ));
+    ((), cached(limiter))
+});
+
+conformance!(redis_cached, async {
+    let server = helpers::RedisServer::start();
+    let limiter = redis_limiter(&server).await;
+    (server, cached(limiter))
+});
+
+conformance!(redis_cluster_cached, async {
+    let cluster = helpers::RedisCluster::start();
+    let limiter: Arc<dyn Limiter> = Arc::new(cluster_limiter(&cluster).await);
+    (cluster, cached(limiter))
 });

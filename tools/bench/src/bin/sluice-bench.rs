@@ -58,6 +58,11 @@ struct Args {
     /// fresh limiter keys, e.g. for an exactness check after other runs).
     #[arg(long, default_value = "v")]
     value_prefix: String,
+    /// Take the values in order (0, 1, ... below `--keys`, shared by every caller) instead of at
+    /// random: with `--max-requests` equal to `--keys`, each key is sent exactly once (the
+    /// scale benchmark puts its keys over their limit that way).
+    #[arg(long)]
+    sequential: bool,
     /// Descriptor keys, one descriptor per key per request (e.g. `endpoint,user`).
     #[arg(long, value_delimiter = ',', default_value = "user")]
     descriptor_keys: Vec<String>,
@@ -226,7 +231,18 @@ fn next_random(state: &mut u64) -> u64 {
     *state
 }
 
+/// The next value of `--sequential`, shared by every caller of the process.
+static NEXT_VALUE: AtomicU64 = AtomicU64::new(0);
+
 fn build_request(args: &Args, rng: &mut u64) -> RateLimitRequest {
+    let mut value = || {
+        let n = if args.sequential {
+            NEXT_VALUE.fetch_add(1, Ordering::Relaxed)
+        } else {
+            next_random(rng)
+        };
+        n % args.keys.max(1)
+    };
     RateLimitRequest {
         domain: args.domain.clone(),
         descriptors: args
@@ -235,11 +251,7 @@ fn build_request(args: &Args, rng: &mut u64) -> RateLimitRequest {
             .map(|key| RateLimitDescriptor {
                 entries: vec![Entry {
                     key: key.clone(),
-                    value: format!(
-                        "{}{}",
-                        args.value_prefix,
-                        next_random(rng) % args.keys.max(1)
-                    ),
+                    value: format!("{}{}", args.value_prefix, value()),
                 }],
                 ..Default::default()
             })
