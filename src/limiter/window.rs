@@ -80,113 +80,137 @@ pub fn decide_batch(
     states: &mut [State],
     now: u64,
 ) -> BatchOutcome {
-    // The states the decision works on: a log or a key's leases is moved out (its evictions are
-    // kept anyway), any other state is copied (a few words), so that one written to by no item
-    // stays as it was. Nothing here copies a log: a decision costs what it evicts, records and
-    // refunds, not the entries its keys hold.
-    let mut work: Vec<State> = states.iter_mut().map(take_or_copy).collect();
-    let mut dirty = vec![false; states.len()];
-    // Per key: what earlier items record if the batch is admitted, and if it is rejected.
-    let mut if_admitted = vec![0u64; states.len()];
-    let mut if_rejected = vec![0u64; states.len()];
-    let mut plans = Vec::with_capacity(batch.len());
-    let mut admitted = true;
-    let (mut any_quota, mut quota_passed) = (false, false);
-
-    for (hit, &slot) in batch.iter().zip(slots) {
-        let state = &mut work[slot];
-        if !state.fits(hit.algorithm) {
-            *state = State::fresh(hit.algorithm);
-            dirty[slot] = true;
-        }
-        state.settle(hit, now);
-        let hits = hit.counted_hits();
-        if hit.kind == ItemKind::Refund {
-            plans.push(Plan {
-                passed: true,
-                if_admitted: hits,
-                if_rejected: 0,
-            });
-            continue;
-        }
-        let count = state.count(hit, now);
-        let capacity = hit.capacity();
-        let passed = check(count, if_admitted[slot], hits, capacity);
-        let admitted_take = if passed || hit.kind == ItemKind::Consume {
-            hits
-        } else {
-            over_limit_take(
-                hit,
-                false,
-                count.saturating_add(if_admitted[slot]),
-                capacity,
-            )
-        };
-        let rejected_take = over_limit_take(
-            hit,
-            passed,
-            count.saturating_add(if_rejected[slot]),
-            capacity,
-        );
-        if_admitted[slot] = if_admitted[slot].saturating_add(admitted_take);
-        if_rejected[slot] = if_rejected[slot].saturating_add(rejected_take);
-        match hit.kind {
-            ItemKind::Consume => admitted &= passed,
-            ItemKind::Quota => {
-                any_quota = true;
-                quota_passed |= passed;
-            }
-            ItemKind::Shadow | ItemKind::Refund => {}
-        }
-        plans.push(Plan {
-            passed,
-            if_admitted: admitted_take,
-            if_rejected: rejected_take,
-        });
+    let mut work = Work::new(states);
+    let plans: Vec<Plan> = batch
+        .iter()
+        .zip(slots)
+        .map(|(item, &slot)| work.plan(item, slot, now))
+        .collect();
+    let admitted = verdict(batch, &plans);
+    for ((item, &slot), plan) in batch.iter().zip(slots).zip(&plans) {
+        work.record(item, slot, plan, admitted, now);
     }
-
-    // quota_mode: an over-limit quota item fails the batch only when every quota item is over.
-    admitted &= !any_quota || quota_passed;
-
-    for ((hit, &slot), plan) in batch.iter().zip(slots).zip(&plans) {
-        let state = &mut work[slot];
-        match hit.kind {
-            ItemKind::Refund => {
-                if admitted && plan.if_admitted > 0 {
-                    state.refund(hit, now, plan.if_admitted);
-                    dirty[slot] = true;
-                }
-            }
-            _ => {
-                let take = if admitted {
-                    plan.if_admitted
-                } else {
-                    plan.if_rejected
-                };
-                if take > 0 {
-                    state.record(hit, now, take);
-                    dirty[slot] = true;
-                }
-            }
-        }
-    }
-
     let items = batch
         .iter()
         .zip(slots)
         .zip(plans)
-        .map(|((hit, &slot), plan)| KeyOutcome {
+        .map(|((item, &slot), plan)| KeyOutcome {
             passed: plan.passed,
-            count: work[slot].count(hit, now),
-            reset_ms: work[slot].reset_ms(hit, now),
+            count: work.states[slot].count(item, now),
+            reset_ms: work.states[slot].reset_ms(item, now),
         })
         .collect();
-    for (slot, state) in work.into_iter().enumerate() {
-        if dirty[slot] || matches!(state, State::Log(_) | State::Leases(_)) {
-            states[slot] = state;
+    work.write_back(states);
+    BatchOutcome::from_backend(admitted, items)
+}
+
+/// Step 2's verdict: every `Consume` item passed and, in `quota_mode`, some `Quota` item did
+/// (an over-limit quota item fails the batch only when every quota item is over).
+fn verdict(batch: &[Item], plans: &[Plan]) -> bool {
+    let mut quota = None;
+    let mut admitted = true;
+    for (item, plan) in batch.iter().zip(plans) {
+        match item.kind {
+            ItemKind::Consume => admitted &= plan.passed,
+            ItemKind::Quota => *quota.get_or_insert(false) |= plan.passed,
+            ItemKind::Shadow | ItemKind::Refund => {}
         }
     }
-    BatchOutcome::from_backend(admitted, items)
+    admitted && quota.unwrap_or(true)
+}
+
+/// The states one decision works on, and per key what earlier items of the batch record under
+/// either verdict.
+struct Work {
+    /// A log or a key's leases is moved out (its evictions are kept anyway), any other state is
+    /// copied (a few words), so that one written to by no item stays as it was. Nothing here
+    /// copies a log: a decision costs what it evicts, records and refunds, not the entries its
+    /// keys hold.
+    states: Vec<State>,
+    /// Written to by an item: the state is kept.
+    dirty: Vec<bool>,
+    /// What earlier items record on the key if the batch is admitted.
+    if_admitted: Vec<u64>,
+    /// ... and if it is rejected.
+    if_rejected: Vec<u64>,
+}
+
+impl Work {
+    fn new(states: &mut [State]) -> Self {
+        Work {
+            states: states.iter_mut().map(take_or_copy).collect(),
+            dirty: vec![false; states.len()],
+            if_admitted: vec![0; states.len()],
+            if_rejected: vec![0; states.len()],
+        }
+    }
+
+    /// Step 1 for one item: settle its key at `now`, check it, fix its take under either
+    /// verdict.
+    fn plan(&mut self, item: &Item, slot: usize, now: u64) -> Plan {
+        let state = &mut self.states[slot];
+        if !state.fits(item.algorithm) {
+            *state = State::fresh(item.algorithm);
+            self.dirty[slot] = true;
+        }
+        state.settle(item, now);
+        let hits = item.counted_hits();
+        if item.kind == ItemKind::Refund {
+            return Plan {
+                passed: true,
+                if_admitted: hits,
+                if_rejected: 0,
+            };
+        }
+        let count = state.count(item, now);
+        let capacity = item.capacity();
+        let passed = check(count, self.if_admitted[slot], hits, capacity);
+        let admitted_take = if passed || item.kind == ItemKind::Consume {
+            hits
+        } else {
+            let seen = count.saturating_add(self.if_admitted[slot]);
+            over_limit_take(item, false, seen, capacity)
+        };
+        let seen = count.saturating_add(self.if_rejected[slot]);
+        let rejected_take = over_limit_take(item, passed, seen, capacity);
+        self.if_admitted[slot] = self.if_admitted[slot].saturating_add(admitted_take);
+        self.if_rejected[slot] = self.if_rejected[slot].saturating_add(rejected_take);
+        Plan {
+            passed,
+            if_admitted: admitted_take,
+            if_rejected: rejected_take,
+        }
+    }
+
+    /// Step 2 for one item: record its take for the verdict, or give a refund back.
+    fn record(&mut self, item: &Item, slot: usize, plan: &Plan, admitted: bool, now: u64) {
+        let state = &mut self.states[slot];
+        if item.kind == ItemKind::Refund {
+            if admitted && plan.if_admitted > 0 {
+                state.refund(item, now, plan.if_admitted);
+                self.dirty[slot] = true;
+            }
+            return;
+        }
+        let take = if admitted {
+            plan.if_admitted
+        } else {
+            plan.if_rejected
+        };
+        if take > 0 {
+            state.record(item, now, take);
+            self.dirty[slot] = true;
+        }
+    }
+
+    /// Writes back every log and leases (moved out) and every other state an item wrote to.
+    fn write_back(self, states: &mut [State]) {
+        for (slot, state) in self.states.into_iter().enumerate() {
+            if self.dirty[slot] || matches!(state, State::Log(_) | State::Leases(_)) {
+                states[slot] = state;
+            }
+        }
+    }
 }
 
 /// A log or leases moved out of `state` (an empty placeholder left behind, which the decision
