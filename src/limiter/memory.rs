@@ -132,77 +132,12 @@ impl MemoryLimiter {
 
     fn decide_sync(&self, batch: &[Item], now: u64) -> BatchOutcome {
         let (slots, distinct) = slots_for(batch);
-
-        // Shard and first batch item of every distinct key.
-        let mut key_shard = vec![0usize; distinct];
-        let mut key_item = vec![0usize; distinct];
-        let mut seen = vec![false; distinct];
-        for (i, (hit, &slot)) in batch.iter().zip(&slots).enumerate() {
-            if !seen[slot] {
-                seen[slot] = true;
-                key_shard[slot] = self.shard_of(&hit.key);
-                key_item[slot] = i;
-            }
-        }
-
-        let mut order: Vec<usize> = key_shard.clone();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&s| lock(&self.shards[s])).collect();
-        // `guards[i]` holds shard `order[i]`.
-        let guard_of = |shard: usize| order.binary_search(&shard);
-
-        // Take the logs out of the maps so the pure function can own them for the decision;
-        // `remove_entry` hands the key String back, so re-inserting allocates nothing.
-        let mut owned: Vec<Option<String>> = Vec::with_capacity(distinct);
-        let mut logs: Vec<State> = Vec::with_capacity(distinct);
-        for slot in 0..distinct {
-            let key = &batch[key_item[slot]].key;
-            let taken = match guard_of(key_shard[slot]) {
-                Ok(g) => guards[g].remove_entry(key.as_str()),
-                Err(_) => None,
-            };
-            match taken {
-                Some((k, entry)) => {
-                    owned.push(Some(k));
-                    logs.push(entry.state);
-                }
-                None => {
-                    owned.push(None);
-                    logs.push(State::fresh(batch[key_item[slot]].algorithm));
-                }
-            }
-        }
-
-        let outcome = decide_batch(batch, &slots, &mut logs, now);
-
-        for (slot, (log, key)) in logs.into_iter().zip(owned).enumerate() {
-            if log.is_empty() {
-                continue;
-            }
-            let hit = &batch[key_item[slot]];
-            let Ok(g) = guard_of(key_shard[slot]) else {
-                continue;
-            };
-            let map = &mut guards[g];
-            if map.len() >= self.per_shard_cap {
-                make_room(map, now, self.per_shard_cap);
-            }
-            let key = key.unwrap_or_else(|| hit.key.clone());
-            let last_hit = Item {
-                key: String::new(),
-                ..*hit
-            };
-            map.insert(
-                key,
-                Entry {
-                    last_hit,
-                    state: log,
-                },
-            );
-        }
-        drop(guards);
+        let keys = BatchKeys::of(batch, &slots, distinct, |key| self.shard_of(key));
+        let mut locked = Locked::new(self, &keys.shard);
+        let (mut states, owned) = locked.take(batch, &keys);
+        let outcome = decide_batch(batch, &slots, &mut states, now);
+        locked.put_back(batch, &keys, states, owned, now);
+        drop(locked);
 
         let n = self.decisions.fetch_add(1, Ordering::Relaxed);
         if n % SWEEP_EVERY == SWEEP_EVERY - 1 {
@@ -210,6 +145,120 @@ impl MemoryLimiter {
             sweep(&mut lock(&self.shards[shard]), now);
         }
         outcome
+    }
+}
+
+/// The distinct keys of a batch: per key slot, its shard and the first batch item naming it.
+struct BatchKeys {
+    shard: Vec<usize>,
+    item: Vec<usize>,
+}
+
+impl BatchKeys {
+    fn of(
+        batch: &[Item],
+        slots: &[usize],
+        distinct: usize,
+        shard_of: impl Fn(&str) -> usize,
+    ) -> Self {
+        let mut keys = BatchKeys {
+            shard: vec![0; distinct],
+            item: vec![0; distinct],
+        };
+        let mut seen = vec![false; distinct];
+        for (i, (item, &slot)) in batch.iter().zip(slots).enumerate() {
+            if !seen[slot] {
+                seen[slot] = true;
+                keys.shard[slot] = shard_of(&item.key);
+                keys.item[slot] = i;
+            }
+        }
+        keys
+    }
+}
+
+/// The shards a batch's keys live in, locked in shard order (so two batches never wait on each
+/// other in opposite orders) for the whole decision.
+struct Locked<'a> {
+    /// The locked shards' indices, ascending: `guards[i]` holds shard `order[i]`.
+    order: Vec<usize>,
+    guards: Vec<MutexGuard<'a, Shard>>,
+    per_shard_cap: usize,
+}
+
+impl<'a> Locked<'a> {
+    fn new(limiter: &'a MemoryLimiter, shards: &[usize]) -> Self {
+        let mut order = shards.to_vec();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order.iter().map(|&s| lock(&limiter.shards[s])).collect();
+        Locked {
+            order,
+            guards,
+            per_shard_cap: limiter.per_shard_cap,
+        }
+    }
+
+    fn shard(&mut self, shard: usize) -> Option<&mut Shard> {
+        let g = self.order.binary_search(&shard).ok()?;
+        self.guards.get_mut(g).map(|guard| &mut **guard)
+    }
+
+    /// Takes each key's state out of its map so the pure function can own it for the decision
+    /// (a fresh one for a key not held); `remove_entry` hands the key `String` back, so putting
+    /// it back allocates nothing.
+    fn take(&mut self, batch: &[Item], keys: &BatchKeys) -> (Vec<State>, Vec<Option<String>>) {
+        let distinct = keys.item.len();
+        let mut owned = Vec::with_capacity(distinct);
+        let mut states = Vec::with_capacity(distinct);
+        for slot in 0..distinct {
+            let item = &batch[keys.item[slot]];
+            let taken = self
+                .shard(keys.shard[slot])
+                .and_then(|map| map.remove_entry(item.key.as_str()));
+            match taken {
+                Some((key, entry)) => {
+                    owned.push(Some(key));
+                    states.push(entry.state);
+                }
+                None => {
+                    owned.push(None);
+                    states.push(State::fresh(item.algorithm));
+                }
+            }
+        }
+        (states, owned)
+    }
+
+    /// Puts every state that still holds something back under its key, making room in a full
+    /// shard first.
+    fn put_back(
+        &mut self,
+        batch: &[Item],
+        keys: &BatchKeys,
+        states: Vec<State>,
+        owned: Vec<Option<String>>,
+        now: u64,
+    ) {
+        let cap = self.per_shard_cap;
+        for (slot, (state, key)) in states.into_iter().zip(owned).enumerate() {
+            if state.is_empty() {
+                continue;
+            }
+            let item = &batch[keys.item[slot]];
+            let Some(map) = self.shard(keys.shard[slot]) else {
+                continue;
+            };
+            if map.len() >= cap {
+                make_room(map, now, cap);
+            }
+            let key = key.unwrap_or_else(|| item.key.clone());
+            let last_hit = Item {
+                key: String::new(),
+                ..*item
+            };
+            map.insert(key, Entry { last_hit, state });
+        }
     }
 }
 
