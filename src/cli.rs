@@ -6,8 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::parser::ValueSource;
-use clap::{ArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use sluice::app::{self, BackendSettings, ConfigSource, Settings};
 use sluice::config::{ConfigLimits, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
@@ -19,6 +18,9 @@ use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
 use sluice::tls::TlsSettings;
 use sluice::xds::{ClientTls, XdsSettings};
+
+mod given;
+pub(crate) use given::{redis_settings_given, with_translated_defaults};
 
 #[derive(Parser)]
 #[command(
@@ -348,44 +350,6 @@ pub(crate) struct ServeArgs {
     pub(crate) tracing: sluice::otel::TracingArgs,
 }
 
-/// The `serve` arguments that only mean something with a Redis URL.
-const REDIS_ONLY: &[&str] = &[
-    "redis_ca_file",
-    "redis_password_file",
-    "redis_tls_cert",
-    "redis_tls_key",
-    "redis_sentinel_user",
-    "redis_sentinel_password_file",
-    "redis_pool_size",
-    "redis_batch_max",
-    "redis_wait_replicas",
-];
-
-/// The variables that carry Redis secrets (no flag on purpose).
-const REDIS_SECRETS: &[&str] = &["SLUICE_REDIS_PASSWORD", "SLUICE_REDIS_SENTINEL_PASSWORD"];
-
-/// The Redis-only settings given (on the command line or in the environment, not defaults),
-/// as `--flag` or `VARIABLE` names.
-pub(crate) fn redis_settings_given(matches: &ArgMatches) -> Vec<String> {
-    let flags = REDIS_ONLY
-        .iter()
-        .filter(|id| {
-            matches!(
-                matches.value_source(id),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            )
-        })
-        .map(|id| {
-            let flag = id.replace('_', "-");
-            format!("--{flag} (SLUICE_{})", id.to_ascii_uppercase())
-        });
-    let secrets = REDIS_SECRETS
-        .iter()
-        .filter(|name| std::env::var(name).is_ok_and(|v| !v.is_empty()))
-        .map(|name| name.to_string());
-    flags.chain(secrets).collect()
-}
-
 impl ServeArgs {
     /// Where the limits come from: `--config` or `--config-xds` (exactly one).
     fn config_source(&self) -> Result<ConfigSource, app::StartError> {
@@ -445,9 +409,13 @@ impl ServeArgs {
     }
 
     /// The settings these flags describe; reads the Redis password files (or
-    /// `SLUICE_REDIS_PASSWORD`, `SLUICE_REDIS_SENTINEL_PASSWORD`). `redis_given` names the
-    /// Redis-only settings given, refused without a Redis URL.
-    pub(crate) fn settings(&self, redis_given: &[String]) -> Result<Settings, app::StartError> {
+    /// `SLUICE_REDIS_PASSWORD`, `SLUICE_REDIS_SENTINEL_PASSWORD` through `variable`).
+    /// `redis_given` names the Redis-only settings given, refused without a Redis URL.
+    pub(crate) fn settings(
+        &self,
+        redis_given: &[String],
+        variable: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Settings, app::StartError> {
         let load = load_options(
             self.merge_domain_config,
             self.response_headers,
@@ -462,12 +430,12 @@ impl ServeArgs {
                 )?,
                 password: app::redis_password(
                     self.redis_password_file.as_deref(),
-                    std::env::var("SLUICE_REDIS_PASSWORD").ok(),
+                    variable("SLUICE_REDIS_PASSWORD"),
                 )?,
                 sentinel_user: self.redis_sentinel_user.clone(),
                 sentinel_password: app::sentinel_password(
                     self.redis_sentinel_password_file.as_deref(),
-                    std::env::var("SLUICE_REDIS_SENTINEL_PASSWORD").ok(),
+                    variable("SLUICE_REDIS_SENTINEL_PASSWORD"),
                 )?,
                 pool_size: self.redis_pool_size,
                 batch_max: self.redis_batch_max,

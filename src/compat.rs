@@ -2,8 +2,8 @@
 //!
 //! Why: the promise is that a team swaps the image and keeps its Deployment's environment. This
 //! reads the variables envoyproxy/ratelimit documents, maps those with a sluice equivalent onto
-//! the `SLUICE_*` variable clap reads (only when that variable is not set already; a flag on the
-//! command line wins over both), and reports every other one it recognises once at start-up,
+//! the `SLUICE_*` variable of the same setting (only when that variable is not set already), and
+//! reports every other one it recognises once at start-up,
 //! with why it is not applied, instead of ignoring it silently. The translation is a pure
 //! function of the environment so it can be tested without touching the process. The xDS
 //! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`;
@@ -26,7 +26,8 @@ use std::collections::BTreeMap;
 /// What the translation decided.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Translation {
-    /// `SLUICE_*` variables to set (none of them was set already).
+    /// Values for `SLUICE_*` variables that are not set: the binary makes each the default of
+    /// the option read from that variable (a flag still wins), or reads it in its place.
     pub set: BTreeMap<String, String>,
     /// One line per recognised variable that was not applied as is, for the start-up log.
     pub notes: Vec<String>,
@@ -142,8 +143,25 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     // The limits from xDS: RUNTIME_ROOT (the file source) is then not mapped.
     let from_xds = xds::translate(get, &mut out);
     server::translate(get, &mut out);
-
     redis::translate(get, &mut out);
+    runtime(get, from_xds, &mut out);
+    addresses(get, &mut out);
+    switches(get, &mut out);
+    headers::translate(get, &map, &flag, &mut out);
+    otel::translate(get, &map, &flag, &mut out);
+    cache_and_keys(get, &mut out);
+    logs(get, &mut out);
+    for (name, why) in UNSUPPORTED {
+        if get(name).is_some() {
+            out.notes.push(format!("{name} is not supported: {why}"));
+        }
+    }
+    out
+}
+
+/// The config directory (`RUNTIME_ROOT`, its sub- and app directories) and its watching, unless
+/// the limits come from xDS (then noted as ignored).
+fn runtime(get: &dyn Fn(&str) -> Option<String>, from_xds: bool, out: &mut Translation) {
     if from_xds {
         for name in ["RUNTIME_ROOT", "RUNTIME_WATCH_ROOT"] {
             if get(name).is_some() {
@@ -158,66 +176,60 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
             path.push(sub);
         }
         path.push(get("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
-        map(
-            "RUNTIME_ROOT",
-            "SLUICE_CONFIG",
-            path.to_string_lossy().into_owned(),
-            &mut out,
-        );
+        let path = path.to_string_lossy().into_owned();
+        map_var(get, "RUNTIME_ROOT", "SLUICE_CONFIG", path, out);
     }
-    if let Some(watch) = flag("RUNTIME_WATCH_ROOT", &mut out).filter(|_| !from_xds) {
-        map(
-            "RUNTIME_WATCH_ROOT",
-            "SLUICE_WATCH_CONFIG",
-            watch.to_string(),
-            &mut out,
-        );
+    if let Some(watch) = flag_var(get, "RUNTIME_WATCH_ROOT", out).filter(|_| !from_xds) {
+        let watch = watch.to_string();
+        map_var(get, "RUNTIME_WATCH_ROOT", "SLUICE_WATCH_CONFIG", watch, out);
     }
-    if get("GRPC_PORT").is_some() || get("GRPC_HOST").is_some() {
-        let host = get("GRPC_HOST").unwrap_or_else(|| "0.0.0.0".into());
-        let port = get("GRPC_PORT").unwrap_or_else(|| "8081".into());
-        map(
-            "GRPC_PORT",
-            "SLUICE_GRPC_ADDR",
-            format!("{host}:{port}"),
-            &mut out,
-        );
+}
+
+/// The gRPC (`GRPC_HOST`, `GRPC_PORT`) and HTTP (`HOST`, `PORT`) listen addresses.
+fn addresses(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
+    for (host, port, default_port, sluice) in [
+        ("GRPC_HOST", "GRPC_PORT", "8081", "SLUICE_GRPC_ADDR"),
+        ("HOST", "PORT", "8080", "SLUICE_ADMIN_ADDR"),
+    ] {
+        if get(port).is_some() || get(host).is_some() {
+            let h = get(host).unwrap_or_else(|| "0.0.0.0".into());
+            let p = get(port).unwrap_or_else(|| default_port.into());
+            map_var(get, port, sluice, format!("{h}:{p}"), out);
+        }
     }
-    if get("PORT").is_some() || get("HOST").is_some() {
-        let host = get("HOST").unwrap_or_else(|| "0.0.0.0".into());
-        let port = get("PORT").unwrap_or_else(|| "8080".into());
-        map(
-            "PORT",
-            "SLUICE_ADMIN_ADDR",
-            format!("{host}:{port}"),
-            &mut out,
-        );
-    }
+}
+
+/// Shadow mode, domain merging and the near-limit ratio.
+fn switches(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     for (legacy, sluice) in [
         ("SHADOW_MODE", "SLUICE_SHADOW_MODE"),
         ("MERGE_DOMAIN_CONFIG", "SLUICE_MERGE_DOMAIN_CONFIG"),
     ] {
-        if let Some(on) = flag(legacy, &mut out) {
-            map(legacy, sluice, on.to_string(), &mut out);
+        if let Some(on) = flag_var(get, legacy, out) {
+            map_var(get, legacy, sluice, on.to_string(), out);
         }
     }
     if let Some(ratio) = get("NEAR_LIMIT_RATIO") {
-        map(
+        map_var(
+            get,
             "NEAR_LIMIT_RATIO",
             "SLUICE_NEAR_LIMIT_RATIO",
             ratio,
-            &mut out,
+            out,
         );
     }
-    headers::translate(get, &map, &flag, &mut out);
-    otel::translate(get, &map, &flag, &mut out);
+}
+
+/// The local cache's size (bytes there, entries here) and the limiter keys' prefix.
+fn cache_and_keys(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     if let Some(bytes) = get("LOCAL_CACHE_SIZE_IN_BYTES") {
         match bytes.trim().parse::<u64>() {
-            Ok(bytes) => map(
+            Ok(bytes) => map_var(
+                get,
                 "LOCAL_CACHE_SIZE_IN_BYTES",
                 "SLUICE_LOCAL_CACHE_SIZE",
                 (bytes / LOCAL_CACHE_BYTES_PER_ENTRY).to_string(),
-                &mut out,
+                out,
             ),
             Err(_) => out.notes.push(format!(
                 "LOCAL_CACHE_SIZE_IN_BYTES={bytes:?} ignored: expected a number of bytes"
@@ -225,30 +237,20 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
         }
     }
     if let Some(prefix) = get("CACHE_KEY_PREFIX") {
-        map("CACHE_KEY_PREFIX", "SLUICE_KEY_PREFIX", prefix, &mut out);
+        map_var(get, "CACHE_KEY_PREFIX", "SLUICE_KEY_PREFIX", prefix, out);
     }
-    if let Some(level) = get("LOG_LEVEL") {
-        map(
-            "LOG_LEVEL",
-            "SLUICE_LOG",
-            level.to_ascii_lowercase(),
-            &mut out,
-        );
-    }
-    if let Some(format) = get("LOG_FORMAT") {
-        map(
-            "LOG_FORMAT",
-            "SLUICE_LOG_FORMAT",
-            format.to_ascii_lowercase(),
-            &mut out,
-        );
-    }
-    for (name, why) in UNSUPPORTED {
-        if get(name).is_some() {
-            out.notes.push(format!("{name} is not supported: {why}"));
+}
+
+/// The log level and format, lowercased as sluice spells them.
+fn logs(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
+    for (legacy, sluice) in [
+        ("LOG_LEVEL", "SLUICE_LOG"),
+        ("LOG_FORMAT", "SLUICE_LOG_FORMAT"),
+    ] {
+        if let Some(value) = get(legacy) {
+            map_var(get, legacy, sluice, value.to_ascii_lowercase(), out);
         }
     }
-    out
 }
 
 /// [`translate`] of a fixed environment, for tests.

@@ -82,10 +82,13 @@ impl<S> Filter<S> for RateLimit {
     }
 }
 
-/// Installs the subscriber (`json`: JSON lines) and starts the thread that reports dropped
-/// events once per [`WINDOW`].
-pub fn init(json: bool) {
-    let filter = EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the subscriber (`json`: JSON lines; `level`: the `SLUICE_LOG` directives, `info`
+/// when unset or invalid) and starts the thread that reports dropped events once per
+/// [`WINDOW`].
+pub fn init(json: bool, level: Option<&str>) {
+    let filter = level
+        .and_then(|l| EnvFilter::try_new(l).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
     let rate_limit = RateLimit::default();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let layer = tracing_subscriber::fmt::layer()

@@ -1,4 +1,5 @@
-//! The `sluice` command: translates envoyproxy/ratelimit's variables, parses the flags (`cli`,
+//! The `sluice` command: translates envoyproxy/ratelimit's variables into the options'
+//! defaults, parses the flags (`cli`,
 //! each also read from a `SLUICE_*` variable) into [`sluice::app::Settings`], and wires the
 //! result: logging, the metrics recorder, the stack
 //! [`sluice::app::assemble`] builds, the listeners, SIGTERM, [`sluice::run`]. What the commands
@@ -38,8 +39,8 @@ fn started_as_ratelimit() -> bool {
 }
 
 fn main() -> ExitCode {
-    // Before clap reads the environment: envoyproxy/ratelimit's variables become SLUICE_* ones
-    // unless those are set. Single-threaded here, so changing the environment is sound.
+    // envoyproxy/ratelimit's variables, translated, become the defaults of the options whose
+    // SLUICE_* variable they stand for: a flag or that variable still wins.
     let as_ratelimit = started_as_ratelimit();
     let env = |name: &str| std::env::var(name).ok();
     let compat = if as_ratelimit {
@@ -47,13 +48,17 @@ fn main() -> ExitCode {
     } else {
         sluice::compat::translate(&env)
     };
-    for (name, value) in &compat.set {
-        std::env::set_var(name, value);
-    }
+    let command = cli::with_translated_defaults(Cli::command(), &compat.set);
     let matches = if as_ratelimit {
-        Cli::command().get_matches_from([RATELIMIT_NAME, "serve"])
+        command.get_matches_from([RATELIMIT_NAME, "serve"])
     } else {
-        Cli::command().get_matches()
+        command.get_matches()
+    };
+    // The variables without a flag (the Redis secrets): the environment's, else translated.
+    let variable = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .or_else(|| compat.set.get(name).cloned())
     };
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
@@ -89,7 +94,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve(args) => {
-            init_logging(args.log_format);
+            init_logging(args.log_format, variable("SLUICE_LOG").as_deref());
             for name in compat.set.keys() {
                 tracing::info!("{name} set from an envoyproxy/ratelimit variable");
             }
@@ -104,9 +109,9 @@ fn main() -> ExitCode {
             }
             let redis_given = matches
                 .subcommand_matches("serve")
-                .map(redis_settings_given)
+                .map(|m| redis_settings_given(m, &compat.set, &variable))
                 .unwrap_or_default();
-            match serve(*args, &redis_given) {
+            match serve(*args, &redis_given, &variable) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     tracing::error!("{err:#}");
@@ -117,13 +122,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    sluice::logging::init(matches!(format, LogFormat::Json));
+fn init_logging(format: LogFormat, level: Option<&str>) {
+    sluice::logging::init(matches!(format, LogFormat::Json), level);
 }
 
 #[tokio::main]
-async fn serve(args: ServeArgs, redis_given: &[String]) -> anyhow::Result<()> {
-    let settings = args.settings(redis_given)?;
+async fn serve(
+    args: ServeArgs,
+    redis_given: &[String],
+    variable: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<()> {
+    let settings = args.settings(redis_given, variable)?;
     let server = app::assemble(settings, Some(app::install_metrics()?))?;
     let shutdown = shutdown_signal()?;
     let mut listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;

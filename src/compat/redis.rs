@@ -108,10 +108,48 @@ const SCHEMES: &[(&str, &[&str])] = &[
     ("sentinel", &["redis+sentinel", "rediss+sentinel"]),
 ];
 
+/// A variable's value, `None` when unset or blank (templates often render empty secrets).
+type Value<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// Translates the backend variables into `out` (settings, notes, and the errors that stop
 /// `serve`).
 pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     let value = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+    let Some(url) = redis_url(&value, out) else {
+        return;
+    };
+    let errors_before = out.errors.len();
+    let tls = tls(&value, &url, out);
+    let kind = value("REDIS_TYPE").map(|k| k.trim().to_ascii_lowercase());
+    if let Some(kind) = kind
+        .as_deref()
+        .filter(|k| !SCHEMES.iter().any(|(n, _)| n == k))
+    {
+        out.errors.push(format!(
+            "REDIS_TYPE={kind} is not supported (single, cluster or sentinel)"
+        ));
+    }
+    // `user:password` or a bare password, as envoyproxy/ratelimit reads REDIS_AUTH; the user
+    // goes into the URL, the password into SLUICE_REDIS_PASSWORD (never logged).
+    let (user, password) = split_auth(value("REDIS_AUTH"));
+    let translated = sluice_url(&url, kind.as_deref(), tls, user.as_deref(), &value, out);
+    if out.errors.len() > errors_before {
+        return;
+    }
+    if let Some(url) = translated {
+        map_var(get, "REDIS_URL", "SLUICE_REDIS_URL", url, out);
+    }
+    if let Some(password) = password {
+        map_var(get, "REDIS_AUTH", "SLUICE_REDIS_PASSWORD", password, out);
+    }
+    sentinel_auth(get, &value, kind.as_deref(), out);
+    files_and_pool(get, &value, out);
+    tuning_notes(&value, out);
+}
+
+/// `REDIS_URL`, or `None` when it is not set: then the memory backend serves, unless another
+/// backend variable was given (an error). A backend sluice does not have is an error either way.
+fn redis_url(value: Value<'_>, out: &mut Translation) -> Option<String> {
     let backend = value("BACKEND_TYPE");
     if let Some(kind) = backend
         .as_deref()
@@ -127,7 +165,8 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
             "{name} is set: memcache is not supported (Redis only, see REDIS_URL)"
         ));
     }
-    let Some(url) = value("REDIS_URL") else {
+    let url = value("REDIS_URL");
+    if url.is_none() {
         let mut given: Vec<&str> = REDIS_VARIABLES
             .iter()
             .copied()
@@ -145,9 +184,12 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
                 if given.len() == 1 { "it" } else { "them" },
             ));
         }
-        return;
-    };
-    let errors_before = out.errors.len();
+    }
+    url
+}
+
+/// `REDIS_TLS`, with what its files and hostname verification ask checked against it.
+fn tls(value: Value<'_>, url: &str, out: &mut Translation) -> bool {
     let flag = |name: &str, out: &mut Translation| -> bool {
         let Some(raw) = value(name) else {
             return false;
@@ -190,43 +232,34 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
             .push("REDIS_TLS_CLIENT_KEY is set without REDIS_TLS_CLIENT_CERT".into()),
         _ => {}
     }
-    let kind = value("REDIS_TYPE").map(|k| k.trim().to_ascii_lowercase());
-    if let Some(kind) = kind
-        .as_deref()
-        .filter(|k| !SCHEMES.iter().any(|(n, _)| n == k))
-    {
-        out.errors.push(format!(
-            "REDIS_TYPE={kind} is not supported (single, cluster or sentinel)"
-        ));
-    }
+    tls
+}
 
-    // `user:password` or a bare password, as envoyproxy/ratelimit reads REDIS_AUTH; the user
-    // goes into the URL, the password into SLUICE_REDIS_PASSWORD (never logged).
-    let (user, password) = split_auth(value("REDIS_AUTH"));
-    let translated = sluice_url(&url, kind.as_deref(), tls, user.as_deref(), &value, out);
-    if out.errors.len() > errors_before {
-        return;
-    }
-    if let Some(url) = translated {
-        map_var(get, "REDIS_URL", "SLUICE_REDIS_URL", url, out);
-    }
-    if let Some(password) = password {
-        map_var(get, "REDIS_AUTH", "SLUICE_REDIS_PASSWORD", password, out);
-    }
-    let (sentinel_user, sentinel_password) = split_auth(value("REDIS_SENTINEL_AUTH"));
-    if kind.as_deref() == Some("sentinel") {
-        if let Some(user) = sentinel_user {
+/// `REDIS_SENTINEL_AUTH` (`user:password` or a password) for a Sentinel `REDIS_TYPE`.
+fn sentinel_auth(
+    get: &dyn Fn(&str) -> Option<String>,
+    value: Value<'_>,
+    kind: Option<&str>,
+    out: &mut Translation,
+) {
+    let (user, password) = split_auth(value("REDIS_SENTINEL_AUTH"));
+    if kind == Some("sentinel") {
+        if let Some(user) = user {
             let to = "SLUICE_REDIS_SENTINEL_USER";
             map_var(get, "REDIS_SENTINEL_AUTH", to, user, out);
         }
-        if let Some(password) = sentinel_password {
+        if let Some(password) = password {
             let to = "SLUICE_REDIS_SENTINEL_PASSWORD";
             map_var(get, "REDIS_SENTINEL_AUTH", to, password, out);
         }
-    } else if sentinel_password.is_some() {
+    } else if password.is_some() {
         out.notes
             .push("REDIS_SENTINEL_AUTH ignored: REDIS_TYPE is not sentinel".into());
     }
+}
+
+/// The TLS files, the pool size and an explicit pipeline limit.
+fn files_and_pool(get: &dyn Fn(&str) -> Option<String>, value: Value<'_>, out: &mut Translation) {
     for (legacy, sluice) in [
         ("REDIS_TLS_CACERT", "SLUICE_REDIS_CA_FILE"),
         ("REDIS_TLS_CLIENT_CERT", "SLUICE_REDIS_TLS_CERT"),
@@ -240,14 +273,13 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
     // Its 0 (the default) means "no implicit pipelining" there; sluice's batching adds no wait,
     // so only an explicit limit is carried over.
     if let Some(limit) = value("REDIS_PIPELINE_LIMIT").filter(|l| l.trim() != "0") {
-        map_var(
-            get,
-            "REDIS_PIPELINE_LIMIT",
-            "SLUICE_REDIS_BATCH_MAX",
-            limit,
-            out,
-        );
+        let to = "SLUICE_REDIS_BATCH_MAX";
+        map_var(get, "REDIS_PIPELINE_LIMIT", to, limit, out);
     }
+}
+
+/// The Go client's tuning and the per-second Redis: reported, not applied.
+fn tuning_notes(value: Value<'_>, out: &mut Translation) {
     if value("REDIS_PERSECOND").is_some_and(|v| truthy(&v) == Some(true)) {
         out.notes.push(
             "REDIS_PERSECOND: per-second limits are kept in the Redis of REDIS_URL with every \
