@@ -18,7 +18,7 @@ use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE}
 use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
 use sluice::tls::TlsSettings;
-use sluice::xds::{ClientTls, XdsSettings};
+use sluice::xds::{ClientTls, XdsLimits, XdsSettings};
 
 #[derive(Parser)]
 #[command(
@@ -71,7 +71,7 @@ pub(crate) struct ConfigLimitArgs {
     #[arg(long, env = "SLUICE_MAX_YAML_NODES", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_NODES)]
     max_yaml_nodes: usize,
     /// YAML nesting levels one config file may use (1 to 1024).
-    #[arg(long, env = "SLUICE_MAX_YAML_DEPTH", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_DEPTH, value_parser = parse_depth)]
+    #[arg(long, env = "SLUICE_MAX_YAML_DEPTH", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_DEPTH, value_parser = depth_in(ConfigLimits::MAX_YAML_DEPTH))]
     max_yaml_depth: usize,
     /// Aliases per anchor one config file may use, once it has 100 aliases.
     #[arg(long, env = "SLUICE_MAX_YAML_ALIASES_PER_ANCHOR", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_ALIASES_PER_ANCHOR)]
@@ -144,6 +144,14 @@ pub(crate) struct ServeArgs {
     /// it does, instead of waiting for it.
     #[arg(long, env = "SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG")]
     pub(crate) force_start_without_initial_config: bool,
+    /// With --config-xds: nodes (resources, descriptors, `replaces` entries, `metadata`
+    /// values) one response may hold; a response with more is refused (NACKed) before it is
+    /// decoded.
+    #[arg(long, env = "SLUICE_MAX_XDS_NODES", default_value_t = XdsLimits::DEFAULT_MAX_NODES)]
+    pub(crate) max_xds_nodes: usize,
+    /// With --config-xds: levels of nested descriptors one response may hold (1 to 48).
+    #[arg(long, env = "SLUICE_MAX_XDS_DEPTH", default_value_t = XdsLimits::DEFAULT_MAX_DEPTH, value_parser = depth_in(XdsLimits::MAX_DEPTH))]
+    pub(crate) max_xds_depth: usize,
     /// Address of the gRPC server (RLS, health, reflection). Loopback: a sidecar serves its pod.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub(crate) grpc_addr: SocketAddr,
@@ -412,6 +420,10 @@ impl ServeArgs {
                         server_name: self.config_xds_server_name.clone(),
                     },
                     force_start: self.force_start_without_initial_config,
+                    limits: XdsLimits {
+                        max_nodes: self.max_xds_nodes,
+                        max_depth: self.max_xds_depth,
+                    },
                     ..XdsSettings::new(url, &self.config_xds_node_id)
                 }))
             }
@@ -561,13 +573,11 @@ pub(crate) fn load_options(
 }
 
 /// A YAML nesting limit in 1..=[`ConfigLimits::MAX_YAML_DEPTH`].
-fn parse_depth(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(depth) if (1..=ConfigLimits::MAX_YAML_DEPTH).contains(&depth) => Ok(depth),
-        _ => Err(format!(
-            "{text:?} is not a depth in 1..={}",
-            ConfigLimits::MAX_YAML_DEPTH
-        )),
+/// A parser of nesting depths in `1..=max`.
+fn depth_in(max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |text| match text.parse::<usize>() {
+        Ok(depth) if (1..=max).contains(&depth) => Ok(depth),
+        _ => Err(format!("{text:?} is not a depth in 1..={max}")),
     }
 }
 
