@@ -343,8 +343,9 @@ pub(crate) struct ServeArgs {
     /// Connections open at once on the admin port; one more is closed at once.
     #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_ADMIN_MAX_CONNECTIONS)]
     pub(crate) admin_max_connections: usize,
-    /// Milliseconds a client has to send a request: the HTTP/2 preface after connecting and
-    /// each gRPC call until answered; on the admin port the request head, then the body.
+    /// Milliseconds a client has to send a request: the TLS handshake and the HTTP/2 preface
+    /// after connecting, each gRPC call until answered; on the admin port the request head,
+    /// then the body.
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
     pub(crate) request_timeout_ms: u64,
     /// Milliseconds a connection may stay open with nothing sent by the client (either port).
