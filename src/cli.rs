@@ -130,8 +130,7 @@ pub(crate) struct ServeArgs {
     /// PEM CA(s) that sign the xDS server's certificate (default: the system roots).
     #[arg(long, env = "SLUICE_CONFIG_XDS_CA_FILE", value_name = "PEM")]
     pub(crate) config_xds_ca_file: Option<PathBuf>,
-    /// PEM client certificate presented to the xDS server (mutual TLS), with
-    /// --config-xds-client-key.
+    /// PEM client certificate for the xDS server (mutual TLS), with --config-xds-client-key.
     #[arg(long, env = "SLUICE_CONFIG_XDS_CLIENT_CERT", value_name = "PEM")]
     pub(crate) config_xds_client_cert: Option<PathBuf>,
     /// PEM private key of --config-xds-client-cert.
@@ -145,13 +144,15 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG")]
     pub(crate) force_start_without_initial_config: bool,
     /// With --config-xds: nodes (resources, descriptors, `replaces` entries, `metadata`
-    /// values) one response may hold; a response with more is refused (NACKed) before it is
-    /// decoded.
+    /// values) one response may hold; more is NACKed before decoding.
     #[arg(long, env = "SLUICE_MAX_XDS_NODES", default_value_t = XdsLimits::DEFAULT_MAX_NODES)]
     pub(crate) max_xds_nodes: usize,
     /// With --config-xds: levels of nested descriptors one response may hold (1 to 48).
     #[arg(long, env = "SLUICE_MAX_XDS_DEPTH", default_value_t = XdsLimits::DEFAULT_MAX_DEPTH, value_parser = depth_in(XdsLimits::MAX_DEPTH))]
     pub(crate) max_xds_depth: usize,
+    /// With --config-xds: bytes the config paths of one response's descriptors may take.
+    #[arg(long, env = "SLUICE_MAX_XDS_PATH_BYTES", default_value_t = XdsLimits::DEFAULT_MAX_PATH_BYTES)]
+    pub(crate) max_xds_path_bytes: usize,
     /// Address of the gRPC server (RLS, health, reflection). Loopback: a sidecar serves its pod.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub(crate) grpc_addr: SocketAddr,
@@ -343,9 +344,8 @@ pub(crate) struct ServeArgs {
     /// Connections open at once on the admin port; one more is closed at once.
     #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_ADMIN_MAX_CONNECTIONS)]
     pub(crate) admin_max_connections: usize,
-    /// Milliseconds a client has to send a request: the TLS handshake and the HTTP/2 preface
-    /// after connecting, each gRPC call until answered; on the admin port the request head,
-    /// then the body.
+    /// Milliseconds a client has for the TLS handshake and the HTTP/2 preface after connecting,
+    /// each gRPC call until answered; on the admin port the request head, then the body.
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
     pub(crate) request_timeout_ms: u64,
     /// Milliseconds a connection may stay open with nothing sent by the client (either port).
@@ -424,6 +424,7 @@ impl ServeArgs {
                     limits: XdsLimits {
                         max_nodes: self.max_xds_nodes,
                         max_depth: self.max_xds_depth,
+                        max_path_bytes: self.max_xds_path_bytes,
                     },
                     ..XdsSettings::new(url, &self.config_xds_node_id)
                 }))

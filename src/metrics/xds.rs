@@ -30,7 +30,7 @@ pub enum XdsRejection {
     InvalidResource,
     /// The resources decode but break a config rule (the errors a file would get).
     InvalidConfig,
-    /// Over `--max-xds-nodes` or `--max-xds-depth`: refused before decoding.
+    /// Over `--max-xds-nodes`, `--max-xds-depth` or `--max-xds-path-bytes`: not decoded.
     TooLarge,
 }
 

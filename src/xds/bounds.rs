@@ -6,8 +6,9 @@
 //! [`MAX_RESPONSE_BYTES`](super::MAX_RESPONSE_BYTES) could take gigabytes once decoded. So the
 //! client receives a response as bytes and walks its wire format first (no allocation), counting
 //! what decoding would build: resources, descriptors, `replaces` entries and `metadata` values
-//! ([`XdsLimits::max_nodes`], `--max-xds-nodes`), and the descriptors' nesting
-//! ([`XdsLimits::max_depth`], `--max-xds-depth`). The walk stops at the first node over a limit;
+//! ([`XdsLimits::max_nodes`], `--max-xds-nodes`), the descriptors' nesting
+//! ([`XdsLimits::max_depth`], `--max-xds-depth`) and the bytes of their config paths
+//! ([`XdsLimits::max_path_bytes`], `--max-xds-path-bytes`). The walk stops at the first node over a limit;
 //! the response is then NACKed with the limit and its flag named, and nothing of it is decoded.
 //!
 //! Bytes that are not protobuf end the walk without a verdict: decoding them fails next and
@@ -23,6 +24,10 @@ pub struct XdsLimits {
     pub max_nodes: usize,
     /// Levels of nested descriptors (1: no nesting).
     pub max_depth: usize,
+    /// Bytes of the descriptors' config paths together: each compiled rule keeps its path (its
+    /// ancestors' keys and values, then its own), so a long key over many nested descriptors
+    /// costs its length once per descriptor.
+    pub max_path_bytes: usize,
 }
 
 impl XdsLimits {
@@ -35,6 +40,9 @@ impl XdsLimits {
     /// Deepest nesting the flag accepts: prost refuses deeper messages anyway (its recursion
     /// limit of 100 counts a descriptor and its `rate_limit`).
     pub const MAX_DEPTH: usize = 48;
+    /// 32 MiB: 100,000 rules of 320-byte paths, or 25,000 of Envoy Gateway's (a route's name
+    /// as key and value, about 1.3 KB).
+    pub const DEFAULT_MAX_PATH_BYTES: usize = 32 << 20;
 }
 
 impl Default for XdsLimits {
@@ -42,6 +50,7 @@ impl Default for XdsLimits {
         XdsLimits {
             max_nodes: Self::DEFAULT_MAX_NODES,
             max_depth: Self::DEFAULT_MAX_DEPTH,
+            max_path_bytes: Self::DEFAULT_MAX_PATH_BYTES,
         }
     }
 }
@@ -58,6 +67,7 @@ pub fn check(response: &[u8], limits: XdsLimits) -> Result<(), String> {
     let mut walk = Walk {
         limits,
         nodes: 0,
+        path_bytes: 0,
         resource: 0,
     };
     match walk.response(response) {
@@ -94,6 +104,7 @@ enum Stop {
 struct Walk {
     limits: XdsLimits,
     nodes: usize,
+    path_bytes: usize,
     /// Index of the resource being walked, for the message.
     resource: usize,
 }
@@ -148,16 +159,33 @@ impl Walk {
     fn config(&mut self, bytes: &[u8]) -> Result<(), Stop> {
         for field in Fields(bytes) {
             if let Field::Bytes(3, descriptor) = field? {
-                self.descriptor(descriptor, 1)?;
+                self.descriptor(descriptor, 1, 0)?;
             }
         }
         Ok(())
     }
 
-    /// `RateLimitDescriptor` at nesting level `depth`: `rate_limit` (3), `descriptors` (4),
+    /// `RateLimitDescriptor` at nesting level `depth` under a path of `parent_path` bytes: its
+    /// `key` (1) and `value` (2) lengthen the path; `rate_limit` (3), `descriptors` (4),
     /// `metadata` (8).
-    fn descriptor(&mut self, bytes: &[u8], depth: usize) -> Result<(), Stop> {
+    fn descriptor(&mut self, bytes: &[u8], depth: usize, parent_path: usize) -> Result<(), Stop> {
         self.node()?;
+        // `parent.key_value`, as the compiled rule's path.
+        let mut path = parent_path + 1;
+        for field in Fields(bytes) {
+            if let Field::Bytes(1 | 2, text) = field? {
+                path += text.len() + 1;
+            }
+        }
+        self.path_bytes += path;
+        if self.path_bytes > self.limits.max_path_bytes {
+            return Err(Stop::Breach(format!(
+                "resources[{}]: xDS path limit exceeded: the descriptors' config paths (each \
+                 its ancestors' keys and values, then its own) take more than {} bytes; raise \
+                 with --max-xds-path-bytes",
+                self.resource, self.limits.max_path_bytes
+            )));
+        }
         if depth > self.limits.max_depth {
             return Err(Stop::Breach(format!(
                 "resources[{}]: xDS nesting limit exceeded: descriptors nested more than {} \
@@ -168,7 +196,7 @@ impl Walk {
         for field in Fields(bytes) {
             match field? {
                 Field::Bytes(3, policy) => self.policy(policy)?,
-                Field::Bytes(4, child) => self.descriptor(child, depth + 1)?,
+                Field::Bytes(4, child) => self.descriptor(child, depth + 1, path)?,
                 Field::Bytes(8, metadata) => self.metadata_struct(metadata, 1)?,
                 _ => {}
             }
@@ -342,6 +370,7 @@ mod tests {
         XdsLimits {
             max_nodes,
             max_depth,
+            ..XdsLimits::default()
         }
     }
 
@@ -402,6 +431,30 @@ mod tests {
             "resources[0]: xDS nesting limit exceeded: descriptors nested more than 3 levels \
              deep; raise with --max-xds-depth"
         );
+    }
+
+    #[test]
+    fn a_long_key_counts_once_per_nested_descriptor() {
+        let children: Vec<_> = (0..10).map(leaf).collect();
+        let parent = RateLimitDescriptor {
+            key: "p".repeat(1000),
+            descriptors: children,
+            ..RateLimitDescriptor::default()
+        };
+        let bytes = response(&[config(vec![parent])]);
+        // The parent's path: 1,002 bytes; each child's: that plus `.k_N` (and a separator).
+        let paths = 1002 + 10 * (1002 + 5);
+        let within = XdsLimits {
+            max_path_bytes: paths,
+            ..XdsLimits::default()
+        };
+        assert_eq!(check(&bytes, within), Ok(()));
+        let over = XdsLimits {
+            max_path_bytes: paths - 1,
+            ..XdsLimits::default()
+        };
+        let err = check(&bytes, over).unwrap_err();
+        assert!(err.contains("raise with --max-xds-path-bytes"), "{err}");
     }
 
     #[test]

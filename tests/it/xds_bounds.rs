@@ -185,3 +185,36 @@ async fn a_rejected_push_writes_a_bounded_log() {
         "the rest is counted: {log:?}"
     );
 }
+
+/// A long key over many nested descriptors: each compiled rule keeps its path (the parent's
+/// key and its own), so 2,000 children under a 100 KB key cost 200 MB from a 132 KB push
+/// (35 to 289 MiB of peak resident memory, within the node limit). `--max-xds-path-bytes`
+/// refuses it before decoding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_key_repeated_in_nested_paths_is_bounded() {
+    let xds = XdsServer::start().await;
+    let sluice = subscribe(&xds, &[]);
+    xds.next_request().await;
+    let idle = sluice.peak_rss_kib();
+    let mut config = flat_rules(2_000);
+    let children = std::mem::take(&mut config.descriptors);
+    config.descriptors.push(RateLimitDescriptor {
+        key: "p".repeat(100_000),
+        descriptors: children,
+        ..RateLimitDescriptor::default()
+    });
+    assert!(config.encoded_len() < 140_000);
+    xds.push("1", &[config]).await;
+    let detail = answer(&xds).await.error_detail.expect("a NACK").message;
+    assert!(
+        detail.starts_with("resources[0]: xDS path limit exceeded"),
+        "{detail}"
+    );
+    assert!(
+        detail.ends_with("raise with --max-xds-path-bytes"),
+        "{detail}"
+    );
+    let peak = sluice.peak_rss_kib();
+    println!("2,000 children of a 100 KB key refused: peak {idle} KiB idle, {peak} KiB after");
+    assert!(peak < idle + 16 * 1024, "{peak} KiB after {idle} KiB");
+}
