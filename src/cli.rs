@@ -17,7 +17,7 @@ use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE}
 use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
 use sluice::tls::TlsSettings;
-use sluice::xds::{ClientTls, XdsSettings};
+use sluice::xds::{ClientTls, XdsLimits, XdsSettings};
 
 mod given;
 pub(crate) use given::{redis_settings_given, with_translated_defaults};
@@ -73,7 +73,7 @@ pub(crate) struct ConfigLimitArgs {
     #[arg(long, env = "SLUICE_MAX_YAML_NODES", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_NODES)]
     max_yaml_nodes: usize,
     /// YAML nesting levels one config file may use (1 to 1024).
-    #[arg(long, env = "SLUICE_MAX_YAML_DEPTH", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_DEPTH, value_parser = parse_depth)]
+    #[arg(long, env = "SLUICE_MAX_YAML_DEPTH", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_DEPTH, value_parser = depth_in(ConfigLimits::MAX_YAML_DEPTH))]
     max_yaml_depth: usize,
     /// Aliases per anchor one config file may use, once it has 100 aliases.
     #[arg(long, env = "SLUICE_MAX_YAML_ALIASES_PER_ANCHOR", default_value_t = ConfigLimits::DEFAULT_MAX_YAML_ALIASES_PER_ANCHOR)]
@@ -132,8 +132,7 @@ pub(crate) struct ServeArgs {
     /// PEM CA(s) that sign the xDS server's certificate (default: the system roots).
     #[arg(long, env = "SLUICE_CONFIG_XDS_CA_FILE", value_name = "PEM")]
     pub(crate) config_xds_ca_file: Option<PathBuf>,
-    /// PEM client certificate presented to the xDS server (mutual TLS), with
-    /// --config-xds-client-key.
+    /// PEM client certificate for the xDS server (mutual TLS), with --config-xds-client-key.
     #[arg(long, env = "SLUICE_CONFIG_XDS_CLIENT_CERT", value_name = "PEM")]
     pub(crate) config_xds_client_cert: Option<PathBuf>,
     /// PEM private key of --config-xds-client-cert.
@@ -146,6 +145,16 @@ pub(crate) struct ServeArgs {
     /// it does, instead of waiting for it.
     #[arg(long, env = "SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG")]
     pub(crate) force_start_without_initial_config: bool,
+    /// With --config-xds: nodes (resources, descriptors, `replaces` entries, `metadata`
+    /// values) one response may hold; more is NACKed before decoding.
+    #[arg(long, env = "SLUICE_MAX_XDS_NODES", default_value_t = XdsLimits::DEFAULT_MAX_NODES)]
+    pub(crate) max_xds_nodes: usize,
+    /// With --config-xds: levels of nested descriptors one response may hold (1 to 48).
+    #[arg(long, env = "SLUICE_MAX_XDS_DEPTH", default_value_t = XdsLimits::DEFAULT_MAX_DEPTH, value_parser = depth_in(XdsLimits::MAX_DEPTH))]
+    pub(crate) max_xds_depth: usize,
+    /// With --config-xds: bytes the config paths of one response's descriptors may take.
+    #[arg(long, env = "SLUICE_MAX_XDS_PATH_BYTES", default_value_t = XdsLimits::DEFAULT_MAX_PATH_BYTES)]
+    pub(crate) max_xds_path_bytes: usize,
     /// Address of the gRPC server (RLS, health, reflection). Loopback: a sidecar serves its pod.
     #[arg(long, env = "SLUICE_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub(crate) grpc_addr: SocketAddr,
@@ -337,7 +346,7 @@ pub(crate) struct ServeArgs {
     /// Connections open at once on the admin port; one more is closed at once.
     #[arg(long, env = "SLUICE_ADMIN_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_ADMIN_MAX_CONNECTIONS)]
     pub(crate) admin_max_connections: usize,
-    /// Milliseconds a client has to send a request: the HTTP/2 preface after connecting and
+    /// Milliseconds a client has for the TLS handshake and the HTTP/2 preface after connecting,
     /// each gRPC call until answered; on the admin port the request head, then the body.
     #[arg(long, env = "SLUICE_REQUEST_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
     pub(crate) request_timeout_ms: u64,
@@ -376,6 +385,11 @@ impl ServeArgs {
                         server_name: self.config_xds_server_name.clone(),
                     },
                     force_start: self.force_start_without_initial_config,
+                    limits: XdsLimits {
+                        max_nodes: self.max_xds_nodes,
+                        max_depth: self.max_xds_depth,
+                        max_path_bytes: self.max_xds_path_bytes,
+                    },
                     ..XdsSettings::new(url, &self.config_xds_node_id)
                 }))
             }
@@ -529,13 +543,11 @@ pub(crate) fn load_options(
 }
 
 /// A YAML nesting limit in 1..=[`ConfigLimits::MAX_YAML_DEPTH`].
-fn parse_depth(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(depth) if (1..=ConfigLimits::MAX_YAML_DEPTH).contains(&depth) => Ok(depth),
-        _ => Err(format!(
-            "{text:?} is not a depth in 1..={}",
-            ConfigLimits::MAX_YAML_DEPTH
-        )),
+/// A parser of nesting depths in `1..=max`.
+fn depth_in(max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |text| match text.parse::<usize>() {
+        Ok(depth) if (1..=max).contains(&depth) => Ok(depth),
+        _ => Err(format!("{text:?} is not a depth in 1..={max}")),
     }
 }
 

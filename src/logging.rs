@@ -4,7 +4,8 @@
 //! Why a rate limit: the HTTP/2 stack logs some connection errors at `warn` once per connection
 //! (h2's "remotely-reset pending-accept streams reached limit" when a client floods resets), so
 //! a client opening connections in a loop wrote log lines at its own pace. Events of the
-//! connection-handling targets (h2, hyper, tonic's transport, [`crate::listen`]) pass at most
+//! connection-handling targets (h2, hyper, tonic's transport, [`crate::listen`], refused TLS
+//! handshakes) pass at most
 //! once per [`WINDOW`] per call site; the rest are counted, and one line per window says how
 //! many were dropped. Every other event passes untouched.
 
@@ -24,7 +25,13 @@ use tracing_subscriber::{EnvFilter, Layer};
 pub const WINDOW: Duration = Duration::from_secs(10);
 
 /// Targets whose events are rate-limited: the per-connection ones.
-const LIMITED_TARGETS: &[&str] = &["h2", "hyper", "tonic::transport", "sluice::listen"];
+const LIMITED_TARGETS: &[&str] = &[
+    "h2",
+    "hyper",
+    "tonic::transport",
+    "sluice::listen",
+    crate::tls::HANDSHAKE_TARGET,
+];
 
 fn limited(target: &str) -> bool {
     LIMITED_TARGETS.iter().any(|prefix| {

@@ -268,7 +268,8 @@ pub async fn run(
         ),
         Some(server_tls) => {
             tokio::spawn(tls::watch(server_tls.clone(), stop_rx.clone()));
-            let incoming = tls::incoming(incoming, server_tls, |s| s.peer_addr().ok());
+            let timeout = ports.request_timeout;
+            let incoming = tls::incoming(incoming, server_tls, |s| s.peer_addr().ok(), timeout);
             Either::Right(
                 router.serve_with_incoming_shutdown(incoming, wait_for_stop(stop_rx.clone())),
             )

@@ -48,9 +48,6 @@ use tokio::task::JoinSet;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-/// A client that connected has this long to complete its handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Where the certificates are and how they are checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsSettings {
@@ -424,15 +421,17 @@ enum Refused {
     Error(String),
 }
 
-/// The TLS connections of `conns`: each handshaken (concurrently, within
-/// [`HANDSHAKE_TIMEOUT`]) with the config current when it was accepted. A failed handshake is
-/// logged (a client that closes before saying anything only at debug level) and dropped; the
-/// stream goes on. Errors of `conns` pass through; the stream ends with `conns`, and dropping
+/// The TLS connections of `conns`: each handshaken (concurrently, within `timeout`: the
+/// server's `--request-timeout-ms`, the time a plaintext client has for its HTTP/2 preface)
+/// with the config current when it was accepted. A failed handshake is logged (a client that
+/// closes before saying anything only at debug level; the others rate-limited, see
+/// [`HANDSHAKE_TARGET`]) and dropped; the stream goes on. Errors of `conns` pass through; the stream ends with `conns`, and dropping
 /// it abandons the handshakes under way.
 pub fn incoming<S, IO, E>(
     conns: S,
     tls: Arc<ServerTls>,
     peer: fn(&IO) -> Option<SocketAddr>,
+    timeout: Duration,
 ) -> impl Stream<Item = Result<TlsStream<IO>, E>> + Send
 where
     S: Stream<Item = Result<IO, E>> + Send + 'static,
@@ -450,7 +449,7 @@ where
                         Some(Ok(io)) => {
                             let from = peer(&io);
                             let acceptor = TlsAcceptor::from(tls.config());
-                            handshakes.spawn(async move { (from, handshake(acceptor, io).await) });
+                            handshakes.spawn(async move { (from, handshake(acceptor, io, timeout).await) });
                         }
                         Some(Err(e)) => return Some((Err(e), (conns, handshakes))),
                         None => return None,
@@ -466,30 +465,46 @@ where
     })
 }
 
-async fn handshake<IO>(acceptor: TlsAcceptor, io: IO) -> Result<TlsStream<IO>, Refused>
+async fn handshake<IO>(
+    acceptor: TlsAcceptor,
+    io: IO,
+    timeout: Duration,
+) -> Result<TlsStream<IO>, Refused>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await {
+    match tokio::time::timeout(timeout, acceptor.accept(io)).await {
         Ok(Ok(stream)) => Ok(stream),
         Ok(Err(error)) if error.kind() == std::io::ErrorKind::UnexpectedEof => Err(Refused::Silent),
         Ok(Err(error)) => Err(Refused::Error(error.to_string())),
         Err(_) => Err(Refused::Error(format!(
-            "no handshake within {} s",
-            HANDSHAKE_TIMEOUT.as_secs()
+            "no handshake within {} ms",
+            timeout.as_millis()
         ))),
     }
 }
+
+/// The log target of refused handshakes, one of the rate-limited ones (`crate::logging`): a
+/// client connecting in a loop with the wrong certificate, or speaking plain HTTP to the TLS
+/// port, would otherwise write a line per connection.
+pub const HANDSHAKE_TARGET: &str = "sluice::tls::handshake";
 
 /// A refused client is worth a warning (a certificate of the wrong CA is a misconfiguration
 /// an operator must see); one that closed before its hello (a TCP probe) is not.
 fn log_refused(from: Option<SocketAddr>, refused: &Refused) {
     let peer = from.map_or_else(|| "unknown".to_owned(), |a| a.to_string());
     match refused {
-        Refused::Silent => {
-            tracing::debug!(%peer, "gRPC TLS: connection closed before the handshake")
-        }
-        Refused::Error(error) => tracing::warn!(%peer, %error, "gRPC TLS handshake refused"),
+        Refused::Silent => tracing::debug!(
+            target: HANDSHAKE_TARGET,
+            %peer,
+            "gRPC TLS: connection closed before the handshake"
+        ),
+        Refused::Error(error) => tracing::warn!(
+            target: HANDSHAKE_TARGET,
+            %peer,
+            %error,
+            "gRPC TLS handshake refused"
+        ),
     }
 }
 

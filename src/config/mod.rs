@@ -46,7 +46,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use tree::Level;
-use validate::Document;
+
+/// One source of a domain's limits: a YAML file's text, or an xDS resource (converted by
+/// `xds` as validation walks it; it has no lines).
+enum Document<'a> {
+    Yaml(&'a str),
+    Xds(Box<xds::XdsDocument>),
+}
 
 /// A time unit as envoyproxy/ratelimit's YAML and Envoy's API name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -270,13 +276,20 @@ impl Config {
             let file = file.as_path();
             paths.push(file.to_path_buf());
             let before = errors.len();
-            let compiled = validate::compile_file(
-                file,
-                document,
-                options.default_headers,
-                &options.limits,
-                &mut errors,
-            );
+            let compiled = match document {
+                Document::Yaml(text) => validate::compile_yaml(
+                    file,
+                    text,
+                    options.default_headers,
+                    &options.limits,
+                    &mut errors,
+                ),
+                Document::Xds(resource) => {
+                    let (root, descriptors) = resource.into_parts();
+                    let headers = options.default_headers;
+                    validate::compile_raw(file, root, descriptors, headers, &mut errors)
+                }
+            };
             let Some((name, line)) = compiled.domain else {
                 continue;
             };

@@ -102,6 +102,28 @@ pub(crate) struct RawReplace {
     pub extra: Vec<Extra>,
 }
 
+/// A descriptor as the checker reads it: its own fields in the raw model, and its nested
+/// descriptors, produced one at a time.
+///
+/// Why not a tree of [`RawDescriptor`]s for every source: the raw model keeps a line and a
+/// column with every field (about 1.5 KB a descriptor), which a parsed file needs for its
+/// errors and an xDS resource does not have. Converted as the walk reaches it, a resource is
+/// never in the raw model but for the descriptor being checked and its ancestors, so what a
+/// push costs is its decoded messages and the compiled tree (docs/security.md).
+pub(crate) trait Source: Sized {
+    type Nested: Iterator<Item = Self>;
+    fn open(self) -> (Spanned<RawDescriptor>, Self::Nested);
+}
+
+impl Source for Spanned<RawDescriptor> {
+    type Nested = std::vec::IntoIter<Spanned<RawDescriptor>>;
+
+    fn open(mut self) -> (Spanned<RawDescriptor>, Self::Nested) {
+        let nested = self.value.descriptors.take().unwrap_or_default();
+        (self, nested.into_iter())
+    }
+}
+
 /// A mapping whose known keys are deserialized into fields and whose other keys are recorded.
 trait Fields: Default {
     const EXPECTING: &'static str;

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use serde_saphyr::{Location, Spanned};
 
-use super::raw::{RawDescriptor, RawRateLimit, RawReplace, RawRoot};
-use super::validate::Document;
+use super::raw::{RawDescriptor, RawRateLimit, RawReplace, RawRoot, Source};
+use super::Document;
 use super::{Config, ConfigErrors, LoadOptions};
 use crate::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -35,18 +35,77 @@ impl Config {
     /// Compiles the `RateLimitConfig` resources of one xDS response (every domain's limits) as
     /// [`Config::load_with`] compiles a directory: every problem of every resource, each named
     /// `xds:RESOURCE: RULE: MESSAGE`; one domain per resource unless `options` merges them.
+    /// Each resource is consumed as it is compiled.
     pub fn from_xds(
-        resources: &[RateLimitConfig],
+        resources: Vec<RateLimitConfig>,
         options: LoadOptions,
     ) -> Result<Config, ConfigErrors> {
         Self::build(
-            resources
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (resource_source(i, r), Document::Raw(Box::new(root(r))))),
+            resources.into_iter().enumerate().map(|(i, r)| {
+                let source = resource_source(i, &r);
+                (source, Document::Xds(Box::new(XdsDocument::new(r))))
+            }),
             Vec::new(),
             options,
         )
+    }
+}
+
+/// One resource as the checker reads it: the domain, and its descriptors still as decoded,
+/// each converted to the raw model when the walk reaches it ([`Source`]).
+pub(crate) struct XdsDocument {
+    root: RawRoot,
+    descriptors: Vec<RateLimitDescriptor>,
+}
+
+impl XdsDocument {
+    fn new(config: RateLimitConfig) -> XdsDocument {
+        XdsDocument {
+            root: RawRoot {
+                // Present even when empty, so validation says "`domain` is empty" as for a file.
+                domain: Some(spanned(config.domain)),
+                ..RawRoot::default()
+            },
+            descriptors: config.descriptors,
+        }
+    }
+
+    /// The root (without descriptors), and the descriptors.
+    pub fn into_parts(self) -> (RawRoot, impl Iterator<Item = XdsDescriptor>) {
+        (self.root, self.descriptors.into_iter().map(XdsDescriptor))
+    }
+}
+
+/// A decoded descriptor, not yet converted.
+pub(crate) struct XdsDescriptor(RateLimitDescriptor);
+
+type Nested = std::iter::Map<
+    std::vec::IntoIter<RateLimitDescriptor>,
+    fn(RateLimitDescriptor) -> XdsDescriptor,
+>;
+
+impl Source for XdsDescriptor {
+    type Nested = Nested;
+
+    /// The descriptor's fields, moved into the raw model; its nested descriptors left as
+    /// decoded.
+    fn open(self) -> (Spanned<RawDescriptor>, Nested) {
+        let d = self.0;
+        let raw = RawDescriptor {
+            // Present even when empty, so validation says "descriptor has an empty `key`".
+            key: Some(spanned(d.key)),
+            value: non_empty(d.value),
+            rate_limit: d.rate_limit.as_ref().map(|p| spanned(rate_limit(p))),
+            shadow_mode: Some(d.shadow_mode),
+            quota_mode: Some(d.quota_mode),
+            detailed_metric: Some(d.detailed_metric),
+            ..RawDescriptor::default()
+        };
+        let nested: Nested = d
+            .descriptors
+            .into_iter()
+            .map(XdsDescriptor as fn(RateLimitDescriptor) -> XdsDescriptor);
+        (spanned(raw), nested)
     }
 }
 
@@ -54,31 +113,8 @@ fn spanned<T>(value: T) -> Spanned<T> {
     Spanned::new(value, Location::UNKNOWN, Location::UNKNOWN)
 }
 
-fn non_empty(text: &str) -> Option<Spanned<String>> {
-    (!text.is_empty()).then(|| spanned(text.to_owned()))
-}
-
-fn root(config: &RateLimitConfig) -> RawRoot {
-    RawRoot {
-        // Present even when empty, so validation says "`domain` is empty" as for a file.
-        domain: Some(spanned(config.domain.clone())),
-        descriptors: Some(config.descriptors.iter().map(descriptor).collect()),
-        ..RawRoot::default()
-    }
-}
-
-fn descriptor(d: &RateLimitDescriptor) -> Spanned<RawDescriptor> {
-    spanned(RawDescriptor {
-        // Present even when empty, so validation says "descriptor has an empty `key`".
-        key: Some(spanned(d.key.clone())),
-        value: non_empty(&d.value),
-        rate_limit: d.rate_limit.as_ref().map(|p| spanned(rate_limit(p))),
-        descriptors: Some(d.descriptors.iter().map(descriptor).collect()),
-        shadow_mode: Some(d.shadow_mode),
-        quota_mode: Some(d.quota_mode),
-        detailed_metric: Some(d.detailed_metric),
-        ..RawDescriptor::default()
-    })
+fn non_empty(text: String) -> Option<Spanned<String>> {
+    (!text.is_empty()).then(|| spanned(text))
 }
 
 fn rate_limit(p: &RateLimitPolicy) -> RawRateLimit {
@@ -92,7 +128,7 @@ fn rate_limit(p: &RateLimitPolicy) -> RawRateLimit {
         unit: unit.map(spanned),
         requests_per_unit: (p.requests_per_unit != 0).then(|| spanned(p.requests_per_unit)),
         unlimited: p.unlimited.then(|| spanned(true)),
-        name: non_empty(&p.name),
+        name: non_empty(p.name.clone()),
         replaces: (!p.replaces.is_empty()).then(|| {
             p.replaces
                 .iter()

@@ -45,32 +45,39 @@ pub struct Engine {
     leases: LeaseTokens,
 }
 
-/// Lease tokens: a random start per process, then one more per request that records leases,
-/// below 2^52 (the Redis script's exact range) and never 0. Distinct within a process; two
-/// processes' tokens collide only if their random starts lie closer than the requests either
-/// has leased, about 1e-7 for a billion leases each. A collision on one key while both leases
-/// are live would make them one lease (see `limiter::leases`).
+/// Lease tokens: a counter per request that records leases, through a keyed hash whose key is
+/// a per-process secret (std's `RandomState`, SipHash keyed from the OS's random source), into
+/// 1..=2^52 - 1 (the Redis script's exact range; never 0, which is no lease).
+///
+/// Why not the counter itself: a token is all a refund needs to release a lease, and a counter
+/// tells every caller that got one token the next ones, so anyone who reaches the gRPC port
+/// could release other requests' leases by guessing. A keyed hash of the counter cannot be
+/// guessed from the tokens seen, and costs one SipHash per request (no system call, unlike
+/// asking the OS for random bytes each time). Two live leases of one key collide with a
+/// chance of about 2^-52 per pair (they would be one lease, see `limiter::leases`); tokens of
+/// two processes likewise.
 struct LeaseTokens {
     next: AtomicU64,
+    key: std::collections::hash_map::RandomState,
 }
 
 impl LeaseTokens {
     const RANGE: u64 = (1 << 52) - 1;
 
     fn new() -> Self {
-        Self::starting_at(
-            std::collections::hash_map::RandomState::new().hash_one(std::process::id()),
-        )
-    }
-
-    fn starting_at(start: u64) -> Self {
         LeaseTokens {
-            next: AtomicU64::new(start),
+            next: AtomicU64::new(0),
+            key: std::collections::hash_map::RandomState::new(),
         }
     }
 
     fn next(&self) -> u64 {
-        self.next.fetch_add(1, Ordering::Relaxed) % Self::RANGE + 1
+        self.token(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The `n`th token.
+    fn token(&self, n: u64) -> u64 {
+        self.key.hash_one(n) % Self::RANGE + 1
     }
 }
 

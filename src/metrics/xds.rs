@@ -30,6 +30,8 @@ pub enum XdsRejection {
     InvalidResource,
     /// The resources decode but break a config rule (the errors a file would get).
     InvalidConfig,
+    /// Over `--max-xds-nodes`, `--max-xds-depth` or `--max-xds-path-bytes`: not decoded.
+    TooLarge,
 }
 
 impl XdsRejection {
@@ -37,6 +39,7 @@ impl XdsRejection {
         match self {
             XdsRejection::InvalidResource => "invalid_resource",
             XdsRejection::InvalidConfig => "invalid_config",
+            XdsRejection::TooLarge => "too_large",
         }
     }
 }

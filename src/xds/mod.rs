@@ -26,9 +26,11 @@
 //!
 //! [`Config::from_xds`]: crate::config::Config::from_xds
 
+mod bounds;
 mod endpoint;
 mod resources;
 mod session;
+mod stream;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,6 +44,7 @@ use crate::config::LoadOptions;
 use crate::decision::Engine;
 use crate::metrics;
 
+pub use bounds::XdsLimits;
 pub use endpoint::XdsError;
 pub use resources::{Rejection, MAX_RESPONSE_BYTES};
 
@@ -67,6 +70,8 @@ pub struct XdsSettings {
     pub force_start: bool,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// What one response may hold (`--max-xds-nodes`, `--max-xds-depth`).
+    pub limits: XdsLimits,
 }
 
 /// The xDS client's TLS (with an `https` URL only).
@@ -92,6 +97,7 @@ impl XdsSettings {
             force_start: false,
             min_backoff: DEFAULT_MIN_BACKOFF,
             max_backoff: DEFAULT_MAX_BACKOFF,
+            limits: XdsLimits::default(),
         }
     }
 
@@ -186,6 +192,19 @@ pub async fn run(ctx: Context, mut stop: watch::Receiver<bool>) {
 /// Resolves once `stop` is (or has been) set.
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stopped| *stopped).await;
+}
+
+/// Characters of a server-chosen string (a version, one config error) shown in a log line, a
+/// NACK or `/readyz`; a longer one is cut and ends in `~`. The management server chooses
+/// them, and a 5 MB `version_info` must not become a 5 MB log line.
+pub const MAX_SHOWN_CHARS: usize = 512;
+
+/// `text` cut to [`MAX_SHOWN_CHARS`] characters (then `~`).
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(MAX_SHOWN_CHARS) {
+        None => text.into(),
+        Some((end, _)) => format!("{}~", &text[..end]).into(),
+    }
 }
 
 /// An error and its sources, joined: transport errors say little at the top ("transport

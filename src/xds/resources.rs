@@ -7,19 +7,24 @@
 
 use prost::Message;
 
-use super::RATE_LIMIT_CONFIG_TYPE;
+use super::{shown, RATE_LIMIT_CONFIG_TYPE};
 use crate::config::{Config, LoadOptions};
 use crate::metrics::XdsRejection;
 use crate::proto::envoy::service::discovery::v3::DiscoveryResponse;
 use crate::proto::ratelimit::config::ratelimit::v3::RateLimitConfig;
 
 /// Largest response accepted, encoded (every domain's limits in one message). gRPC's default
-/// of 4 MiB could be reached by a gateway with thousands of routes; 16 MiB bounds the memory a
-/// response may take while leaving room for those.
+/// of 4 MiB could be reached by a gateway with thousands of routes. This bounds the bytes
+/// received, not what they decode and compile to (a rule is about 16 bytes on the wire and
+/// 900 in memory): that is bounded by `--max-xds-nodes` and `--max-xds-depth`, on the bytes,
+/// before decoding (`super::bounds`).
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Errors listed in a NACK's `error_detail` at most (the log has every one).
-const MAX_DETAIL_ERRORS: usize = 20;
+/// Errors listed in a NACK's `error_detail`, and logged, at most; the rest are counted.
+pub const MAX_LOGGED_ERRORS: usize = 20;
+
+#[cfg(doc)]
+use super::MAX_SHOWN_CHARS;
 
 /// Why a response was not applied: every problem, one line each.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,27 +35,28 @@ pub struct Rejection {
 
 impl Rejection {
     /// The NACK's `error_detail` message: the problems, one per line, at most
-    /// [`MAX_DETAIL_ERRORS`] of them.
+    /// [`MAX_LOGGED_ERRORS`] of them, each cut to [`MAX_SHOWN_CHARS`].
     pub fn detail(&self) -> String {
         let mut text = self
             .errors
             .iter()
-            .take(MAX_DETAIL_ERRORS)
-            .cloned()
+            .take(MAX_LOGGED_ERRORS)
+            .map(|e| shown(e))
             .collect::<Vec<_>>()
             .join("\n");
-        if self.errors.len() > MAX_DETAIL_ERRORS {
+        if self.errors.len() > MAX_LOGGED_ERRORS {
             text.push_str(&format!(
-                "\n... and {} more (see sluice's log)",
-                self.errors.len() - MAX_DETAIL_ERRORS
+                "\n... and {} more",
+                self.errors.len() - MAX_LOGGED_ERRORS
             ));
         }
         text
     }
 }
 
-/// Decodes every resource of `response` and compiles them into one config.
-pub fn compile(response: &DiscoveryResponse, load: LoadOptions) -> Result<Config, Rejection> {
+/// Decodes every resource of `response` and compiles them into one config. Each resource's
+/// bytes are dropped once decoded, each decoded resource once compiled.
+pub fn compile(response: DiscoveryResponse, load: LoadOptions) -> Result<Config, Rejection> {
     let invalid = |errors| Rejection {
         kind: XdsRejection::InvalidResource,
         errors,
@@ -63,7 +69,7 @@ pub fn compile(response: &DiscoveryResponse, load: LoadOptions) -> Result<Config
     }
     let mut configs = Vec::with_capacity(response.resources.len());
     let mut errors = Vec::new();
-    for (i, any) in response.resources.iter().enumerate() {
+    for (i, any) in response.resources.into_iter().enumerate() {
         if any.type_url != RATE_LIMIT_CONFIG_TYPE {
             errors.push(format!(
                 "resources[{i}]: type {}, expected {RATE_LIMIT_CONFIG_TYPE}",
@@ -81,7 +87,7 @@ pub fn compile(response: &DiscoveryResponse, load: LoadOptions) -> Result<Config
     if !errors.is_empty() {
         return Err(invalid(errors));
     }
-    Config::from_xds(&configs, load).map_err(|errors| Rejection {
+    Config::from_xds(configs, load).map_err(|errors| Rejection {
         kind: XdsRejection::InvalidConfig,
         errors: errors.iter().map(ToString::to_string).collect(),
     })
@@ -133,11 +139,11 @@ mod tests {
             any(&domain("a", RateLimitUnit::Second)),
             any(&domain("b", RateLimitUnit::Week)),
         ]);
-        let config = compile(&good, LoadOptions::default()).unwrap();
+        let config = compile(good, LoadOptions::default()).unwrap();
         assert_eq!(config.domains().collect::<Vec<_>>(), ["a", "b"]);
         // No resource at all: a valid config with no domain (nothing limited).
         assert_eq!(
-            compile(&response(vec![]), LoadOptions::default())
+            compile(response(vec![]), LoadOptions::default())
                 .unwrap()
                 .domains()
                 .count(),
@@ -148,7 +154,7 @@ mod tests {
             any(&domain("a", RateLimitUnit::Second)),
             any(&domain("b", RateLimitUnit::Unknown)),
         ]);
-        let rejection = compile(&one_bad, LoadOptions::default()).unwrap_err();
+        let rejection = compile(one_bad, LoadOptions::default()).unwrap_err();
         assert_eq!(rejection.kind, XdsRejection::InvalidConfig);
         assert_eq!(rejection.errors.len(), 1, "{rejection:?}");
         assert!(rejection.errors[0].starts_with("xds:b: k: `rate_limit` has no `unit`"));
@@ -163,7 +169,7 @@ mod tests {
             value: vec![0xff, 0xff, 0xff],
         };
         let rejection =
-            compile(&response(vec![foreign, garbage]), LoadOptions::default()).unwrap_err();
+            compile(response(vec![foreign, garbage]), LoadOptions::default()).unwrap_err();
         assert_eq!(rejection.kind, XdsRejection::InvalidResource);
         assert_eq!(
             rejection.errors[0],
@@ -176,7 +182,7 @@ mod tests {
 
         let mut other_type = response(vec![]);
         other_type.type_url = "type.googleapis.com/envoy.config.listener.v3.Listener".into();
-        assert!(compile(&other_type, LoadOptions::default())
+        assert!(compile(other_type, LoadOptions::default())
             .unwrap_err()
             .errors[0]
             .starts_with("response of type type.googleapis.com/envoy.config.listener.v3.Listener"));
@@ -189,10 +195,7 @@ mod tests {
             errors: (0..25).map(|i| format!("error {i}")).collect(),
         };
         let detail = rejection.detail();
-        assert_eq!(detail.lines().count(), MAX_DETAIL_ERRORS + 1);
-        assert!(
-            detail.ends_with("... and 5 more (see sluice's log)"),
-            "{detail}"
-        );
+        assert_eq!(detail.lines().count(), MAX_LOGGED_ERRORS + 1);
+        assert!(detail.ends_with("... and 5 more"), "{detail}");
     }
 }

@@ -13,12 +13,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::resources::{self, Rejection, MAX_RESPONSE_BYTES};
-use super::{endpoint, error_chain, stopped, Context, RATE_LIMIT_CONFIG_TYPE};
+use prost::Message;
+
+use super::resources::{self, Rejection, MAX_LOGGED_ERRORS};
+use super::shown;
+#[cfg(doc)]
+use super::MAX_SHOWN_CHARS;
+use super::{bounds, endpoint, error_chain, stopped, stream, Context, RATE_LIMIT_CONFIG_TYPE};
+use crate::codec::decode_error;
 use crate::config::Config;
 use crate::metrics;
 use crate::proto::envoy::config::core::v3::{node::UserAgentVersionType, Node};
-use crate::proto::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use crate::proto::google::rpc::Status;
 
@@ -67,14 +72,12 @@ pub(super) async fn run(
     if requests.try_send(subscribe).is_err() {
         return broken("the request channel closed".into(), false);
     }
-    let mut client = AggregatedDiscoveryServiceClient::new(channel)
-        .max_decoding_message_size(MAX_RESPONSE_BYTES);
     let call = tokio::select! {
-        call = client.stream_aggregated_resources(ReceiverStream::new(outbound)) => call,
+        call = stream::open(channel, ReceiverStream::new(outbound)) => call,
         _ = stopped(stop) => return Ended::Stopped,
     };
     let mut inbound = match call {
-        Ok(response) => response.into_inner(),
+        Ok(inbound) => inbound,
         Err(status) => return broken(status_text(&status), false),
     };
     let mut delivered = false;
@@ -83,13 +86,20 @@ pub(super) async fn run(
             next = inbound.message() => next,
             _ = stopped(stop) => return Ended::Stopped,
         };
-        let response = match next {
-            Ok(Some(response)) => response,
+        let bytes = match next {
+            Ok(Some(bytes)) => bytes,
             Ok(None) => return broken("the management server ended the stream".into(), delivered),
             Err(status) => return broken(status_text(&status), delivered),
         };
         delivered = true;
-        let answer = apply(ctx, response, served_version).await;
+        let answer = if let Err(breach) = bounds::check(&bytes, ctx.source.settings.limits) {
+            refuse(ctx, bounds::header(&bytes), breach, served_version)
+        } else {
+            match DiscoveryResponse::decode(bytes) {
+                Ok(response) => apply(ctx, response, served_version).await,
+                Err(err) => return broken(status_text(&decode_error(err)), delivered),
+            }
+        };
         if requests.send(answer).await.is_err() {
             return broken("the stream closed".into(), delivered);
         }
@@ -106,7 +116,7 @@ async fn apply(
     let version = response.version_info.clone();
     let nonce = response.nonce.clone();
     // Compiling every domain's limits is CPU work off the request path's threads.
-    let compiled = tokio::task::spawn_blocking(move || resources::compile(&response, load))
+    let compiled = tokio::task::spawn_blocking(move || resources::compile(response, load))
         .await
         .unwrap_or_else(|err| {
             Err(Rejection {
@@ -116,31 +126,76 @@ async fn apply(
         });
     match compiled {
         Ok(config) => {
-            served(ctx, &version, config);
+            served(ctx, &shown(&version), config);
             served_version.clone_from(&version);
             request(ctx, served_version, nonce, None)
         }
-        Err(rejection) => {
-            metrics::record_xds_rejected(rejection.kind);
-            // Each error as check-config prints a file's: `xds:RESOURCE: RULE: MESSAGE`.
-            for error in &rejection.errors {
-                tracing::error!(
-                    server = ctx.server(),
-                    version = %version,
-                    error = %error,
-                    "xds: config rejected (NACK); keeping the previous config"
-                );
-            }
-            let first = rejection.errors.first().map_or("", String::as_str);
-            ctx.pending(format_args!("version {version} rejected: {first}"));
-            let detail = Status {
-                code: INVALID_ARGUMENT,
-                message: rejection.detail(),
-                details: Vec::new(),
-            };
-            request(ctx, served_version, nonce, Some(detail))
+        Err(rejection) => nack(ctx, &version, nonce, rejection, served_version),
+    }
+}
+
+/// The NACK of a response over a bound of [`bounds`], which was not decoded.
+fn refuse(
+    ctx: &Context,
+    header: bounds::Header,
+    breach: String,
+    served_version: &str,
+) -> DiscoveryRequest {
+    let rejection = Rejection {
+        kind: metrics::XdsRejection::TooLarge,
+        errors: vec![breach],
+    };
+    nack(
+        ctx,
+        &header.version_info,
+        header.nonce,
+        rejection,
+        served_version,
+    )
+}
+
+/// Records and logs a rejection; returns its NACK.
+///
+/// The log is bounded like the NACK's detail: the first [`MAX_LOGGED_ERRORS`] problems, each
+/// cut to [`MAX_SHOWN_CHARS`], then one line counting the rest, so a push of 50,000 broken
+/// rules writes 21 lines, not 50,000. The version is cut the same way wherever it is shown.
+fn nack(
+    ctx: &Context,
+    version: &str,
+    nonce: String,
+    rejection: Rejection,
+    served_version: &str,
+) -> DiscoveryRequest {
+    metrics::record_xds_rejected(rejection.kind);
+    let shown_version = shown(version);
+    // Each error as check-config prints a file's: `xds:RESOURCE: RULE: MESSAGE`.
+    for error in rejection.errors.iter().take(MAX_LOGGED_ERRORS) {
+        tracing::error!(
+            server = ctx.server(),
+            version = %shown_version,
+            error = %shown(error),
+            "xds: config rejected (NACK); keeping the previous config"
+        );
+    }
+    if let Some(more) = rejection.errors.len().checked_sub(MAX_LOGGED_ERRORS) {
+        if more > 0 {
+            tracing::error!(
+                server = ctx.server(),
+                version = %shown_version,
+                errors = rejection.errors.len(),
+                not_logged = more,
+                "xds: config rejected (NACK); more errors than logged"
+            );
         }
     }
+    let first = rejection.errors.first().map_or("".into(), |e| shown(e));
+    ctx.pending(format_args!("version {shown_version} rejected: {first}"));
+    let detail = Status {
+        code: INVALID_ARGUMENT,
+        message: rejection.detail(),
+        details: Vec::new(),
+    };
+    request(ctx, served_version, nonce, Some(detail))
 }
 
 /// Swaps `config` in and records it.

@@ -346,3 +346,81 @@ fn missing_or_invalid_files_stop_the_start_with_the_file_named() {
     );
     assert!(err.contains("--grpc-client-ca"), "{err}");
 }
+
+/// Refused handshakes are rate-limited in the log like the other per-connection lines (each
+/// wrote a warning: 1,500 wrong-CA handshakes wrote 1,500 lines, a plain HTTP loop against
+/// the port 1,400 lines/s), and a client that never finishes its handshake is dropped after
+/// `--request-timeout-ms` (it was a fixed 10 s). The binary, for its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_handshakes_write_a_bounded_log_and_time_out_with_the_request_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path(), "flood");
+    let stranger = pki_of_other_ca(dir.path());
+    let [(_, cert), (_, key), (_, ca)] = secret_files(&pki);
+    for (name, text) in [("tls.crt", cert), ("tls.key", key), ("ca.crt", ca)] {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let (cert, key, ca) = (path("tls.crt"), path("tls.key"), path("ca.crt"));
+    let args = [
+        "--grpc-tls-cert",
+        cert.as_str(),
+        "--grpc-tls-key",
+        key.as_str(),
+        "--grpc-client-ca",
+        ca.as_str(),
+        "--request-timeout-ms",
+        "300",
+    ];
+    let sluice = helpers::Sluice::start_with(&limits(dir.path()), None, &args);
+    let addr = sluice.grpc_addr;
+    let lines_before = sluice.log.lock().unwrap().len();
+
+    // 1,000 refused handshakes: plain HTTP to the TLS port, and wrong-CA clients.
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..950 {
+            let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+            let _ = tcp.write_all(b"GET / HTTP/1.1\r\nHost: sluice\r\n\r\n");
+            let _ = tcp.read(&mut [0u8; 64]);
+        }
+    })
+    .await
+    .unwrap();
+    for _ in 0..50 {
+        let refused = decide_new(addr, client_tls(&pki.ca, Some(&stranger))).await;
+        assert!(refused.is_err(), "a stranger was served");
+    }
+
+    // A client that connects and says nothing is closed after the request timeout.
+    let started = Instant::now();
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        tcp.read(&mut [0u8; 64])
+    })
+    .await
+    .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        matches!(closed, Ok(0)) || closed.is_err(),
+        "the silent client got {closed:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "closed after {waited:?}"
+    );
+
+    let log = sluice.log.lock().unwrap()[lines_before..].to_vec();
+    let refused: Vec<_> = log
+        .iter()
+        .filter(|l| l.contains("gRPC TLS handshake refused"))
+        .collect();
+    println!(
+        "1,000 refused handshakes: {} log lines, {} of them refusals",
+        log.len(),
+        refused.len()
+    );
+    assert!(!refused.is_empty(), "a refusal is still logged: {log:?}");
+    assert!(log.len() <= 24, "{} lines: {log:#?}", log.len());
+}

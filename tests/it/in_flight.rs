@@ -459,3 +459,66 @@ async fn envoy_sends_the_refund_of_a_refused_request_too() {
     assert_eq!(refunds_seen(), before + 1.0);
     upstream.release_all();
 }
+
+/// A caller that reaches the gRPC port sees its own lease token; refunds forged from tokens
+/// near it (they were the previous token + 1) release no other request's lease, on the memory
+/// backend and on Redis. In process, over gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_forged_from_a_neighbouring_token_releases_nothing() {
+    use helpers::{descriptor, request};
+    use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("limits.yaml");
+    std::fs::write(
+        &config,
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: \
+         {requests_per_unit: 3, algorithm: in_flight, lease: 60s}\n",
+    )
+    .unwrap();
+    let redis = RedisServer::start();
+    for url in [None, Some(redis.url())] {
+        let sluice = TestServer::start(test_settings(&config, url.as_deref()));
+        let client = sluice.client().await;
+        let admit = || {
+            let mut client = client.clone();
+            async move {
+                let reply = client
+                    .should_rate_limit(request("d", vec![descriptor(&[("k", "v")])]))
+                    .await
+                    .expect("a decision")
+                    .into_inner();
+                let token = reply.dynamic_metadata.and_then(|m| {
+                    match m.fields.get("sluice_lease")?.kind.clone()? {
+                        prost_types::value::Kind::StringValue(t) => t.parse::<u64>().ok(),
+                        _ => None,
+                    }
+                });
+                (reply.overall_code, token)
+            }
+        };
+        let (code, victim) = admit().await;
+        assert_eq!(code, Code::Ok as i32);
+        let (_, mine) = admit().await;
+        let (victim, mine) = (victim.expect("a token"), mine.expect("a token"));
+        assert!(
+            mine.abs_diff(victim) > 1_000,
+            "consecutive tokens {victim} and {mine} are neighbours ({url:?})"
+        );
+        // Forged refunds: the 200 tokens on either side of the caller's own.
+        let forged = (1..=200u64).flat_map(|d| [mine + d, mine.saturating_sub(d)]);
+        for token in forged.filter(|&t| t != victim && t != mine) {
+            let mut refund = descriptor(&[("k", "v"), ("sluice_lease", &token.to_string())]);
+            refund.hits_addend = Some(1);
+            refund.is_negative_hits = true;
+            client
+                .clone()
+                .should_rate_limit(request("d", vec![refund]))
+                .await
+                .expect("a refund is answered");
+        }
+        // Both leases still held: one more is admitted, then the limit of 3 is reached.
+        assert_eq!(admit().await.0, Code::Ok as i32, "{url:?}");
+        assert_eq!(admit().await.0, Code::OverLimit as i32, "{url:?}");
+        sluice.stop().await.expect("clean stop");
+    }
+}

@@ -52,3 +52,4 @@ mod soak;
 mod token_budget;
 mod tracing;
 mod xds;
+mod xds_bounds;

@@ -15,8 +15,8 @@ use self::rate_limit::RawLimits;
 use super::error::{ConfigError, DOMAIN_RULE};
 use super::limits::ConfigLimits;
 use super::raw::{
-    self, line_of, Extra, RawDescriptor, RawHeaders, RawRoot, DESCRIPTOR_FIELDS, HEADERS_FIELDS,
-    ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
+    self, line_of, Extra, RawDescriptor, RawHeaders, RawRoot, Source, DESCRIPTOR_FIELDS,
+    HEADERS_FIELDS, ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
 };
 use super::tree::{
     HeaderFormat, HeaderPolicy, Level, Limit, LimitAlgorithm, Node, OverLimitSetting, Rule,
@@ -32,48 +32,50 @@ pub(crate) struct CompiledFile {
     pub headers: HeaderPolicy,
 }
 
-/// One source of a domain's limits: a YAML file's text, or a document already in the raw
-/// model (an xDS resource, converted by `config::xds`), which has no lines.
-pub(crate) enum Document<'a> {
-    Yaml(&'a str),
-    Raw(Box<RawRoot>),
-}
-
-/// Parses (YAML), validates and compiles one document, appending its problems to `errors`.
-/// `file` names the source in errors. `default_headers` is the response-header policy of a
-/// domain that sets none itself.
-pub(crate) fn compile_file(
+/// Parses, validates and compiles one YAML file, appending its problems to `errors`. `file`
+/// names the source in errors. `default_headers` is the response-header policy of a domain
+/// that sets none itself.
+pub(crate) fn compile_yaml(
     file: &Path,
-    document: Document<'_>,
+    text: &str,
     default_headers: HeaderPolicy,
     limits: &ConfigLimits,
     errors: &mut Vec<ConfigError>,
 ) -> CompiledFile {
-    let root = match document {
-        Document::Raw(root) => *root,
-        Document::Yaml(text) => match raw::parse(text, limits) {
-            Ok(root) => root,
-            Err(failure) => {
-                let mut message = if failure.limit {
-                    failure.message
-                } else {
-                    format!("malformed YAML: {}", failure.message)
-                };
-                if let Some(column) = failure.column {
-                    message.push_str(&format!(" (column {column})"));
-                }
-                let rule = crate::config::locate::rule_at(text, failure.line);
-                errors.push(ConfigError::new(file, failure.line, rule, message));
-                return CompiledFile {
-                    domain: None,
-                    root: Level::default(),
-                    headers: HeaderPolicy::default(),
-                };
+    let mut root = match raw::parse(text, limits) {
+        Ok(root) => root,
+        Err(failure) => {
+            let mut message = if failure.limit {
+                failure.message
+            } else {
+                format!("malformed YAML: {}", failure.message)
+            };
+            if let Some(column) = failure.column {
+                message.push_str(&format!(" (column {column})"));
             }
-        },
+            let rule = crate::config::locate::rule_at(text, failure.line);
+            errors.push(ConfigError::new(file, failure.line, rule, message));
+            return CompiledFile {
+                domain: None,
+                root: Level::default(),
+                headers: HeaderPolicy::default(),
+            };
+        }
     };
-    let mut checker = Checker { file, errors };
-    checker.root(root, default_headers)
+    let descriptors = root.descriptors.take().unwrap_or_default();
+    compile_raw(file, root, descriptors, default_headers, errors)
+}
+
+/// Validates and compiles a document in the raw model: `root` (without its descriptors) and
+/// its `descriptors`, each opened as the walk reaches it ([`Source`]).
+pub(crate) fn compile_raw<S: Source>(
+    file: &Path,
+    root: RawRoot,
+    descriptors: impl IntoIterator<Item = S>,
+    default_headers: HeaderPolicy,
+    errors: &mut Vec<ConfigError>,
+) -> CompiledFile {
+    Checker { file, errors }.root(root, descriptors, default_headers)
 }
 
 struct Checker<'a> {
@@ -110,7 +112,13 @@ impl Checker<'_> {
         }
     }
 
-    fn root(&mut self, root: RawRoot, default_headers: HeaderPolicy) -> CompiledFile {
+    /// `root` without its descriptors, which are `descriptors`.
+    fn root<S: Source>(
+        &mut self,
+        root: RawRoot,
+        descriptors: impl IntoIterator<Item = S>,
+        default_headers: HeaderPolicy,
+    ) -> CompiledFile {
         self.extras(&root.extra, DOMAIN_RULE, ROOT_FIELDS, &[]);
         let domain = match root.domain {
             None => {
@@ -133,7 +141,7 @@ impl Checker<'_> {
             DOMAIN_RULE,
             default_headers,
         );
-        let root = self.level(root.descriptors.unwrap_or_default(), "", 0, &[], headers);
+        let root = self.level(descriptors, "", 0, &[], headers);
         CompiledFile {
             domain,
             root,
@@ -223,9 +231,9 @@ impl Checker<'_> {
 
     /// `depth` is this level's entry index in a request; `shared` lists the ancestors'
     /// `share_threshold` wildcards by depth.
-    fn level(
+    fn level<S: Source>(
         &mut self,
-        descriptors: Vec<Spanned<RawDescriptor>>,
+        descriptors: impl IntoIterator<Item = S>,
         parent: &str,
         depth: usize,
         shared: &[(usize, String)],
@@ -234,12 +242,14 @@ impl Checker<'_> {
         let mut level = Level::default();
         // (key, value) -> line of its first definition, for duplicate messages.
         let mut first_line: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
-        for spanned in descriptors {
+        for source in descriptors {
+            let (spanned, nested) = source.open();
             let line = line_of(&spanned.referenced);
             let d = spanned.value;
             let place = Place::of(&d, parent);
             let key_line = d.key.as_ref().and_then(|k| line_of(&k.referenced)).or(line);
-            let (rule, children) = self.descriptor(d, line, &place, depth, shared, inherited);
+            let (rule, children) =
+                self.descriptor::<S>((d, nested), line, &place, depth, shared, inherited);
 
             let Some(key) = place.key else { continue };
             let id = (key, place.value);
@@ -268,9 +278,9 @@ impl Checker<'_> {
 
     /// One descriptor at `place` (its line `line`): its rule, and its nested descriptors
     /// compiled one level deeper.
-    fn descriptor(
+    fn descriptor<S: Source>(
         &mut self,
-        d: RawDescriptor,
+        (d, nested): (RawDescriptor, S::Nested),
         line: Option<usize>,
         place: &Place,
         depth: usize,
@@ -303,13 +313,7 @@ impl Checker<'_> {
             path,
         );
         let headers = self.headers(d.response_headers, d.response_headers_line, path, inherited);
-        let children = self.level(
-            d.descriptors.unwrap_or_default(),
-            path,
-            depth + 1,
-            &shared_values,
-            headers,
-        );
+        let children = self.level(nested, path, depth + 1, &shared_values, headers);
         let rule = Rule {
             path: place.path.clone(),
             limit: limits.limit,

@@ -105,7 +105,7 @@ fn rule_at<'a>(config: &'a Config, entries: &[(&str, &str)]) -> &'a crate::confi
 
 #[test]
 fn envoy_gateway_resources_compile_as_their_yaml_does() {
-    let from_xds = Config::from_xds(&[envoy_gateway_resource()], LoadOptions::default())
+    let from_xds = Config::from_xds(vec![envoy_gateway_resource()], LoadOptions::default())
         .expect("Envoy Gateway's shapes load");
     let from_yaml = Config::from_yaml_str(Path::new("eg.yaml"), ENVOY_GATEWAY_YAML).unwrap();
     assert_eq!(from_xds.describe(), from_yaml.describe());
@@ -193,7 +193,7 @@ descriptors:
   - key: user
     rate_limit: {unit: day, requests_per_unit: 3, name: per_user, replaces: [{name: other}]}
 "#;
-    let from_xds = Config::from_xds(&[resource], LoadOptions::default()).unwrap();
+    let from_xds = Config::from_xds(vec![resource], LoadOptions::default()).unwrap();
     let from_yaml = Config::from_yaml_str(Path::new("d.yaml"), yaml).unwrap();
     assert_eq!(from_xds.describe(), from_yaml.describe());
     assert!(from_xds
@@ -222,7 +222,7 @@ fn bad_resources_are_named_with_the_rule_and_every_problem() {
         descriptors: vec![],
     };
     let unnamed = RateLimitConfig::default();
-    let errors = Config::from_xds(&[first, duplicate, unnamed], LoadOptions::default())
+    let errors = Config::from_xds(vec![first, duplicate, unnamed], LoadOptions::default())
         .expect_err("invalid resources");
     let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
     let expect = [
@@ -254,10 +254,10 @@ fn bad_resources_are_named_with_the_rule_and_every_problem() {
         domain: "m".into(),
         descriptors: vec![d],
     };
-    let merged = Config::from_xds(&[part("m1", x.clone()), part("m2", y)], merge).unwrap();
+    let merged = Config::from_xds(vec![part("m1", x.clone()), part("m2", y)], merge).unwrap();
     assert_eq!(merged.rule_count(), 2);
     // A top-level descriptor repeated across the merged parts is refused, naming both.
-    let errors = Config::from_xds(&[part("m1", x.clone()), part("m2", x)], merge)
+    let errors = Config::from_xds(vec![part("m1", x.clone()), part("m2", x)], merge)
         .expect_err("a repeated descriptor");
     let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
     assert_eq!(lines.len(), 1, "{lines:#?}");

@@ -283,15 +283,32 @@ async fn a_failed_backend_is_answered_by_the_policy_and_the_decision_says_which(
 }
 
 /// Lease tokens run from 1 to 2^52 - 1 (the script's exact range), never 0 (no lease), and
-/// wrap to 1 past the top.
+/// one does not tell the next: no two consecutive ones are neighbours, and two processes'
+/// sequences differ.
 #[test]
-fn lease_tokens_stay_in_the_scripts_range_and_skip_zero() {
+fn lease_tokens_stay_in_the_scripts_range_and_cannot_be_guessed() {
     let top = (1u64 << 52) - 1;
-    let tokens = LeaseTokens::starting_at(top - 2);
-    let seen: Vec<u64> = (0..4).map(|_| tokens.next()).collect();
-    assert_eq!(seen, [top - 1, top, 1, 2]);
-    // Whatever the random start, even the counter's own wrap.
-    let tokens = LeaseTokens::starting_at(u64::MAX);
-    let seen: Vec<u64> = (0..2).map(|_| tokens.next()).collect();
-    assert!(seen.iter().all(|&t| (1..=top).contains(&t)), "{seen:?}");
+    let tokens = LeaseTokens::new();
+    let seen: Vec<u64> = (0..10_000).map(|_| tokens.next()).collect();
+    let edges = [0, 1, u64::MAX - 1, u64::MAX].map(|n| tokens.token(n));
+    assert!(
+        seen.iter().chain(&edges).all(|&t| (1..=top).contains(&t)),
+        "a token out of range"
+    );
+    let neighbours = seen
+        .windows(2)
+        .filter(|w| w[0].abs_diff(w[1]) <= 1_000)
+        .count();
+    assert_eq!(
+        neighbours, 0,
+        "consecutive tokens lie within 1,000 of each other"
+    );
+    let distinct: std::collections::HashSet<_> = seen.iter().collect();
+    assert_eq!(distinct.len(), seen.len());
+    let other = LeaseTokens::new();
+    assert_ne!(
+        (0..4).map(|_| other.next()).collect::<Vec<_>>(),
+        seen[..4],
+        "another process (another key) has other tokens"
+    );
 }

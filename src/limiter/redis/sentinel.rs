@@ -167,7 +167,8 @@ impl Sentinel {
                         LOOKUP_TIMEOUT.as_millis()
                     ),
                 ))
-            })??;
+            })?
+            .map_err(|err| lookup_error(&self.master, err))?;
         self.note_primary(client.get_connection_info().addr().to_string());
         client
             .get_multiplexed_async_connection_with_config(config)
@@ -191,6 +192,24 @@ impl Sentinel {
         }
         *primary = Some(addr);
     }
+}
+
+/// The error of a failed lookup, said as it happened. redis-rs answers "Master with given name
+/// not found" whenever no sentinel named a usable primary, also when one named the master and
+/// the node it named answered `ROLE` as a replica (a sentinel out of date, or misconfigured):
+/// the message says which cases that covers, so an operator does not look for a typo only.
+fn lookup_error(master: &str, err: RedisError) -> RedisError {
+    if err.kind() != redis::ErrorKind::MasterNameNotFoundBySentinel {
+        return err;
+    }
+    RedisError::from((
+        redis::ErrorKind::MasterNameNotFoundBySentinel,
+        "no sentinel named a primary",
+        format!(
+            "master `{master}`: no sentinel knows it, each flags it down, or the node each \
+             names is not a primary (ROLE answered replica)"
+        ),
+    ))
 }
 
 /// The parts of a `redis+sentinel://` / `rediss+sentinel://` URL.
@@ -293,6 +312,25 @@ mod tests {
             let err = SentinelUrl::parse(bad).expect_err(bad).to_string();
             assert!(err.contains(why), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_master_not_found_names_the_replica_case() {
+        let not_found = RedisError::from((
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            "Master with given name not found in sentinel",
+        ));
+        let text = lookup_error("mymaster", not_found).to_string();
+        assert!(text.contains("master `mymaster`"), "{text}");
+        assert!(text.contains("ROLE answered replica"), "{text}");
+        assert!(!text.contains("Master with given name"), "{text}");
+        let other = RedisError::from((redis::ErrorKind::Io, "connection refused"));
+        let shown = other.to_string();
+        assert_eq!(
+            lookup_error("m", other).to_string(),
+            shown,
+            "other errors pass unchanged"
+        );
     }
 
     #[test]

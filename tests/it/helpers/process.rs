@@ -184,13 +184,23 @@ impl Sluice {
 
     /// Resident memory (`VmRSS`) of the process in KiB, from /proc.
     pub fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS")
+    }
+
+    /// Peak resident memory (`VmHWM`) of the process in KiB, from /proc.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.status_kib("VmHWM")
+    }
+
+    /// A `NAME:   N kB` line of /proc/PID/status.
+    fn status_kib(&self, name: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .expect("read /proc/PID/status");
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/PID/status")
+            .unwrap_or_else(|| panic!("{name} in /proc/PID/status"))
     }
 
     pub fn log_text(&self) -> String {
