@@ -373,11 +373,13 @@ fn memory_and_redis_agree() {
 /// still counts (Redis 7 samples the time once for a transaction).
 #[test]
 fn batched_call_equals_separate_calls() {
-    use sluice::limiter::redis::script::{DecideCall, SCRIPT};
+    use sluice::limiter::redis::script::{DecideCall, LIBRARY};
     let server = helpers::RedisServer::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let db = rt.block_on(raw_connection(&server.url()));
-    let script = redis::Script::new(SCRIPT);
+    let _: redis::Value = rt
+        .block_on(LIBRARY.load().query_async(&mut db.clone()))
+        .expect("FUNCTION LOAD");
     let rounds = prop::collection::vec(
         (
             0i64..700,
@@ -391,14 +393,13 @@ fn batched_call_equals_separate_calls() {
     };
     proptest!(config, |(rounds in rounds)| {
         rt.block_on(flushall(&db));
-        rt.block_on(script.load_async(&mut db.clone())).expect("load");
         let mut now = T;
         for (step, requests) in rounds {
             now += step as u64;
             let mut pipe = redis::pipe();
             pipe.atomic();
             let batched: Vec<&[Item]> = requests.iter().map(Vec::as_slice).collect();
-            pipe.add_command(DecideCall::batched(batched, Some(now)).evalsha(script.get_hash()));
+            pipe.add_command(DecideCall::batched(batched, Some(now)).fcall());
             for request in &requests {
                 let separate: Vec<Item> = request
                     .iter()
@@ -407,7 +408,7 @@ fn batched_call_equals_separate_calls() {
                         ..hit.clone()
                     })
                     .collect();
-                pipe.add_command(DecideCall::single(&separate, Some(now)).evalsha(script.get_hash()));
+                pipe.add_command(DecideCall::single(&separate, Some(now)).fcall());
             }
             let mut replies: Vec<redis::Value> = rt
                 .block_on(pipe.query_async(&mut db.clone()))

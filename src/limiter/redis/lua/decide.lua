@@ -1,7 +1,9 @@
 -- Decides one request (or, in a batched call, several one after the other) atomically inside
 -- Redis: every key of a request is read, checked and then written as its verdict says, in one
--- round trip. KEYS, ARGV and the reply: `SCRIPT` in src/limiter/redis/script.rs, which
--- assembles the script: the header it generates, shared.lua, models.lua, then this file.
+-- round trip. KEYS, ARGV and the reply: `LIBRARY` in src/limiter/redis/script.rs, which
+-- assembles the library: the header it generates, shared.lua, models.lua, this file, then
+-- library.lua, which registers decide_call (the end of this file) as the library's function.
+-- Everything else here is made once, when Redis loads the library, not per call.
 --
 -- A transcription of `decide_batch` (src/limiter/window.rs) over the models of
 -- src/limiter/algorithms.rs, which are the reference (tests/differential.rs holds the two to the
@@ -15,20 +17,9 @@
 -- (store_log_total in shared.lua). A request reads no more entries than it evicts (log_settle).
 -- Instructions per request, and what they go to: docs/performance.md.
 
--- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
--- less than a global per access.
-local KEYS, ARGV = KEYS, ARGV
-
--- The call's clock (read_clock in shared.lua).
-local batched = ARGV[1] == BATCHED
-local clock = ARGV[1]
-if batched then
-  clock = ARGV[2]
-end
-local now_ms = read_clock(clock)
-if not now_ms then
-  return redis.error_reply('sluice: bad now')
-end
+-- The clock of the call being decided (read_clock in shared.lua), set first by decide_call:
+-- one call runs at a time, and every function below reads it.
+local now_ms = 0
 
 -- Entries a refund reads per ZRANGE, newest first.
 local REFUND_READ = 64
@@ -262,8 +253,9 @@ local function log_reset_ms(item, state)
   return reset
 end
 
--- The other algorithms' models (models.lua), made on a call's first item that needs them.
-local lua_models
+-- The other algorithms' models (models.lua), made on a call's first item that needs them
+-- (decide_call forgets them: they hold the call's clock).
+local lua_models = false
 local function models()
   if not lua_models then
     lua_models = make_models(now_ms)
@@ -531,87 +523,99 @@ local function decide(items, n)
   return admitted
 end
 
--- The requests of the call: one, or several in a batched call, decided one after the other as
--- if each had its own call.
-local requests, sizes, replies, first_arg = 1, nil, nil, 1
-if batched then
-  requests = tonumber(ARGV[3])
-  if not requests or requests < 1 or #ARGV < 3 + requests then
-    return redis.error_reply('sluice: bad group count')
-  end
-  local total = 0
-  sizes, replies, first_arg = {}, {}, 3 + requests
-  for r = 1, requests do
-    sizes[r] = tonumber(ARGV[3 + r])
-    if not sizes[r] or sizes[r] < 0 then
-      return redis.error_reply('sluice: bad size of group ' .. r)
-    end
-    total = total + sizes[r]
-  end
-  if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
-    return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
-  end
-elseif #ARGV ~= 1 + ARGS_PER_ITEM * #KEYS then
-  return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
-end
-
--- Each request's items are read from ARGV and its reply is laid out here, in the main chunk,
--- where the header's offsets are registers: a function would capture each as an upvalue, which
--- costs about a thousand instructions per offset and call.
-local first_key = 0
-for r = 1, requests do
-  local n = #KEYS
+-- Decides the call of `keys` and `args` (the KEYS and ARGV documented on `LIBRARY`): its
+-- requests, one or several in a batched call, decided one after the other as if each had its
+-- own call. Returns the reply.
+local function decide_call(keys, args)
+  start_call()
+  local batched = args[1] == BATCHED
+  local clock = args[1]
   if batched then
-    n = sizes[r]
+    clock = args[2]
   end
-  local items, malformed, at = {}, nil, first_arg
-  for i = 1, n do
-    malformed = read_item(items, i, KEYS[first_key + i], tonumber(ARGV[at + ARG_LIMIT]),
-      tonumber(ARGV[at + ARG_WINDOW_MS]), tonumber(ARGV[at + ARG_HITS]), ARGV[at + ARG_KIND],
-      ARGV[at + ARG_ALGORITHM], tonumber(ARGV[at + ARG_PARAM]), ARGV[at + ARG_OVER_LIMIT])
-    if malformed then
-      break
+  now_ms = read_clock(clock)
+  if not now_ms then
+    return redis.error_reply('sluice: bad now')
+  end
+  lua_models = false
+  local requests, sizes, replies, first_arg = 1, nil, nil, 1
+  if batched then
+    requests = tonumber(args[3])
+    if not requests or requests < 1 or #args < 3 + requests then
+      return redis.error_reply('sluice: bad group count')
     end
-    at = at + ARGS_PER_ITEM
+    local total = 0
+    sizes, replies, first_arg = {}, {}, 3 + requests
+    for r = 1, requests do
+      sizes[r] = tonumber(args[3 + r])
+      if not sizes[r] or sizes[r] < 0 then
+        return redis.error_reply('sluice: bad size of group ' .. r)
+      end
+      total = total + sizes[r]
+    end
+    if #keys ~= total or #args ~= 3 + requests + ARGS_PER_ITEM * total then
+      return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
+    end
+  elseif #args ~= 1 + ARGS_PER_ITEM * #keys then
+    return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
   end
-  local reply
-  if malformed then
-    reply = redis.error_reply(malformed)
-  else
-    local ok, admitted = true
+
+  -- Each request's items are read from args and its reply is laid out here.
+  local first_key = 0
+  for r = 1, requests do
+    local n = #keys
     if batched then
-      -- Each request stands alone: a command that fails inside one (a key holding another
-      -- type, WRONGTYPE) becomes that request's error reply, and the others are decided as
-      -- usual. The failure comes from phase 1 (every key is read, type-checked, before anything
-      -- is recorded), so the failed request has written nothing but phase 1's evictions.
-      ok, admitted = pcall(decide, items, n)
-    else
-      admitted = decide(items, n)
+      n = sizes[r]
     end
-    if not ok then
-      reply = redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
-    elseif type(admitted) ~= 'boolean' then
-      reply = admitted
+    local items, malformed, at = {}, nil, first_arg
+    for i = 1, n do
+      malformed = read_item(items, i, keys[first_key + i], tonumber(args[at + ARG_LIMIT]),
+        tonumber(args[at + ARG_WINDOW_MS]), tonumber(args[at + ARG_HITS]), args[at + ARG_KIND],
+        args[at + ARG_ALGORITHM], tonumber(args[at + ARG_PARAM]), args[at + ARG_OVER_LIMIT])
+      if malformed then
+        break
+      end
+      at = at + ARGS_PER_ITEM
+    end
+    local reply
+    if malformed then
+      reply = redis.error_reply(malformed)
     else
-      -- The reply (see `SCRIPT` in script.rs): the verdict (REPLY_HEAD elements), then each
-      -- item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index order (the
-      -- offsets' order), so the table only ever grows its array part.
-      reply = {admitted and 1 or 0}
-      at = REPLY_HEAD
-      for i = 1, n do
-        local item = items[i]
-        reply[at + REPLY_PASSED] = item.passed and 1 or 0
-        reply[at + REPLY_COUNT] = item.count
-        reply[at + REPLY_RESET_MS] = item.reset_ms
-        reply[at + REPLY_UNDO] = item.undo
-        at = at + REPLY_PER_ITEM
+      local ok, admitted = true
+      if batched then
+        -- Each request stands alone: a command that fails inside one (a key holding another
+        -- type, WRONGTYPE) becomes that request's error reply, and the others are decided as
+        -- usual. The failure comes from phase 1 (every key is read, type-checked, before anything
+        -- is recorded), so the failed request has written nothing but phase 1's evictions.
+        ok, admitted = pcall(decide, items, n)
+      else
+        admitted = decide(items, n)
+      end
+      if not ok then
+        reply = redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
+      elseif type(admitted) ~= 'boolean' then
+        reply = admitted
+      else
+        -- The reply (see `LIBRARY` in script.rs): the verdict (REPLY_HEAD elements), then each
+        -- item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index order (the
+        -- offsets' order), so the table only ever grows its array part.
+        reply = {admitted and 1 or 0}
+        at = REPLY_HEAD
+        for i = 1, n do
+          local item = items[i]
+          reply[at + REPLY_PASSED] = item.passed and 1 or 0
+          reply[at + REPLY_COUNT] = item.count
+          reply[at + REPLY_RESET_MS] = item.reset_ms
+          reply[at + REPLY_UNDO] = item.undo
+          at = at + REPLY_PER_ITEM
+        end
       end
     end
+    if not batched then
+      return reply
+    end
+    replies[r] = reply
+    first_key, first_arg = first_key + n, first_arg + ARGS_PER_ITEM * n
   end
-  if not batched then
-    return reply
-  end
-  replies[r] = reply
-  first_key, first_arg = first_key + n, first_arg + ARGS_PER_ITEM * n
+  return replies
 end
-return replies
