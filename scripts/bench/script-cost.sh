@@ -4,19 +4,22 @@
 # machine is, so two versions of the script can be compared on a noisy machine. Figures in
 # docs/performance.md ("Redis's side: instructions per request").
 #
-#   scripts/bench/script-cost.sh                  # the current script (from sluice-bench)
-#   scripts/bench/script-cost.sh old.lua new.lua  # A/B of script files
+#   scripts/bench/script-cost.sh                  # the current Lua (from sluice-bench)
+#   scripts/bench/script-cost.sh old.lua new.lua  # A/B of script or library files
 #   SCENARIOS="log fixed" scripts/bench/script-cost.sh ...   # some scenarios only
 #   WEIGHT=100000 SCENARIOS=log scripts/bench/script-cost.sh    # sliding-log items of 100000 hits
 #
 # Get a version's script with `scripts/bench/assemble-script.py [REV] > x.lua` (no build needed).
-# Scenarios, each a fixed sequence of 2,000 EVALSHA calls over 200 keys (TIME clock, limits never
-# reached), replayed once to fill the keys and once under measurement:
+# Scenarios, each a fixed sequence of 2,000 calls (FCALL, or EVALSHA of a script) over 200 keys
+# (TIME clock, limits never reached), replayed once to fill the keys and once under measurement:
 #   log      one sliding-log item per call (of WEIGHT hits, default 1)
 #   batch8   eight one-item requests per call (the batched layout), counted per request
 #   two      two sliding-log items per call (two descriptors)
 #   fixed    one fixed-window item per call
 #   empty    `return 1` and `TIME` only, for the floor of any call
+# Every run also measures scripts/bench/minimal-log.lua, a minimal hand-written weighted sliding
+# log (TIME, evict and subtract what left, add the entry and the total, PEXPIRE), in the log
+# scenario, and prints each log row's ratio to it (the target: at most 1.3x).
 # Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -108,13 +111,19 @@ measure() { # file scenario
 }
 
 echo "instructions in redis-server per request ($CALLS requests per scenario)"
-row() { # label file scenario: one line of the table (a failed measure stops the script)
-  local n
+REFERENCE=0
+row() { # label file scenario: one line of the table (a failed measure stops the script), with
+  # the ratio to the reference for the log scenario
+  local n ratio=""
   n="$(measure "$2" "$3")"
-  printf '%-28s %10s\n' "$1" "$n"
+  [ "$3" = log ] && [ "$REFERENCE" -gt 0 ] \
+    && ratio="$(awk -v n="$n" -v r="$REFERENCE" 'BEGIN { printf "%.2fx minimal", n / r }')"
+  printf '%-28s %10s %s\n' "$1" "$n" "$ratio"
 }
 row "floor: return 1" "$WORK/return-1.lua" empty
 row "floor: TIME only" "$WORK/time-only.lua" empty
+REFERENCE="$(measure scripts/bench/minimal-log.lua log)"
+printf '%-28s %10s\n' "reference: minimal-log.lua" "$REFERENCE"
 for file in "$@"; do
   for scenario in ${SCENARIOS:-log batch8 two fixed}; do
     row "$(basename "$file") $scenario" "$file" "$scenario"

@@ -71,9 +71,10 @@ local function log_span(key, state)
   return (newest - log_entry(key, state, OLDEST)) % LOG_MEMBERS + 1
 end
 
--- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token,
--- (score mod TOKEN_SCORE) * TOKEN_MEMBER + (number - LOG_MEMBER_FIRST) + 1 (compensate.lua's
--- undo_log finds the entry from it).
+-- The score and number of an entry added after the newest entry `newest_member` at
+-- `newest_score` (nil on an empty key). An entry's undo token is (score mod TOKEN_SCORE) *
+-- TOKEN_MEMBER + (number - LOG_MEMBER_FIRST) + 1 (entry_token; compensate.lua's undo_log finds
+-- the entry from it).
 --
 -- An entry's member must be unique per key and short: a listpack stores an integer of
 -- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (7 digits) in 5 bytes where a UUID costs 37. So a member is
@@ -87,8 +88,7 @@ end
 -- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
 --   cyclic range, and write checks before writing anything that the request's new entries do
 --   not reach a live number (log_span; it takes 7.4 million live entries in one window).
-local function log_add(key, state, weight)
-  local newest_member, newest_score = log_entry(key, state, NEWEST)
+local function next_entry(newest_member, newest_score)
   local score, member = now_ms, LOG_MEMBER_FIRST
   if newest_member then
     if newest_score > score then
@@ -102,6 +102,18 @@ local function log_add(key, state, weight)
       score = newest_score + 1
     end
   end
+  return score, member
+end
+
+-- The undo token of the entry `member` at `score` (see next_entry).
+local function entry_token(score, member)
+  return (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
+end
+
+-- Adds one entry of `weight` to a log key (next_entry), with the key's new total; returns its
+-- undo token.
+local function log_add(key, state, weight)
+  local score, member = next_entry(log_entry(key, state, NEWEST))
   if state.total == 0 then
     state.oldest_member, state.oldest_score = member, score
   end
@@ -110,7 +122,7 @@ local function log_add(key, state, weight)
   state.stale = false
   redis.call('ZADD', key, format_integer(-state.total), LOG_TOTAL_MEMBER, format_integer(score),
     log_member(member, weight))
-  return (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
+  return entry_token(score, member)
 end
 
 -- Takes up to `hits` of a log key's newest weight: whole entries, newest first, and part of the
@@ -161,11 +173,16 @@ local function log_refund(key, state, hits)
   return true
 end
 
+-- What decide_one read of a key's bottom before it left the request to decide (read_ahead, the
+-- ZRANGE reply, of key read_ahead_key; false when none), which log_settle takes instead of
+-- reading it again.
+local read_ahead_key, read_ahead = false, false
+
 -- Phase 1 for a sliding-log item: the key's count at now. The first item of a key reads its
--- total and oldest entry in one ZRANGE (the total's member is first); only when that entry has
--- left the window is what left read (members only, by score). A later item of the key with a
--- shorter window reads only what it adds. The entries that left are removed in phase 2
--- (log_evict), so that phase 1 writes nothing.
+-- total and oldest entry in one ZRANGE (the total's member is first; read_ahead if there); only
+-- when that entry has left the window is what left read (members only, by score). A later item
+-- of the key with a shorter window reads only what it adds. The entries that left are removed in
+-- phase 2 (log_evict), so that phase 1 writes nothing.
 local function log_settle(item, state)
   local key, cutoff = item.key, now_ms - item.window
   local from
@@ -177,7 +194,12 @@ local function log_settle(item, state)
     from = '(' .. format_integer(math.max(state.cutoff, -1))
   else
     state.total = 0
-    local bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+    local bottom = read_ahead
+    if key == read_ahead_key then
+      read_ahead_key = false
+    else
+      bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+    end
     if bottom[1] == LOG_TOTAL_MEMBER then
       state.total = -bottom[2]
       if bottom[3] then
@@ -227,30 +249,41 @@ local function log_write(item, state)
   return true, log_add(item.key, state, item.take)
 end
 
+-- Sets a log key's TTL: until its newest entry, at `newest_score`, leaves `window`.
+local function log_expire(key, newest_score, window)
+  local ttl = newest_score + window - now_ms
+  if ttl < 1 then
+    ttl = 1
+  end
+  redis.call('PEXPIRE', key, format_integer(ttl))
+end
+
 -- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
 -- that wrote it.
 local function log_store(writer, state)
   local _, newest_score = log_entry(writer.key, state, NEWEST)
   if newest_score then
-    local ttl = newest_score + writer.window - now_ms
-    if ttl < 1 then
-      ttl = 1
-    end
-    redis.call('PEXPIRE', writer.key, format_integer(ttl))
+    log_expire(writer.key, newest_score, writer.window)
   end
 end
 
--- A log item's reset: until its key's oldest entry leaves the window; the window when empty.
+-- A log item's reset, for a key whose oldest entry is at `oldest_score`: until that entry
+-- leaves `window`.
+local function reset_after(oldest_score, window)
+  local reset = oldest_score + window - now_ms
+  if reset < 0 then
+    return 0
+  end
+  return reset
+end
+
+-- A log item's reset: reset_after its key's oldest entry; the window when empty.
 local function log_reset_ms(item, state)
   local _, oldest_score = log_entry(item.key, state, OLDEST)
   if not oldest_score then
     return item.window
   end
-  local reset = oldest_score + item.window - now_ms
-  if reset < 0 then
-    return 0
-  end
-  return reset
+  return reset_after(oldest_score, item.window)
 end
 
 -- The other algorithms' models (models.lua), made on a call's first item that needs them
@@ -523,6 +556,55 @@ local function decide(items, n)
   return admitted
 end
 
+-- The most common request, decided without the tables and phases of decide: one sliding-log
+-- item consuming `hits` (more than 0) that fit under `limit`, on a key none of whose entries has
+-- left the window. The same commands, writes and reply as decide, from the same helpers
+-- (next_entry, entry_token, log_expire, reset_after); any other request returns nil, having
+-- written nothing, and decide goes on from the key's bottom read here (read_ahead). The
+-- batched-call property test (tests/it/differential.rs) holds the two paths to the same replies:
+-- a batched call always takes decide, the same requests sent alone come here.
+local function decide_one(key, limit, window, hits, over_limit)
+  local bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+  read_ahead_key, read_ahead = key, bottom
+  local total, newest_member, newest_score = 0, nil, nil
+  local oldest_member, oldest_score
+  if bottom[1] then
+    if bottom[1] ~= LOG_TOTAL_MEMBER or not bottom[3] then
+      return nil
+    end
+    local weight
+    total = -bottom[2]
+    oldest_member, weight = parse_log_member(bottom[3])
+    oldest_score = bottom[4] + 0
+    if oldest_score <= now_ms - window then
+      return nil
+    end
+    newest_member, newest_score = oldest_member, oldest_score
+    if weight ~= total then
+      local top = redis.call('ZRANGE', key, NEWEST, NEWEST, 'WITHSCORES')
+      newest_member, newest_score = parse_log_member(top[1]), top[2] + 0
+    end
+    -- A new member would reach a live one (see write).
+    if (newest_member - oldest_member) % LOG_MEMBERS + 2 > LOG_MEMBERS then
+      return nil
+    end
+  end
+  if total + hits > limit then
+    return nil
+  end
+  read_ahead_key = false
+  local score, member = next_entry(newest_member, newest_score)
+  total = total + hits
+  redis.call('ZADD', key, format_integer(-total), LOG_TOTAL_MEMBER, format_integer(score),
+    log_member(member, hits))
+  log_expire(key, score, window)
+  local undo = 0
+  if over_limit ~= OVER_LIMIT_RECORD then
+    undo = entry_token(score, member)
+  end
+  return {1, 1, total, reset_after(oldest_score or score, window), undo}
+end
+
 -- Decides the call of `keys` and `args` (the KEYS and ARGV documented on `LIBRARY`): its
 -- requests, one or several in a batched call, decided one after the other as if each had its
 -- own call. Returns the reply.
@@ -537,7 +619,23 @@ local function decide_call(keys, args)
   if not now_ms then
     return redis.error_reply('sluice: bad now')
   end
-  lua_models = false
+  lua_models, read_ahead_key = false, false
+  if not batched and #keys == 1 and #args == 1 + ARGS_PER_ITEM
+      and args[1 + ARG_ALGORITHM] == ALGORITHM_SLIDING_LOG and args[1 + ARG_KIND] == KIND_CONSUME
+      and args[1 + ARG_PARAM] == '0' then
+    -- What read_item would refuse is left to it.
+    local limit, window, hits = tonumber(args[1 + ARG_LIMIT]), tonumber(args[1 + ARG_WINDOW_MS]),
+      tonumber(args[1 + ARG_HITS])
+    local over_limit = args[1 + ARG_OVER_LIMIT]
+    if limit and window and hits and window % 1 == 0 and hits % 1 == 0 and hits > 0
+        and (over_limit == OVER_LIMIT_FILL or over_limit == OVER_LIMIT_REFUSE
+          or over_limit == OVER_LIMIT_RECORD) then
+      local reply = decide_one(keys[1], limit, window, hits, over_limit)
+      if reply then
+        return reply
+      end
+    end
+  end
   local requests, sizes, replies, first_arg = 1, nil, nil, 1
   if batched then
     requests = tonumber(args[3])
