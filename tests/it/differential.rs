@@ -426,6 +426,58 @@ fn batched_call_equals_separate_calls() {
     });
 }
 
+/// A request of one item, and the same item followed by a zero-hit shadow probe of a fresh key
+/// (which changes neither the verdict nor the item's outcome), get the same verdict and item
+/// outcome after the same steps. The Lua decides the first without its general path when it can
+/// (`decide_one` in decide.lua: a sliding-log consume item that fits, nothing expired) and the
+/// second always on it, so this holds the two paths to the same replies and the same writes (each
+/// on keys of its own, the pair in one MULTI/EXEC so that both see one Redis clock).
+#[test]
+fn one_item_alone_equals_the_general_path() {
+    use sluice::limiter::redis::script::{DecideCall, LIBRARY, REPLY_HEAD, REPLY_PER_ITEM};
+    let server = helpers::RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let db = rt.block_on(raw_connection(&server.url()));
+    let _: redis::Value = rt
+        .block_on(LIBRARY.load().query_async(&mut db.clone()))
+        .expect("FUNCTION LOAD");
+    let steps = prop::collection::vec((0i64..700, arb_hit()), 1..30);
+    let config = ProptestConfig {
+        cases: 300,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(steps in steps)| {
+        rt.block_on(flushall(&db));
+        let mut now = T;
+        for (n, (step, hit)) in steps.iter().enumerate() {
+            now += *step as u64;
+            let alone = [hit.clone()];
+            let probe = log_item(&format!("probe:{n}"), 1, 1000, 0, ItemKind::Shadow);
+            let general = [
+                Item {
+                    key: format!("general:{}", hit.key),
+                    ..hit.clone()
+                },
+                probe,
+            ];
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe.add_command(DecideCall::single(&alone, Some(now)).fcall());
+            pipe.add_command(DecideCall::single(&general, Some(now)).fcall());
+            let replies: Vec<redis::Value> = rt
+                .block_on(pipe.query_async(&mut db.clone()))
+                .expect("the two calls");
+            let (redis::Value::Array(alone), redis::Value::Array(general)) =
+                (&replies[0], &replies[1])
+            else {
+                panic!("replies are not arrays: {replies:?}");
+            };
+            let one = REPLY_HEAD + REPLY_PER_ITEM;
+            prop_assert_eq!(&alone[..], &general[..one], "{:?} at {}", hit, now);
+        }
+    });
+}
+
 /// The same traces against a 3-primary cluster. Every key of the generator hashes to its own
 /// slot and the slots spread over all three primaries, so any batch with two keys is a
 /// multi-slot request: parallel per-slot scripts, and compensation when one slot rejects.

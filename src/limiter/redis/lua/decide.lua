@@ -602,7 +602,85 @@ local function decide_one(key, limit, window, hits, over_limit)
   if over_limit ~= OVER_LIMIT_RECORD then
     undo = entry_token(score, member)
   end
-  return {1, 1, total, reset_after(oldest_score or score, window), undo}
+  -- The reply's layout as decide_request's, in a table made at its full length.
+  local reply = {1, 0, 0, 0, 0}
+  reply[REPLY_HEAD + REPLY_PASSED] = 1
+  reply[REPLY_HEAD + REPLY_COUNT] = total
+  reply[REPLY_HEAD + REPLY_RESET_MS] = reset_after(oldest_score or score, window)
+  reply[REPLY_HEAD + REPLY_UNDO] = undo
+  return reply
+end
+
+-- The reply of the request of `n` items whose keys follow keys[first_key] and whose arguments
+-- follow args[at], decided by decide (the reply's layout: `LIBRARY` in script.rs).
+local function decide_request(keys, args, first_key, at, n, batched)
+  local items = {}
+  for i = 1, n do
+    local malformed = read_item(items, i, keys[first_key + i], tonumber(args[at + ARG_LIMIT]),
+      tonumber(args[at + ARG_WINDOW_MS]), tonumber(args[at + ARG_HITS]), args[at + ARG_KIND],
+      args[at + ARG_ALGORITHM], tonumber(args[at + ARG_PARAM]), args[at + ARG_OVER_LIMIT])
+    if malformed then
+      return redis.error_reply(malformed)
+    end
+    at = at + ARGS_PER_ITEM
+  end
+  local ok, admitted = true
+  if batched then
+    -- Each request stands alone: a command that fails inside one (a key holding another type,
+    -- WRONGTYPE) becomes that request's error reply, and the others are decided as usual. The
+    -- failure comes from phase 1 (every key is read, type-checked, before anything is
+    -- recorded), so the failed request has written nothing but phase 1's evictions.
+    ok, admitted = pcall(decide, items, n)
+  else
+    admitted = decide(items, n)
+  end
+  if not ok then
+    return redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
+  elseif type(admitted) ~= 'boolean' then
+    return admitted
+  end
+  -- The verdict (REPLY_HEAD elements), then each item's REPLY_PER_ITEM elements at their
+  -- REPLY_* offsets. Filled in index order (the offsets' order), so the table only ever grows
+  -- its array part.
+  local reply = {admitted and 1 or 0}
+  at = REPLY_HEAD
+  for i = 1, n do
+    local item = items[i]
+    reply[at + REPLY_PASSED] = item.passed and 1 or 0
+    reply[at + REPLY_COUNT] = item.count
+    reply[at + REPLY_RESET_MS] = item.reset_ms
+    reply[at + REPLY_UNDO] = item.undo
+    at = at + REPLY_PER_ITEM
+  end
+  return reply
+end
+
+-- The reply of the request of one item, of `key` and the arguments after args[at], if
+-- decide_one decides it; false if not (decide_request then does, from read_ahead). Arguments
+-- that read_item would refuse are left to it. In a batched call, a command that fails (a key
+-- holding another type, WRONGTYPE) is the request's error reply, as in decide_request:
+-- decide_one writes nothing before its last read.
+local function decide_alone(key, args, at, batched)
+  if args[at + ARG_ALGORITHM] ~= ALGORITHM_SLIDING_LOG or args[at + ARG_KIND] ~= KIND_CONSUME
+      or args[at + ARG_PARAM] ~= '0' then
+    return false
+  end
+  local limit, window, hits = tonumber(args[at + ARG_LIMIT]), tonumber(args[at + ARG_WINDOW_MS]),
+    tonumber(args[at + ARG_HITS])
+  local over_limit = args[at + ARG_OVER_LIMIT]
+  if not (limit and window and hits and window % 1 == 0 and hits % 1 == 0 and hits > 0
+      and (over_limit == OVER_LIMIT_FILL or over_limit == OVER_LIMIT_REFUSE
+        or over_limit == OVER_LIMIT_RECORD)) then
+    return false
+  end
+  if not batched then
+    return decide_one(key, limit, window, hits, over_limit) or false
+  end
+  local ok, reply = pcall(decide_one, key, limit, window, hits, over_limit)
+  if not ok then
+    return redis.error_reply(type(reply) == 'table' and reply.err or tostring(reply))
+  end
+  return reply or false
 end
 
 -- Decides the call of `keys` and `args` (the KEYS and ARGV documented on `LIBRARY`): its
@@ -620,22 +698,6 @@ local function decide_call(keys, args)
     return redis.error_reply('sluice: bad now')
   end
   lua_models, read_ahead_key = false, false
-  if not batched and #keys == 1 and #args == 1 + ARGS_PER_ITEM
-      and args[1 + ARG_ALGORITHM] == ALGORITHM_SLIDING_LOG and args[1 + ARG_KIND] == KIND_CONSUME
-      and args[1 + ARG_PARAM] == '0' then
-    -- What read_item would refuse is left to it.
-    local limit, window, hits = tonumber(args[1 + ARG_LIMIT]), tonumber(args[1 + ARG_WINDOW_MS]),
-      tonumber(args[1 + ARG_HITS])
-    local over_limit = args[1 + ARG_OVER_LIMIT]
-    if limit and window and hits and window % 1 == 0 and hits % 1 == 0 and hits > 0
-        and (over_limit == OVER_LIMIT_FILL or over_limit == OVER_LIMIT_REFUSE
-          or over_limit == OVER_LIMIT_RECORD) then
-      local reply = decide_one(keys[1], limit, window, hits, over_limit)
-      if reply then
-        return reply
-      end
-    end
-  end
   local requests, sizes, replies, first_arg = 1, nil, nil, 1
   if batched then
     requests = tonumber(args[3])
@@ -657,57 +719,15 @@ local function decide_call(keys, args)
   elseif #args ~= 1 + ARGS_PER_ITEM * #keys then
     return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
   end
-
-  -- Each request's items are read from args and its reply is laid out here.
   local first_key = 0
   for r = 1, requests do
     local n = #keys
     if batched then
       n = sizes[r]
     end
-    local items, malformed, at = {}, nil, first_arg
-    for i = 1, n do
-      malformed = read_item(items, i, keys[first_key + i], tonumber(args[at + ARG_LIMIT]),
-        tonumber(args[at + ARG_WINDOW_MS]), tonumber(args[at + ARG_HITS]), args[at + ARG_KIND],
-        args[at + ARG_ALGORITHM], tonumber(args[at + ARG_PARAM]), args[at + ARG_OVER_LIMIT])
-      if malformed then
-        break
-      end
-      at = at + ARGS_PER_ITEM
-    end
-    local reply
-    if malformed then
-      reply = redis.error_reply(malformed)
-    else
-      local ok, admitted = true
-      if batched then
-        -- Each request stands alone: a command that fails inside one (a key holding another
-        -- type, WRONGTYPE) becomes that request's error reply, and the others are decided as
-        -- usual. The failure comes from phase 1 (every key is read, type-checked, before anything
-        -- is recorded), so the failed request has written nothing but phase 1's evictions.
-        ok, admitted = pcall(decide, items, n)
-      else
-        admitted = decide(items, n)
-      end
-      if not ok then
-        reply = redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
-      elseif type(admitted) ~= 'boolean' then
-        reply = admitted
-      else
-        -- The reply (see `LIBRARY` in script.rs): the verdict (REPLY_HEAD elements), then each
-        -- item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index order (the
-        -- offsets' order), so the table only ever grows its array part.
-        reply = {admitted and 1 or 0}
-        at = REPLY_HEAD
-        for i = 1, n do
-          local item = items[i]
-          reply[at + REPLY_PASSED] = item.passed and 1 or 0
-          reply[at + REPLY_COUNT] = item.count
-          reply[at + REPLY_RESET_MS] = item.reset_ms
-          reply[at + REPLY_UNDO] = item.undo
-          at = at + REPLY_PER_ITEM
-        end
-      end
+    local reply = n == 1 and decide_alone(keys[first_key + 1], args, first_arg, batched)
+    if not reply then
+      reply = decide_request(keys, args, first_key, first_arg, n, batched)
     end
     if not batched then
       return reply
