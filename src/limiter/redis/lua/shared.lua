@@ -40,8 +40,9 @@ end
 -- `redis.call`. Callers guarantee integrality (the clock and the windows are checked), since
 -- '%d' would truncate a fraction. Lua's '%d' goes through a C `long`: 64 bits wherever Redis
 -- runs in production, but 32 on a 32-bit build, where a time in ms would wrap; such a server
--- keeps '%.0f'. Chosen by the first call (start_call).
-local INTEGER_FORMAT = false
+-- keeps '%.0f'. Chosen by the first call (start_call), with the format of a weighted log
+-- member (two integers, log_member).
+local INTEGER_FORMAT, MEMBER_FORMAT = false, false
 local function format_integer(x)
   return string.format(INTEGER_FORMAT, x)
 end
@@ -54,6 +55,7 @@ local function start_call()
     if string.format('%d', 1099511627776) == '1099511627776' then
       INTEGER_FORMAT = '%d'
     end
+    MEMBER_FORMAT = INTEGER_FORMAT .. INTEGER_FORMAT
   end
 end
 
@@ -78,7 +80,7 @@ local function log_member(number, weight)
   if weight == 1 then
     return format_integer(number)
   end
-  return format_integer(number) .. format_integer(weight)
+  return string.format(MEMBER_FORMAT, number, weight)
 end
 
 -- The number and weight of a log entry's member, as Redis returns it.
