@@ -54,14 +54,18 @@ local function exported(names)
 end
 
 local lua = "src/limiter/redis/lua/"
-files[lua .. "shared.lua"] = {read_globals = header, ignore = exported(shared)}
-files[lua .. "models.lua"] = {read_globals = concat(header, shared), ignore = exported(models)}
-files[lua .. "decide.lua"] = {read_globals = concat(header, shared, models),
+-- now_ms (shared.lua) is the call's clock: decide.lua and compensate.lua set it, models.lua
+-- reads it.
+local clock = {"now_ms"}
+files[lua .. "shared.lua"] = {read_globals = header, ignore = exported(concat(shared, clock))}
+files[lua .. "models.lua"] = {read_globals = concat(header, shared, clock),
+  ignore = exported(models)}
+files[lua .. "decide.lua"] = {read_globals = concat(header, shared, models), globals = clock,
   ignore = exported(decide)}
 -- library.lua also reads the function's name, a line script.rs puts before the header.
 files[lua .. "library.lua"] = {read_globals = concat({"DECIDE_FUNCTION"}, header, shared, models,
   decide)}
-files[lua .. "compensate.lua"] = {read_globals = concat(header, shared)}
+files[lua .. "compensate.lua"] = {read_globals = concat(header, shared), globals = clock}
 files["scripts/bench/script-bound-noop.lua"] = {read_globals = concat(header, shared, models),
   ignore = exported(decide)}
 files["scripts/bench/minimal-log.lua"] = {}

@@ -17,10 +17,6 @@
 -- (store_log_total in shared.lua). A request reads no more entries than it evicts (log_settle).
 -- Instructions per request, and what they go to: docs/performance.md.
 
--- The clock of the call being decided (read_clock in shared.lua), set first by decide_call:
--- one call runs at a time, and every function below reads it.
-local now_ms = 0
-
 -- Entries a refund reads per ZRANGE, newest first.
 local REFUND_READ = 64
 
@@ -286,13 +282,9 @@ local function log_reset_ms(item, state)
   return reset_after(oldest_score, item.window)
 end
 
--- The other algorithms' models (models.lua), made on a call's first item that needs them
--- (decide_call forgets them: they hold the call's clock).
-local lua_models = false
+-- The other algorithms' models (models.lua), made once.
+local lua_models = make_models()
 local function models()
-  if not lua_models then
-    lua_models = make_models(now_ms)
-  end
   return lua_models
 end
 
@@ -697,7 +689,7 @@ local function decide_call(keys, args)
   if not now_ms then
     return redis.error_reply('sluice: bad now')
   end
-  lua_models, read_ahead_key = false, false
+  read_ahead_key = false
   local requests, sizes, replies, first_arg = 1, nil, nil, 1
   if batched then
     requests = tonumber(args[3])

@@ -12,6 +12,10 @@
 -- Redis gives it no global but `redis.register_function` and `redis.log`: it only defines
 -- locals and functions, and anything that needs a global runs in a call (start_call).
 
+-- The clock of the call being run (read_clock), which each call sets first: one call runs at a
+-- time, and the functions of the files after this one read it.
+local now_ms = 0
+
 -- How many member numbers a sliding log cycles through (see log_add in decide.lua).
 local LOG_MEMBERS = LOG_MEMBER_LAST - LOG_MEMBER_FIRST + 1
 -- Digits of a member number (LOG_MEMBER_FIRST and LOG_MEMBER_LAST have as many), counted
