@@ -6,10 +6,12 @@
 -- Everything else here is made once, when Redis loads the library, not per call.
 --
 -- A transcription of `decide_batch` (src/limiter/window.rs) over the models of
--- src/limiter/algorithms.rs, which are the reference (tests/differential.rs holds the two to the
+-- src/limiter/algorithms.rs, which are the reference (tests/it/differential.rs holds the two to the
 -- same outcomes on random traces); what each item records is defined once, in the doc of
 -- src/limiter/mod.rs. A request is read (read_item), checked (check: phase 1, which writes
--- nothing to a sliding log), recorded (write: phase 2) and reported (report).
+-- nothing to a sliding log), recorded (write: phase 2) and reported (report); the common request
+-- of one sliding-log item that fits is decided without those tables and phases (decide_one),
+-- with the same commands, writes and reply.
 --
 -- The sliding log (the other algorithms: models.lua) is one sorted set per key: one member per
 -- entry, i.e. per item that recorded, whatever its weight (log_add has the members' form), scored
