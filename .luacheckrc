@@ -7,7 +7,7 @@ max_line_length = 100
 read_globals = {"redis", "KEYS", "ARGV"}
 
 -- Each script is assembled by src/limiter/redis/script.rs: the header it generates from its Rust
--- constants, shared.lua, then the script's own files (models.lua and decide.lua, or
+-- constants, shared.lua, then its own files (models.lua, decide.lua and library.lua, or
 -- compensate.lua; in the no-op build of scripts/bench/script-bound.sh, script-bound-noop.lua
 -- takes decide.lua's place). luacheck reads one file at a time, so each file is told what the
 -- parts before it define, as read-only globals, and a part that defines names for the parts
@@ -32,10 +32,11 @@ end
 local header = header_names("src/limiter/redis/script.rs")
 local shared = {
   "LOG_MEMBERS", "TOKEN_MEMBER", "TOKEN_SCORE", "MEMBERS_PER_COMMAND", "format_number",
-  "format_integer", "floor_div", "encode_value", "decode_value", "read_clock",
+  "format_integer", "start_call", "floor_div", "encode_value", "decode_value", "read_clock",
   "log_member", "parse_log_member", "store_log_total",
 }
 local models = {"make_models"}
+local decide = {"decide_call"}
 
 local function concat(...)
   local all = {}
@@ -53,8 +54,18 @@ local function exported(names)
 end
 
 local lua = "src/limiter/redis/lua/"
-files[lua .. "shared.lua"] = {read_globals = header, ignore = exported(shared)}
-files[lua .. "models.lua"] = {read_globals = concat(header, shared), ignore = exported(models)}
-files[lua .. "decide.lua"] = {read_globals = concat(header, shared, models)}
-files[lua .. "compensate.lua"] = {read_globals = concat(header, shared)}
-files["scripts/bench/script-bound-noop.lua"] = {read_globals = concat(header, shared, models)}
+-- now_ms (shared.lua) is the call's clock: decide.lua and compensate.lua set it, models.lua
+-- reads it.
+local clock = {"now_ms"}
+files[lua .. "shared.lua"] = {read_globals = header, ignore = exported(concat(shared, clock))}
+files[lua .. "models.lua"] = {read_globals = concat(header, shared, clock),
+  ignore = exported(models)}
+files[lua .. "decide.lua"] = {read_globals = concat(header, shared, models), globals = clock,
+  ignore = exported(decide)}
+-- library.lua also reads the function's name, a line script.rs puts before the header.
+files[lua .. "library.lua"] = {read_globals = concat({"DECIDE_FUNCTION"}, header, shared, models,
+  decide)}
+files[lua .. "compensate.lua"] = {read_globals = concat(header, shared), globals = clock}
+files["scripts/bench/script-bound-noop.lua"] = {read_globals = concat(header, shared, models),
+  ignore = exported(decide)}
+files["scripts/bench/minimal-log.lua"] = {}

@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Prints sluice's decide script (`SCRIPT` of src/limiter/redis/script.rs) as that file assembles
-it, from the working tree or from a git revision, without a build: the declaration line if the
-revision has one, the Lua header of script.rs's shared constants (`local NAME = value`), then
-shared.lua, models.lua and decide.lua. For A/B runs of scripts/bench/script-cost.sh and
+"""Prints sluice's decide Lua as src/limiter/redis/script.rs assembles it, from the working tree or
+from a git revision, without a build: the function library (`LIBRARY`: its declaration line, the
+function's name, the Lua header of script.rs's shared constants (`local NAME = value`), then
+shared.lua, models.lua, decide.lua and library.lua), or for a revision from before the library,
+its script (`SCRIPT`: the declaration line if the revision has one, the header, shared.lua,
+models.lua and decide.lua). For A/B runs of scripts/bench/script-cost.sh and
 scripts/bench/weight-cost.sh against an earlier version.
 
 Also the ARGV of one item for a given script (`item_argv`), each value at the offset that
-script's header names, so that the benchmarks call every revision's script in its own layout.
+script's header names, so that the benchmarks call every revision's script in its own layout,
+and how to load and call either form (`prepare`, `function_name`).
 
 Usage (run from the repository root):
   assemble-script.py [REV]
+  assemble-script.py --function-name SCRIPT_FILE   # the library's function (empty: a script)
   assemble-script.py --item-argv SCRIPT_FILE limit=N window_ms=N hits=N [param=N]
                      [kind=KIND_*] [algorithm=ALGORITHM_*] [over_limit=OVER_LIMIT_*]
 """
+import hashlib
 import re
 import subprocess
 import sys
@@ -44,10 +49,16 @@ def assemble(rev=""):
     header = "-- Generated from the constants of src/limiter/redis/script.rs.\n"
     for name, value in re.findall(r"^\s*([A-Z_]+): [^=]+= (.+);$", block, re.M):
         header += f"local {name} = {value}\n"
+    files = ("shared.lua", "models.lua", "decide.lua")
+    if "lua/library.lua" in rust:
+        # A function library (script.rs's LIBRARY): named after its code's SHA-1, as there.
+        code = header + "".join(source(LUA + f, rev) for f in files + ("library.lua",))
+        digest = hashlib.sha1(code.encode()).hexdigest()[:16]
+        return (f"#!lua name=sluice_{digest}\nlocal DECIDE_FUNCTION = 'sluice_decide_{digest}'\n"
+                + code)
     shebang = re.search(r'macro_rules! script_shebang \{\s*\(\) => \{\s*"([^"]*)"', rust)
     first = shebang.group(1) + "\n" if shebang else ""
-    return first + header + "".join(
-        source(LUA + f, rev) for f in ("shared.lua", "models.lua", "decide.lua"))
+    return first + header + "".join(source(LUA + f, rev) for f in files)
 
 
 def header(script):
@@ -86,8 +97,34 @@ def item_argv(script, limit, window_ms, hits, kind="KIND_CONSUME",
     return argv
 
 
+def function_name(script):
+    """The name of the function a library (a script starting `#!lua name=`) decides with: sluice's
+    DECIDE_FUNCTION, else the first one it registers; None for a script."""
+    if not script.startswith("#!lua name="):
+        return None
+    found = (re.search(r"^local DECIDE_FUNCTION = '([^']*)'$", script, re.M)
+             or re.search(r"register_function *[({] *'([^']*)'", script))
+    if not found:
+        raise SystemExit("assemble-script.py: the library registers no function found here")
+    return found.group(1)
+
+
+def prepare(r, script):
+    """Loads `script` into the Redis of `r` (scripts/bench/resp.py): FUNCTION LOAD for a library,
+    SCRIPT LOAD for a script; returns the start of a call, ["FCALL", name] or ["EVALSHA", sha]
+    (the command's name is what SLOWLOG shows first)."""
+    name = function_name(script)
+    if name:
+        r("FUNCTION", "LOAD", "REPLACE", script)
+        return ["FCALL", name]
+    return ["EVALSHA", r("SCRIPT", "LOAD", script)]
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--item-argv":
+    if len(sys.argv) > 2 and sys.argv[1] == "--function-name":
+        with open(sys.argv[2]) as f:
+            print(function_name(f.read()) or "")
+    elif len(sys.argv) > 1 and sys.argv[1] == "--item-argv":
         with open(sys.argv[2]) as f:
             text = f.read()
         fields = dict(arg.split("=", 1) for arg in sys.argv[3:])

@@ -2,7 +2,7 @@
 # Shared by the benchmark scripts (sourced, not run): a work directory, processes stopped on exit,
 # the tools a script needs, the build of sluice and the benchmark tools, ephemeral loopback
 # ports, a redis-server, the no-op RLS server and sluice instances of their own, callgrind totals and Redis's own
-# count of EVALSHA calls.
+# count of script calls (FCALL, EVALSHA).
 #
 # After sourcing: WORK is a fresh temporary directory; every PID appended to PIDS is killed and
 # awaited on exit (and WORK removed).
@@ -123,10 +123,9 @@ callgrind_per() { # pid divisor: dumps the process's callgrind counters (callgri
   awk '/^(totals|summary):/ { print int($2 / '"$2"'); exit }' "$dump"
 }
 
-evalsha_calls() { # port: EVALSHA calls that Redis has served so far (total_commands_processed
-  # would also count the commands the script runs inside Redis, which are no round trips)
-  local calls
-  calls="$(redis-cli -p "$1" INFO commandstats | tr -d '\r' \
-    | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')"
-  echo "${calls:-0}"
+evalsha_calls() { # port: script calls (FCALL of sluice's function, or EVALSHA of a script)
+  # that Redis has served so far (total_commands_processed would also count the commands the
+  # Lua runs inside Redis, which are no round trips)
+  redis-cli -p "$1" INFO commandstats | tr -d '\r' \
+    | sed -n 's/^cmdstat_\(evalsha\|fcall\):calls=\([0-9]*\),.*/\2/p' | awk '{ n += $1 } END { print n + 0 }'
 }

@@ -2,7 +2,7 @@
 # The benchmark of docs/performance.md: builds release, starts its own redis-server and sluice
 # instances on ephemeral loopback ports, runs every scenario with `sluice-bench` (each run first
 # measures the generator's own no-op ceiling, then the target, so every ratio comes from one
-# run), drives sluice's Lua script directly with `redis-benchmark EVALSHA` as the Redis ceiling,
+# run), drives sluice's Lua function directly with `redis-benchmark FCALL` as the Redis ceiling,
 # checks exactness (64 concurrent callers on one key with limit 10 admit exactly 10), and prints
 # a table with the CPU seconds of every process per decision. Then the end-to-end scenario
 # through a real Envoy, scripts/bench/envoy.sh (its own table).
@@ -48,7 +48,7 @@ bench() { # name, then sluice-bench arguments; B_CONC / B_CONNS override the def
   "$BIN/sluice-bench" --duration-secs "$SECS" --concurrency "${B_CONC:-$CONC}" \
     --connections "${B_CONNS:-$CONNS}" --ceiling "127.0.0.1:$NOOP_PORT" --pid "noop=$NOOP_PID" \
     --json "$@" >"$OUT/$name.json"
-  # EVALSHA round trips per decision (the no-op phase sends none; a NOSCRIPT retry would add one).
+  # Script calls (FCALL) per decision (the no-op phase sends none; a reload would add one).
   echo "$(( $(redis_commands) - before ))" >"$OUT/$name.redis-commands"
 }
 
@@ -82,7 +82,7 @@ B_CONC=1024 bench admit-heavy-half-open-loop --target "127.0.0.1:$S1_PORT" --key
   --descriptor-keys user --rate "$HALF_RATE" \
   --pid "sluice=$S1_PID" --pid "redis-server=$REDIS_PID"
 
-# (b) two descriptors per request (endpoint + user): still one EVALSHA per decision.
+# (b) two descriptors per request (endpoint + user): still one FCALL per decision.
 bench two-descriptors --target "127.0.0.1:$S1_PORT" --keys 10000 --descriptor-keys endpoint,user \
   --pid "sluice=$S1_PID" --pid "redis-server=$REDIS_PID"
 
@@ -115,19 +115,20 @@ bench memory --target "127.0.0.1:$SLUICE_PORT" --keys 10000 --descriptor-keys us
   --pid "sluice=$SLUICE_PID"
 kill "$SLUICE_PID"
 
-# Redis ceiling: the same script, EVALSHA straight from redis-benchmark (TIME clock, 10,000
+# Redis ceiling: the same Lua function, FCALL straight from redis-benchmark (TIME clock, 10,000
 # random keys, limit never reached), unpipelined and pipelined. CPU of both processes counted.
 redis-cli -p "$REDIS_PORT" FLUSHALL >/dev/null
 "$BIN/sluice-bench" --print-lua-script >"$OUT/script.lua"
-SHA="$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$OUT/script.lua")")"
+redis-cli -p "$REDIS_PORT" FUNCTION LOAD REPLACE "$(cat "$OUT/script.lua")" >/dev/null
+FUNCTION="$(python3 scripts/bench/assemble-script.py --function-name "$OUT/script.lua")"
 read -ra ITEM <<<"$(python3 scripts/bench/assemble-script.py --item-argv "$OUT/script.lua" \
   limit=1000000 window_ms=3600000 hits=1)"
 for pipeline in 1 16; do
-  name="redis-evalsha-P$pipeline"
+  name="redis-fcall-P$pipeline"
   echo "== $name" >&2
   python3 - "$REDIS_PID" "$OUT/$name.json" redis-benchmark -p "$REDIS_PORT" -n "$RB_N" \
     -c "$CONC" -P "$pipeline" -r 10000 --csv \
-    EVALSHA "$SHA" 1 "sluice:{bench|user=v__rand_int__|3600000}" "" "${ITEM[@]}" <<'EOF'
+    FCALL "$FUNCTION" 1 "sluice:{bench|user=v__rand_int__|3600000}" "" "${ITEM[@]}" <<'EOF'
 # Runs redis-benchmark, records its rate and the CPU seconds of it and of redis-server.
 import json, resource, subprocess, sys, csv, io
 redis_pid, out, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -160,7 +161,7 @@ def load(name):
 def fmt(x, spec=".2f"):
     return "-" if x is None else format(x, spec)
 rows = ["admit-heavy", "admit-heavy-half-open-loop", "two-descriptors", "flood", "memory",
-        "three-instances", "redis-evalsha-P1", "redis-evalsha-P16"]
+        "three-instances", "redis-fcall-P1", "redis-fcall-P16"]
 print("| scenario | decisions/s | no-op/s | ratio | p50 ms | p90 ms | p99 ms | p99.9 ms | EVALSHA per decision | CPU µs per decision |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 rate = {}

@@ -223,12 +223,14 @@ def envoy_stats(v):
     return {s["name"]: s.get("value", 0) for s in stats if "name" in s}
 
 def evalsha():
+    """Script calls Redis served so far: FCALL of sluice's function (or EVALSHA of a script)."""
     text = subprocess.run(["redis-cli", "-p", redis_port, "INFO", "commandstats"],
                           capture_output=True, text=True, check=True).stdout
+    calls = 0
     for line in text.splitlines():
-        if line.startswith("cmdstat_evalsha:calls="):
-            return int(line.split("=")[1].split(",")[0])
-    return 0
+        if line.startswith(("cmdstat_evalsha:calls=", "cmdstat_fcall:calls=")):
+            calls += int(line.split("=")[1].split(",")[0])
+    return calls
 
 EVENTS = ["context-switches"] + [f"syscalls:sys_enter_{c}" for c in
     ("epoll_wait", "futex", "recvfrom", "read", "writev", "write", "sendto")]

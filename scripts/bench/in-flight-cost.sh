@@ -7,7 +7,7 @@
 #
 #   scripts/bench/in-flight-cost.sh
 #
-# Each limit on a fresh database, one item per EVALSHA on an explicit clock (lease 60 s, so
+# Each limit on a fresh database, one item per call on an explicit clock (lease 60 s, so
 # none expires), tokens as the engine makes them (up to 16 digits): the key is filled to its
 # limit, then 1,000 rounds each release the oldest request's lease, admit a new request, and
 # try one more, which is refused.
@@ -30,6 +30,7 @@ sys.path.insert(0, "scripts/bench")
 from importlib import import_module
 assemble = import_module("assemble-script").assemble
 item_argv = import_module("assemble-script").item_argv
+prepare = import_module("assemble-script").prepare
 Redis = import_module("resp").Redis
 
 r = Redis(port)
@@ -37,15 +38,15 @@ r.log_every_call()
 T0, LEASE, ROUNDS = 1_700_000_040_000, 60_000, 1000
 KEY = "sluice:{edge|client=c42|60000|if}"
 script = assemble("")
-sha = r("SCRIPT", "LOAD", script)
+prefix = prepare(r, script)
 
 def call(now, limit, kind, token):
-    """One item; returns (admitted, µs of this EVALSHA in SLOWLOG)."""
+    """One item; returns (admitted, µs of this call in SLOWLOG)."""
     r("SLOWLOG", "RESET")
     item = item_argv(script, limit, LEASE, 1, kind=kind, algorithm="ALGORITHM_IN_FLIGHT",
                      param=token, over_limit="OVER_LIMIT_REFUSE")
-    reply = r("EVALSHA", sha, 1, KEY, now, *item)
-    us = [e[2] for e in r("SLOWLOG", "GET", "-1") if e[3][0].upper() == "EVALSHA"]
+    reply = r(*prefix, 1, KEY, now, *item)
+    us = [e[2] for e in r("SLOWLOG", "GET", "-1") if e[3][0].upper() == prefix[0]]
     return reply[0], us[0]
 
 print("| limit (leases held) | admit µs | release µs | refused µs | MEMORY USAGE bytes | bytes per lease |")

@@ -1,9 +1,10 @@
--- The no-op decide script of scripts/bench/script-bound.sh: it replaces
+-- The no-op decide code of scripts/bench/script-bound.sh: it replaces
 -- src/limiter/redis/lua/decide.lua in a throwaway build, decides nothing, touches no key, and
--- answers every request with a well-formed "admitted" reply (the layout of `SCRIPT` in
+-- answers every request with a well-formed "admitted" reply (the layout of `LIBRARY` in
 -- src/limiter/redis/script.rs): unbatched {1, then per item passed 1, count 0, reset_ms 1000,
 -- undo 0}; batched (ARGV[1] == BATCHED) one such reply per request. Like decide.lua, it comes
--- after the generated header, shared.lua and models.lua.
+-- after the generated header, shared.lua and models.lua, and defines decide_call, which
+-- library.lua registers.
 
 local function admitted(n)
   local reply = {1}
@@ -15,11 +16,13 @@ local function admitted(n)
   return reply
 end
 
-if ARGV[1] ~= BATCHED then
-  return admitted(#KEYS)
+local function decide_call(keys, args)
+  if args[1] ~= BATCHED then
+    return admitted(#keys)
+  end
+  local replies = {}
+  for r = 1, tonumber(args[3]) do
+    replies[r] = admitted(tonumber(args[3 + r]))
+  end
+  return replies
 end
-local replies = {}
-for r = 1, tonumber(ARGV[3]) do
-  replies[r] = admitted(tonumber(ARGV[3 + r]))
-end
-return replies

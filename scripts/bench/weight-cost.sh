@@ -7,7 +7,7 @@
 #   scripts/bench/weight-cost.sh          # the current tree's script
 #   scripts/bench/weight-cost.sh REV      # and, side by side, the script of git revision REV
 #
-# Scenarios, each on a fresh database, one sliding-log item per EVALSHA on an explicit clock
+# Scenarios, each on a fresh database, one sliding-log item per call on an explicit clock
 # (limits never reached, window 60 s):
 #   one      a single request of weight w (1, 100, 100000) on a new key, 200 keys
 #   window   1,000 requests of weight w on one key, 60 ms apart (all in the window at the end)
@@ -34,6 +34,7 @@ sys.path.insert(0, "scripts/bench")
 from importlib import import_module
 assemble = import_module("assemble-script").assemble
 item_argv = import_module("assemble-script").item_argv
+prepare = import_module("assemble-script").prepare
 Redis = import_module("resp").Redis
 
 r = Redis(port)
@@ -43,14 +44,14 @@ T0, WINDOW = 1_700_000_040_000, 60_000
 def run(script, weight, calls, spacing, limit):
     """`calls` requests of `weight` on one key: (median µs, total µs, members, bytes, admitted)."""
     r("FLUSHALL")
-    sha = r("SCRIPT", "LOAD", script)
+    call = prepare(r, script)
     item = item_argv(script, limit, WINDOW, weight)
     r("SLOWLOG", "RESET")
     admitted = 0
     for i in range(calls):
-        reply = r("EVALSHA", sha, 1, "k", T0 + i * spacing, *item)
+        reply = r(*call, 1, "k", T0 + i * spacing, *item)
         admitted += reply[0]
-    durations = [e[2] for e in r("SLOWLOG", "GET", "-1") if e[3][0].upper() == "EVALSHA"]
+    durations = [e[2] for e in r("SLOWLOG", "GET", "-1") if e[3][0].upper() == call[0]]
     assert len(durations) == calls, (len(durations), calls)
     members = r("ZCARD", "k") - (1 if r("ZSCORE", "k", "t") is not None else 0)
     bytes_ = r("MEMORY", "USAGE", "k", "SAMPLES", "0")
@@ -60,12 +61,12 @@ def fresh_keys(script, weight, keys):
     """One request of `weight` on each of `keys` new keys: (median µs, members of a key, bytes of a
     key)."""
     r("FLUSHALL")
-    sha = r("SCRIPT", "LOAD", script)
+    call = prepare(r, script)
     item = item_argv(script, 10**12, WINDOW, weight)
     r("SLOWLOG", "RESET")
     for i in range(keys):
-        r("EVALSHA", sha, 1, f"k{i}", T0, *item)
-    durations = [e[2] for e in r("SLOWLOG", "GET", "-1") if e[3][0].upper() == "EVALSHA"]
+        r(*call, 1, f"k{i}", T0, *item)
+    durations = [e[2] for e in r("SLOWLOG", "GET", "-1") if e[3][0].upper() == call[0]]
     assert len(durations) == keys, (len(durations), keys)
     members = r("ZCARD", "k0") - (1 if r("ZSCORE", "k0", "t") is not None else 0)
     return statistics.median(durations), members, r("MEMORY", "USAGE", "k0", "SAMPLES", "0")

@@ -191,8 +191,8 @@ pub enum AnsweredBy {
 /// instead of calling a metrics library, so the limiter stays free of one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendStats {
-    /// Scripts loaded again after the server answered `NOSCRIPT` (a restart, failover or
-    /// `SCRIPT FLUSH`), since start.
+    /// Loads of the Lua library since start: the first, then each one after the server
+    /// answered that it did not hold the function (a restart, failover or `FUNCTION FLUSH`).
     pub script_loads: u64,
     /// Connections the backend keeps (its pool size).
     pub connections: u64,

@@ -109,7 +109,7 @@ pub fn describe() {
     );
     describe_counter!(
         BACKEND_SCRIPT_LOADS_TOTAL,
-        "Lua script loads after NOSCRIPT (Redis restart, failover, SCRIPT FLUSH)"
+        "Lua library loads (FUNCTION LOAD) when Redis did not hold sluice's function (restart, failover, FUNCTION FLUSH)"
     );
     describe_gauge!(BACKEND_POOL_SIZE, "Backend connections kept (round-robin)");
     describe_gauge!(BACKEND_POOL_CONNECTED, "Backend connections established");

@@ -373,11 +373,13 @@ fn memory_and_redis_agree() {
 /// still counts (Redis 7 samples the time once for a transaction).
 #[test]
 fn batched_call_equals_separate_calls() {
-    use sluice::limiter::redis::script::{DecideCall, SCRIPT};
+    use sluice::limiter::redis::script::{DecideCall, LIBRARY};
     let server = helpers::RedisServer::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let db = rt.block_on(raw_connection(&server.url()));
-    let script = redis::Script::new(SCRIPT);
+    let _: redis::Value = rt
+        .block_on(LIBRARY.load().query_async(&mut db.clone()))
+        .expect("FUNCTION LOAD");
     let rounds = prop::collection::vec(
         (
             0i64..700,
@@ -391,14 +393,13 @@ fn batched_call_equals_separate_calls() {
     };
     proptest!(config, |(rounds in rounds)| {
         rt.block_on(flushall(&db));
-        rt.block_on(script.load_async(&mut db.clone())).expect("load");
         let mut now = T;
         for (step, requests) in rounds {
             now += step as u64;
             let mut pipe = redis::pipe();
             pipe.atomic();
             let batched: Vec<&[Item]> = requests.iter().map(Vec::as_slice).collect();
-            pipe.add_command(DecideCall::batched(batched, Some(now)).evalsha(script.get_hash()));
+            pipe.add_command(DecideCall::batched(batched, Some(now)).fcall());
             for request in &requests {
                 let separate: Vec<Item> = request
                     .iter()
@@ -407,7 +408,7 @@ fn batched_call_equals_separate_calls() {
                         ..hit.clone()
                     })
                     .collect();
-                pipe.add_command(DecideCall::single(&separate, Some(now)).evalsha(script.get_hash()));
+                pipe.add_command(DecideCall::single(&separate, Some(now)).fcall());
             }
             let mut replies: Vec<redis::Value> = rt
                 .block_on(pipe.query_async(&mut db.clone()))
@@ -421,6 +422,58 @@ fn batched_call_equals_separate_calls() {
             for ((request, batched_reply), separate) in requests.iter().zip(batched).zip(separate) {
                 prop_assert_eq!(&batched_reply, &separate, "request {:?} at {}", request, now);
             }
+        }
+    });
+}
+
+/// A request of one item, and the same item followed by a zero-hit shadow probe of a fresh key
+/// (which changes neither the verdict nor the item's outcome), get the same verdict and item
+/// outcome after the same steps. The Lua decides the first without its general path when it can
+/// (`decide_one` in decide.lua: a sliding-log consume item that fits, nothing expired) and the
+/// second always on it, so this holds the two paths to the same replies and the same writes (each
+/// on keys of its own, the pair in one MULTI/EXEC so that both see one Redis clock).
+#[test]
+fn one_item_alone_equals_the_general_path() {
+    use sluice::limiter::redis::script::{DecideCall, LIBRARY, REPLY_HEAD, REPLY_PER_ITEM};
+    let server = helpers::RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let db = rt.block_on(raw_connection(&server.url()));
+    let _: redis::Value = rt
+        .block_on(LIBRARY.load().query_async(&mut db.clone()))
+        .expect("FUNCTION LOAD");
+    let steps = prop::collection::vec((0i64..700, arb_hit()), 1..30);
+    let config = ProptestConfig {
+        cases: 300,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(steps in steps)| {
+        rt.block_on(flushall(&db));
+        let mut now = T;
+        for (n, (step, hit)) in steps.iter().enumerate() {
+            now += *step as u64;
+            let alone = [hit.clone()];
+            let probe = log_item(&format!("probe:{n}"), 1, 1000, 0, ItemKind::Shadow);
+            let general = [
+                Item {
+                    key: format!("general:{}", hit.key),
+                    ..hit.clone()
+                },
+                probe,
+            ];
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe.add_command(DecideCall::single(&alone, Some(now)).fcall());
+            pipe.add_command(DecideCall::single(&general, Some(now)).fcall());
+            let replies: Vec<redis::Value> = rt
+                .block_on(pipe.query_async(&mut db.clone()))
+                .expect("the two calls");
+            let (redis::Value::Array(alone), redis::Value::Array(general)) =
+                (&replies[0], &replies[1])
+            else {
+                panic!("replies are not arrays: {replies:?}");
+            };
+            let one = REPLY_HEAD + REPLY_PER_ITEM;
+            prop_assert_eq!(&alone[..], &general[..one], "{:?} at {}", hit, now);
         }
     });
 }

@@ -1,6 +1,6 @@
 //! The local cache of rejections, end to end: a flood on a key that is over its limit must cost
 //! Redis O(1) script calls, not one per request. Calls are counted by Redis itself
-//! (`INFO commandstats`, `cmdstat_evalsha`), so nothing in sluice can fake the figure.
+//! (`INFO commandstats`, `cmdstat_fcall`), so nothing in sluice can fake the figure.
 //! `cargo test --test it local_cache:: -- --nocapture` prints calls per 10,000 requests.
 
 use crate::helpers;
@@ -16,10 +16,10 @@ fn limits() -> PathBuf {
     fixture("e2e/limits")
 }
 
-/// Script calls Redis has executed so far.
-async fn evalsha_calls(redis: &RedisServer) -> u64 {
+/// Calls of sluice's Lua function Redis has executed so far.
+async fn fcall_calls(redis: &RedisServer) -> u64 {
     let calls = command_calls(&redis.raw().await).await;
-    calls.get("evalsha").copied().unwrap_or(0)
+    calls.get("fcall").copied().unwrap_or(0)
 }
 
 /// Sends `n` requests on the `hammer` key (limit 20 per hour) from 4 concurrent clients;
@@ -57,8 +57,8 @@ async fn a_flood_on_a_rejected_key_costs_redis_o1_calls() {
     let sluice = TestServer::start(test_settings(&limits(), Some(&redis.url())));
     let admitted = flood(&sluice, N).await;
     assert_eq!(admitted, 20, "limit 20 per hour");
-    let calls = evalsha_calls(&redis).await;
-    println!("local cache on: {calls} EVALSHA calls for {N} requests on one key (limit 20)");
+    let calls = fcall_calls(&redis).await;
+    println!("local cache on: {calls} FCALL calls for {N} requests on one key (limit 20)");
     // 20 admissions, then the key is full and known to be until its oldest entry leaves (an
     // hour): a few concurrent requests may race the first learning, nothing more.
     assert!(calls <= 20 + 8, "{calls} Redis calls for {N} requests");
@@ -75,8 +75,8 @@ async fn a_flood_on_a_rejected_key_costs_redis_o1_calls() {
     });
     let sluice = TestServer::start(settings);
     assert_eq!(flood(&sluice, 400).await, 20);
-    let calls = evalsha_calls(&redis).await;
-    println!("local cache off: {calls} EVALSHA calls for 400 requests");
+    let calls = fcall_calls(&redis).await;
+    println!("local cache off: {calls} FCALL calls for 400 requests");
     assert!(calls >= 400, "{calls}");
 }
 
@@ -93,7 +93,7 @@ async fn two_descriptors_stay_exact(redis_url: &str, nodes: &[&RedisServer]) {
     let calls = || async {
         let mut total = 0;
         for node in nodes {
-            total += evalsha_calls(node).await;
+            total += fcall_calls(node).await;
         }
         total
     };

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use helpers::redis_server::command_calls;
 use helpers::{consume, RedisServer};
-use sluice::limiter::redis::script::{DecideCall, SCRIPT};
+use sluice::limiter::redis::script::DecideCall;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Item, Limiter};
 
@@ -75,17 +75,14 @@ async fn multiplexed_connections_cost_one_round_trip_per_decision_deadpool_more(
     let pool = deadpool_redis::Config::from_url(server.url())
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("pool");
-    let script = redis::Script::new(SCRIPT);
     let run = |i: u64| {
         let pool = pool.clone();
-        let script = &script;
         async move {
             let mut conn = pool.get().await.expect("checkout");
-            let _: redis::Value = DecideCall::single(&batch(i)[..1], None)
-                .invocation(script)
-                .invoke_async(&mut conn)
-                .await
-                .expect("script via pool");
+            let _: redis::Value =
+                helpers::fcall(&mut conn, &DecideCall::single(&batch(i)[..1], None))
+                    .await
+                    .expect("function via pool");
         }
     };
     run(0).await;

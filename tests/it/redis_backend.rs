@@ -20,23 +20,16 @@ use sluice::limiter::{Algorithm, ItemKind, KeyOutcome, Limiter, LimiterError};
 async fn a_fractional_clock_is_refused_and_writes_nothing() {
     let server = RedisServer::start();
     let mut conn = server.raw().await;
-    let script = redis::Script::new(script::SCRIPT);
     let item = [consume_hits("clock-key", 10, 1)];
-    let call = |clock: &str| {
-        DecideCall::single(&item, None)
-            .with_clock_arg(clock)
-            .invocation(&script)
-    };
-    let refused: redis::RedisResult<redis::Value> =
-        call(&format!("{T}.5")).invoke_async(&mut conn).await;
+    let call = |clock: &str| DecideCall::single(&item, None).with_clock_arg(clock);
+    let refused = helpers::fcall(&mut conn, &call(&format!("{T}.5"))).await;
     let error = refused.expect_err("a fractional clock must be refused");
     // redis-rs splits the message at its first word: `"sluice:": bad now`.
     assert!(error.to_string().contains("bad now"), "{error}");
     let exists: bool = conn.exists("clock-key").await.expect("exists");
     assert!(!exists, "a refused call wrote the key");
 
-    let reply: redis::Value = call(&T.to_string())
-        .invoke_async(&mut conn)
+    let reply = helpers::fcall(&mut conn, &call(&T.to_string()))
         .await
         .expect("a whole clock is decided");
     let outcome = script::decode_reply(&reply, 1).expect("reply");
@@ -106,10 +99,10 @@ async fn batched_calls_decide_each_request_on_its_own() {
     );
 }
 
-/// The first readiness probe opens every connection and loads the script, so the first
-/// decisions pay neither a connect nor a NOSCRIPT round trip inside their deadline.
+/// The first readiness probe opens every connection and loads the library, so the first
+/// decisions pay neither a connect nor a load round trip inside their deadline.
 #[tokio::test]
-async fn first_probe_warms_every_connection_and_the_script() {
+async fn first_probe_warms_every_connection_and_the_library() {
     let server = RedisServer::start();
     let l = RedisLimiter::open(&RedisOptions {
         pool_size: 4,
@@ -122,14 +115,23 @@ async fn first_probe_warms_every_connection_and_the_script() {
     let warm = l.stats().expect("stats");
     assert_eq!((warm.connected, warm.script_loads), (4, 1));
     let mut conn = server.raw().await;
-    let loaded: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(redis::Script::new(script::SCRIPT).get_hash())
+    let library = script::LIBRARY
+        .source
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("#!lua name="));
+    let loaded: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(library.expect("the library's name"))
         .query_async(&mut conn)
         .await
-        .expect("SCRIPT EXISTS");
-    assert_eq!(loaded, [true]);
-    // The first decision finds the script: no reload.
+        .expect("FUNCTION LIST");
+    assert!(
+        matches!(&loaded, redis::Value::Array(libraries) if libraries.len() == 1),
+        "{loaded:?}"
+    );
+    // The first decision finds the function: no reload.
     l.decide(&[consume_hits("w", 1, 1)], None)
         .await
         .expect("decide");
@@ -354,9 +356,7 @@ async fn eval_log(
     kind: ItemKind,
 ) -> Result<(KeyOutcome, u64), String> {
     let item = [log_item(key, 1000, 1000, hits, kind)];
-    let reply: redis::Value = DecideCall::single(&item, Some(now))
-        .invocation(&redis::Script::new(script::SCRIPT))
-        .invoke_async(conn)
+    let reply = helpers::fcall(conn, &DecideCall::single(&item, Some(now)))
         .await
         .map_err(|e| e.to_string())?;
     let (outcome, undo) = script::decode_reply_with_undo(&reply, 1).map_err(|e| e.to_string())?;
@@ -489,25 +489,33 @@ async fn log_members_wrap_and_undo_checks_scores() {
 }
 
 #[tokio::test]
-async fn script_survives_script_flush() {
+async fn library_survives_function_flush_and_flushall() {
     let server = RedisServer::start();
     let l = redis_limiter(&server).await;
     let mut conn = server.raw().await;
     assert!(decide_at(&l, &[consume_hits("k", 3, 1)], T).await.admitted);
-    // A fresh server has no script yet: the first call loaded it.
+    // A fresh server has no function yet: the first call loaded the library.
     let loads = |l: &Arc<dyn Limiter>| l.stats().expect("redis stats").script_loads;
     assert_eq!(loads(&l), 1);
     assert!(decide_at(&l, &[consume_hits("k", 3, 1)], T).await.admitted);
-    assert_eq!(loads(&l), 1, "a loaded script is not loaded again");
-    let _: () = redis::cmd("SCRIPT")
+    assert_eq!(loads(&l), 1, "a loaded library is not loaded again");
+    // FLUSHALL empties the keys but keeps the functions.
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut conn)
+        .await
+        .expect("flushall");
+    let out = decide_at(&l, &[consume_hits("k", 3, 1)], T + 1).await;
+    assert_eq!((out.admitted, out.items[0].count), (true, 1));
+    assert_eq!(loads(&l), 1, "FLUSHALL keeps the library");
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
-        .expect("script flush");
-    let out = decide_at(&l, &[consume_hits("k", 3, 1)], T + 1).await;
+        .expect("function flush");
+    let out = decide_at(&l, &[consume_hits("k", 3, 1)], T + 2).await;
     assert!(out.admitted);
-    assert_eq!(out.items[0].count, 3);
-    assert_eq!(loads(&l), 2, "NOSCRIPT reloads are counted");
+    assert_eq!(out.items[0].count, 2);
+    assert_eq!(loads(&l), 2, "reloads of a missing function are counted");
     let stats = l.stats().unwrap();
     assert_eq!((stats.in_flight, stats.waiting), (0, 0));
     assert!(stats.connected >= 1 && stats.connected <= stats.connections);

@@ -2,9 +2,9 @@
 //!
 //! Why: on a busy sidecar, Redis spends most of each decision on the call itself (reading the
 //! command, entering Lua, `TIME`, writing the reply) and sluice on one socket write and read per
-//! call. One `EVALSHA` that carries several requests pays that once. The script decides the
+//! call. One `FCALL` that carries several requests pays that once. The function decides the
 //! requests of a batched call one after the other, each all-or-nothing on its own, exactly as if
-//! each had its own call in that order (the layout is on [`super::script::SCRIPT`]), so batching
+//! each had its own call in that order (the layout is on [`super::script::LIBRARY`]), so batching
 //! changes no decision: only how many requests share a round trip.
 //!
 //! How: each connection slot has a bounded queue and one flush task. A request that finds its
@@ -145,14 +145,13 @@ async fn flush(
 /// Sends `jobs` (same clock) as one call and answers each.
 async fn send(shared: &Shared, slot: usize, jobs: Vec<Job>) {
     let now = jobs.first().and_then(|job| job.now);
-    let mut evalsha = shared.evalsha(jobs.len());
+    let mut fcall = shared.fcall(jobs.len());
     if let [job] = jobs.as_slice() {
-        DecideCall::single(&job.items, now).write(&mut evalsha);
+        DecideCall::single(&job.items, now).write(&mut fcall);
     } else {
-        DecideCall::batched(jobs.iter().map(|job| &job.items[..]).collect(), now)
-            .write(&mut evalsha);
+        DecideCall::batched(jobs.iter().map(|job| &job.items[..]).collect(), now).write(&mut fcall);
     }
-    let reply = shared.call(slot, &mut evalsha).await;
+    let reply = shared.call(slot, &mut fcall).await;
     let outcomes = reply.and_then(|value| {
         if let [job] = jobs.as_slice() {
             Ok(vec![super::decode_reply(&value, job.items.len())])

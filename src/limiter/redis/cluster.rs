@@ -1,5 +1,5 @@
-//! Redis Cluster backend: the same script and data layout as the standalone backend, spread
-//! over the cluster's primaries by key slot.
+//! Redis Cluster backend: the same Lua and data layout as the standalone backend, spread over
+//! the cluster's primaries by key slot.
 //!
 //! Why it looks like this: a limiter key is `sluice:{<body>}`, one hash tag, so one key lives in
 //! one slot and its sorted set never spans nodes. A request's keys usually live in different
@@ -42,7 +42,8 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use super::connect::{cluster_client, RedisOptions, SettingError};
 use super::script::{
-    decode_reply_with_undo, CompensateCall, DecideCall, COMPENSATE, MAX_EXACT, SCRIPT,
+    decode_reply_with_undo, is_function_missing, CompensateCall, DecideCall, COMPENSATE, LIBRARY,
+    MAX_EXACT,
 };
 use super::slot::{probe_within_timeout, Slot};
 use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
@@ -148,7 +149,6 @@ pub struct ClusterLimiter {
     client: ClusterClient,
     /// The one cluster connection (it keeps a connection per node itself).
     conn: Slot<ClusterConnection>,
-    script: Script,
     compensate: Script,
 }
 
@@ -165,7 +165,6 @@ impl ClusterLimiter {
         Ok(ClusterLimiter {
             client: cluster_client(options, CONNECT_TIMEOUT, RESPONSE_TIMEOUT)?,
             conn: Slot::default(),
-            script: Script::new(SCRIPT),
             compensate: Script::new(COMPENSATE),
         })
     }
@@ -229,11 +228,22 @@ impl ClusterLimiter {
             }
         }
         let mut conn = conn.clone();
-        let invocation = DecideCall::single(&hits, now).invocation(&self.script);
-        let mut attempt = 0;
+        let fcall = DecideCall::single(&hits, now).fcall();
+        let (mut attempt, mut loaded) = (0, false);
         let reply: Value = loop {
-            match invocation.invoke_async(&mut conn).await {
+            match fcall.query_async(&mut conn).await {
                 Ok(reply) => break reply,
+                // A node that does not hold the function (restarted without persistence, new in
+                // the cluster, `FUNCTION FLUSH`): it did not run. redis-rs sends `FUNCTION LOAD`
+                // to every primary.
+                Err(e) if !loaded && is_function_missing(&e) => {
+                    loaded = true;
+                    LIBRARY
+                        .load()
+                        .query_async::<Value>(&mut conn)
+                        .await
+                        .map_err(|e| self.fail(&e))?;
+                }
                 // A redirect or TRYAGAIN reply means the script did not run, so sending it again
                 // cannot record twice. redis-rs follows them itself, but under concurrent traffic
                 // during a slot migration the ASKING it sends can be consumed by another command

@@ -1,10 +1,11 @@
 //! Redis limiter backend: the sliding-window log in sorted sets, shared by every sidecar.
 //!
-//! Why it looks like this: every batch is one `EVALSHA` of [`script::SCRIPT`] with all its keys,
-//! so the decision is atomic across keys and sidecars in a single round trip. On `NOSCRIPT`
-//! (after a restart, a failover or `SCRIPT FLUSH`) the script is loaded and the call retried
-//! once; the limiter sends `EVALSHA` itself rather than through redis-rs's `invoke_async`, which
-//! reloads silently, so that reloads can be counted ([`BackendStats::script_loads`]).
+//! Why it looks like this: every batch is one `FCALL` of the decide function of
+//! [`script::LIBRARY`] with all its keys, so the decision is atomic across keys and sidecars in
+//! a single round trip. When Redis does not hold the function (after a restart without
+//! persistence, a failover to a node that never had it, or `FUNCTION FLUSH`), the library is
+//! loaded and the call sent once more, and the loads are counted
+//! ([`BackendStats::script_loads`]).
 //!
 //! Connections: a few shared [`MultiplexedConnection`]s used round-robin, not a pool (why, and
 //! why a couple rather than one or many: docs/redis.md, "Connections"). A connection
@@ -17,7 +18,7 @@
 //! failover is followed. With `--redis-wait-replicas`, every script call is followed by `WAIT`
 //! (the `durability` module).
 //!
-//! Batching (the `batch` module): concurrent decisions are coalesced into one `EVALSHA` per
+//! Batching (the `batch` module): concurrent decisions are coalesced into one `FCALL` per
 //! connection, so Redis pays the script call and the socket round trip once for several
 //! decisions.
 //!
@@ -43,11 +44,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::{BackendStats, BatchOutcome, Item, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
-use script::{decode_reply, DecideCall, SCRIPT};
+use script::{decode_reply, is_function_missing, DecideCall, LIBRARY};
 
 /// Time allowed to establish one connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -75,15 +76,14 @@ pub(super) struct Shared {
     /// The `WAIT` after each script call, if any.
     durability: durability::Durability,
     slots: Box<[Slot]>,
-    script: Script,
     /// Script calls sent, and the decisions they carried (their ratio is the mean batch).
     script_calls: AtomicU64,
     script_decisions: AtomicU64,
     script_loads: AtomicU64,
     in_flight: AtomicU64,
-    /// Every connection is open and the script loaded: done once, by the first readiness probe
-    /// that reaches Redis, so the first decisions do not pay connects and a NOSCRIPT round trip
-    /// inside their deadline.
+    /// Every connection is open and the library loaded: done once, by the first readiness
+    /// probe that reaches Redis, so the first decisions do not pay connects and a load round
+    /// trip inside their deadline.
     warmed: std::sync::atomic::AtomicBool,
 }
 
@@ -142,7 +142,6 @@ impl RedisLimiter {
                 target,
                 durability: durability::Durability::new(options),
                 slots,
-                script: Script::new(SCRIPT),
                 script_calls: AtomicU64::new(0),
                 script_decisions: AtomicU64::new(0),
                 script_loads: AtomicU64::new(0),
@@ -187,24 +186,22 @@ impl Shared {
         batch: &[Item],
         now: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
-        let mut evalsha = self.evalsha(1);
-        DecideCall::single(batch, now).write(&mut evalsha);
-        let reply = self.call(slot, &mut evalsha).await?;
+        let mut fcall = self.fcall(1);
+        DecideCall::single(batch, now).write(&mut fcall);
+        let reply = self.call(slot, &mut fcall).await?;
         decode_reply(&reply, batch.len())
     }
 
-    /// An `EVALSHA` of the script, counted as a call carrying `decisions` decisions.
-    pub(super) fn evalsha(&self, decisions: usize) -> redis::Cmd {
+    /// An `FCALL` of the decide function, counted as a call carrying `decisions` decisions.
+    pub(super) fn fcall(&self, decisions: usize) -> redis::Cmd {
         self.script_calls.fetch_add(1, Ordering::Relaxed);
         self.script_decisions
             .fetch_add(decisions as u64, Ordering::Relaxed);
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(self.script.get_hash());
-        evalsha
+        LIBRARY.fcall()
     }
 
-    /// Sends `cmd` on slot `slot`; on `NOSCRIPT` loads the script and sends it once more (the
-    /// script did not run, so this cannot record anything twice).
+    /// Sends `cmd` on slot `slot`; when Redis does not hold the function, loads the library and
+    /// sends it once more (the function did not run, so this cannot record anything twice).
     pub(super) async fn call(
         &self,
         slot: usize,
@@ -213,14 +210,13 @@ impl Shared {
         let slot = &self.slots[slot];
         let mut conn = self.connection(slot).await?;
         let _in_flight = Gauge::enter(&self.in_flight);
-        // EVALSHA sent by hand rather than through `Script::invoke_async`, so a NOSCRIPT reload
-        // (after a Redis restart or SCRIPT FLUSH) is seen and counted.
         match self.durability.query(&mut conn, cmd).await {
             Ok(reply) => Ok(reply),
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            Err(e) if is_function_missing(&e) => {
                 self.script_loads.fetch_add(1, Ordering::Relaxed);
-                self.script
-                    .load_async(&mut conn)
+                LIBRARY
+                    .load()
+                    .query_async::<Value>(&mut conn)
                     .await
                     .map_err(|e| self.fail(slot, &e))?;
                 self.durability
@@ -232,7 +228,7 @@ impl Shared {
         }
     }
 
-    /// Opens every connection and loads the script (see `warmed`).
+    /// Opens every connection and loads the library (see `warmed`).
     async fn warm(&self) -> Result<(), LimiterError> {
         let mut first = None;
         for slot in self.slots.iter() {
@@ -240,11 +236,16 @@ impl Shared {
             first.get_or_insert((slot, conn));
         }
         if let Some((slot, mut conn)) = first {
-            self.script
-                .load_async(&mut conn)
-                .await
-                .map_err(|e| self.fail(slot, &e))?;
-            self.script_loads.fetch_add(1, Ordering::Relaxed);
+            match LIBRARY.load().query_async::<Value>(&mut conn).await {
+                Ok(_) => {
+                    self.script_loads.fetch_add(1, Ordering::Relaxed);
+                }
+                // Redis out of memory refuses `FUNCTION LOAD` but is reachable: the probe
+                // passes, and the next one tries again (decisions meanwhile are refused with
+                // OOM, the function loaded or not).
+                Err(e) if e.code() == Some("OOM") => return Ok(()),
+                Err(e) => return Err(self.fail(slot, &e)),
+            }
         }
         self.warmed.store(true, Ordering::Relaxed);
         Ok(())
@@ -286,10 +287,11 @@ pub(crate) fn map_error(e: &RedisError) -> LimiterError {
     if let Some(code @ "WRONGTYPE") = e.code() {
         return script::refusal(code, e.detail());
     }
-    // A Redis before 7.0 cannot compile the scripts' declaration line (`#!lua`).
-    if e.detail()
-        .is_some_and(|d| d.contains("Error compiling script"))
-    {
+    // A Redis before 7.0 has no functions, and cannot compile the scripts' declaration line
+    // (`#!lua`).
+    if e.detail().is_some_and(|d| {
+        d.contains("Error compiling script") || d.starts_with("unknown command 'FUNCTION'")
+    }) {
         return LimiterError::Protocol(format!("{e} (sluice's scripts need Redis 7.0 or later)"));
     }
     match e.kind() {
@@ -387,12 +389,21 @@ mod tests {
         );
         let oom = server_error(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n");
         assert!(matches!(map_error(&oom), LimiterError::Unavailable(_)));
-        // What Redis 6 answers to SCRIPT LOAD of a declared script.
+        // What Redis 6 answers to SCRIPT LOAD of a declared script, and to FUNCTION LOAD.
         let old = server_error(
             b"-ERR Error compiling script (new function): user_script:1: unexpected symbol near '#'\r\n",
         );
         assert!(
             matches!(map_error(&old), LimiterError::Protocol(m) if m.contains("Redis 7.0 or later"))
         );
+        let old = server_error(
+            b"-ERR unknown command 'FUNCTION', with args beginning with: 'LOAD' 'REPLACE' \r\n",
+        );
+        assert!(
+            matches!(map_error(&old), LimiterError::Protocol(m) if m.contains("Redis 7.0 or later"))
+        );
+        let missing = server_error(b"-ERR Function not found\r\n");
+        assert!(script::is_function_missing(&missing));
+        assert!(!script::is_function_missing(&old));
     }
 }

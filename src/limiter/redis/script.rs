@@ -1,27 +1,28 @@
-//! The Lua scripts that decide a batch atomically inside Redis and take back what a decision
-//! recorded, and the pure decoding of their replies.
+//! The Lua that decides a batch atomically inside Redis (a function library) and the script that
+//! takes back what a decision recorded, and the pure decoding of their replies.
 //!
-//! Why a script: the decision must read every key of the batch, check them all and then write
-//! all or nothing. One `EVALSHA` with every key in `KEYS` runs atomically on the server, in one
-//! round trip, so concurrent sidecars can never interleave between check and record. The steps
-//! are a transcription of [`crate::limiter::window::decide_batch`] over the per-algorithm
-//! models of [`crate::limiter::algorithms`], which are the reference.
+//! Why Lua: the decision must read every key of the batch, check them all and then write all or
+//! nothing. One `FCALL` with every key in `KEYS` runs atomically on the server, in one round
+//! trip, so concurrent sidecars can never interleave between check and record. The steps are a
+//! transcription of [`crate::limiter::window::decide_batch`] over the per-algorithm models of
+//! [`crate::limiter::algorithms`], which are the reference.
 //!
 //! The Lua lives in `lua/` next to this file: `shared.lua` (number printing, the one-value form
 //! of the O(1) states, the undo token of log entries), `models.lua` (every algorithm but the
-//! sliding log), `decide.lua` (the steps and the sliding log; with `models.lua`, [`SCRIPT`]) and
-//! `compensate.lua` ([`COMPENSATE`]). Each script is assembled at build time: a header generated
-//! from the constants below (so Rust and Lua cannot disagree on them), `shared.lua`, then the
-//! script's own files. `KEYS`, `ARGV` and the replies are documented once, on [`SCRIPT`] and
-//! [`COMPENSATE`], and named once, in the constants below: every argument and reply element by
-//! its offset (`ARG_*`, `REPLY_*`, `UNDO_ARG_*`), which the Lua reads by name, [`ItemArgs`] and
-//! the call builders ([`DecideCall`], [`CompensateCall`]) write and [`decode_reply`] reads. The
-//! codes the Lua dispatches on belong here too, not to the pure models. The Lua files say what
-//! the scripts do with them (steps, data layout in Redis, log members).
-//! `scripts/ci/lua-lint.sh` runs luacheck over them.
+//! sliding log), `decide.lua` (the steps and the sliding log), `library.lua` (with `models.lua`
+//! and `decide.lua`, the library [`LIBRARY`]) and `compensate.lua` (the script [`COMPENSATE`]).
+//! Each is assembled at build time: a header generated from the constants below (so Rust and Lua
+//! cannot disagree on them), `shared.lua`, then its own files. `KEYS`, `ARGV` and the replies
+//! are documented once, on [`LIBRARY`] and [`COMPENSATE`], and named once, in the constants
+//! below: every argument and reply element by its offset (`ARG_*`, `REPLY_*`, `UNDO_ARG_*`),
+//! which the Lua reads by name, [`ItemArgs`] and the call builders ([`DecideCall`],
+//! [`CompensateCall`]) write and [`decode_reply`] reads. The codes the Lua dispatches on belong
+//! here too, not to the pure models. The Lua files say what they do with them (steps, data
+//! layout in Redis, log members). `scripts/ci/lua-lint.sh` runs luacheck over them.
 
 use crate::limiter::{Algorithm, BatchOutcome, ItemKind, KeyOutcome, LimiterError, OverLimit};
-use redis::Value;
+use redis::{Script, Value};
+use std::sync::LazyLock;
 
 mod call;
 pub use call::{Arg, CompensateCall, DecideCall, ItemArgs};
@@ -44,7 +45,7 @@ macro_rules! shared_with_lua {
 }
 
 shared_with_lua! {
-    /// Arguments per batch item in a [`SCRIPT`] call: the item's `ARG_*` offsets, 1 to
+    /// Arguments per batch item in a [`LIBRARY`] call: the item's `ARG_*` offsets, 1 to
     /// `ARGS_PER_ITEM` ([`ItemArgs`] has their meaning).
     ARGS_PER_ITEM: usize = 7;
     /// An item's limit, at `ARGV[at + ARG_LIMIT]` (`at`: the arguments before the item's).
@@ -61,9 +62,9 @@ shared_with_lua! {
     ARG_PARAM: usize = 6;
     /// See [`ARG_LIMIT`].
     ARG_OVER_LIMIT: usize = 7;
-    /// Elements of a [`SCRIPT`] reply before the items': the verdict.
+    /// Elements of a [`LIBRARY`] reply before the items': the verdict.
     REPLY_HEAD: usize = 1;
-    /// Elements per item of a [`SCRIPT`] reply: the item's `REPLY_*` offsets, 1 to
+    /// Elements per item of a [`LIBRARY`] reply: the item's `REPLY_*` offsets, 1 to
     /// `REPLY_PER_ITEM`; item `i`'s (1-based) element `X` is
     /// `REPLY_HEAD + REPLY_PER_ITEM × (i - 1) + REPLY_X` (1-based, as Lua counts).
     REPLY_PER_ITEM: usize = 4;
@@ -176,13 +177,8 @@ const _: () = assert!(is_layout(
 const _: () = assert!(MAX_EXACT == 1 << 52 && MAX_EXACT == crate::limiter::MAX_COUNT);
 const _: () = assert!(LOG_MEMBER_FIRST == 1_000_000 && LOG_MEMBER_LAST == (1 << 23) - 1);
 
-/// The declaration lines of the scripts, as literals for `concat!` ([`SCRIPT_SHEBANG`],
-/// [`COMPENSATE_SHEBANG`]).
-macro_rules! script_shebang {
-    () => {
-        "#!lua"
-    };
-}
+/// The declaration line of the compensation script, as a literal for `concat!`
+/// ([`COMPENSATE_SHEBANG`]).
 macro_rules! compensate_shebang {
     () => {
         "#!lua flags=allow-oom"
@@ -192,7 +188,30 @@ macro_rules! compensate_shebang {
 /// The first lines of every script: each constant above as a Lua local of the same name.
 pub const LUA_HEADER: &str = lua_header!();
 
-/// Decides a batch, or several (batched call). Callers build its calls with [`DecideCall`].
+/// The code of the decide library ([`LIBRARY`]) after its first two lines: the header, then
+/// `shared.lua`, `models.lua`, `decide.lua` and `library.lua`, which registers the function.
+const LIBRARY_CODE: &str = concat!(
+    lua_header!(),
+    include_str!("lua/shared.lua"),
+    include_str!("lua/models.lua"),
+    include_str!("lua/decide.lua"),
+    include_str!("lua/library.lua")
+);
+
+/// The decide library: a Redis function library (`FUNCTION LOAD`) of one function,
+/// [`Library::decide`], which decides a batch, or several (batched call). Callers build its
+/// calls with [`DecideCall`] and send them as `FCALL <decide> <numkeys> KEYS... ARGV...`.
+///
+/// Why a function rather than a script: Redis runs a script's whole chunk on every call, so each
+/// of its local functions is made anew per call (a closure, and its upvalues), which cost about
+/// as much as the decision itself; a library's chunk runs once, when it is loaded, and a call
+/// runs only the function (docs/performance.md, "Redis's side: instructions per request").
+/// Redis keeps loaded functions across `FLUSHALL` and replicates them, but not across a restart
+/// without persistence or a `FUNCTION FLUSH`: an `FCALL` then answers `Function not found`
+/// ([`is_function_missing`]), and the caller loads the library and sends the call again.
+/// The library's name and the function's carry a hash of its code, so that two versions of
+/// sluice on one Redis (a rolling upgrade) never replace each other's.
+///
 ///
 /// `KEYS`: one per batch item, in batch order (a key may repeat; repeats are cumulative). A key
 /// is used with one algorithm only (the engine puts the algorithm in the key); a call that mixes
@@ -225,21 +244,60 @@ pub const LUA_HEADER: &str = lua_header!();
 /// What the script does with them is written in its files: the steps, the sliding log's data
 /// and members at the top of `lua/decide.lua`, the other algorithms' data in `lua/models.lua`.
 ///
-/// Its first line ([`SCRIPT_SHEBANG`], no flags) declares it, so that an out-of-memory Redis
-/// refuses the whole call before any command of it runs (docs/redis.md, "Redis out of memory").
-/// Needs Redis 7.0 or later.
-pub const SCRIPT: &str = concat!(
-    script_shebang!(),
-    "\n",
-    lua_header!(),
-    include_str!("lua/shared.lua"),
-    include_str!("lua/models.lua"),
-    include_str!("lua/decide.lua")
-);
+/// The function is registered without flags (like a script declared without any), so that an
+/// out-of-memory Redis refuses the whole call before any command of it runs (docs/redis.md,
+/// "Redis out of memory"). Needs Redis 7.0 or later.
+pub static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    // The first 16 hex digits of the code's SHA-1 (redis-rs computes a script's hash).
+    let hash = Script::new(LIBRARY_CODE).get_hash()[..16].to_owned();
+    let decide = format!("sluice_decide_{hash}");
+    Library {
+        source: format!(
+            "#!lua name=sluice_{hash}\nlocal DECIDE_FUNCTION = '{decide}'\n{LIBRARY_CODE}"
+        ),
+        decide,
+    }
+});
 
-/// Takes back exactly what earlier [`SCRIPT`] calls recorded (the cluster backend's
+/// The decide library's source and its function's name ([`LIBRARY`]).
+#[derive(Debug)]
+pub struct Library {
+    /// The text `FUNCTION LOAD` takes: the declaration line (`#!lua name=...`), the function's
+    /// name as a Lua local, then the code.
+    pub source: String,
+    /// The name of the function that decides, for `FCALL`.
+    pub decide: String,
+}
+
+impl Library {
+    /// `FUNCTION LOAD REPLACE` of the library (REPLACE: loading it again where it is loaded,
+    /// after a race with another sidecar, is no error).
+    pub fn load(&self) -> redis::Cmd {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg("REPLACE").arg(&self.source);
+        load
+    }
+
+    /// An `FCALL` of the decide function, to which a [`DecideCall`] writes its keys and
+    /// arguments.
+    pub fn fcall(&self) -> redis::Cmd {
+        let mut fcall = redis::cmd("FCALL");
+        fcall.arg(&self.decide);
+        fcall
+    }
+}
+
+/// Whether `e` is Redis's answer to an `FCALL` of a function it does not hold (after a restart
+/// without persistence, a `FUNCTION FLUSH`, or on a node that never had it): the function did
+/// not run.
+pub fn is_function_missing(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+        && e.detail() == Some("Function not found")
+}
+
+/// Takes back exactly what earlier [`LIBRARY`] calls recorded (the cluster backend's
 /// compensation); callers build its calls with [`CompensateCall`]. `KEYS`: the keys; `ARGV[1]`:
-/// the clock argument the [`SCRIPT`] call was sent with (a log entry's time is found again near
+/// the clock argument the [`LIBRARY`] call was sent with (a log entry's time is found again near
 /// it), then [`UNDO_ARGS_PER_KEY`] per key at their `UNDO_ARG_*` offsets: the `algorithm` code,
 /// the item's `undo` token from that call's reply (non-zero), its `hits` and its `window_ms`
 /// (each at most [`MAX_EXACT`]). Reply: the hits taken back; malformed arguments give an error
@@ -255,8 +313,6 @@ pub const COMPENSATE: &str = concat!(
     include_str!("lua/compensate.lua")
 );
 
-/// The first line of [`SCRIPT`]: declared, no flags (so no `allow-oom`).
-pub const SCRIPT_SHEBANG: &str = script_shebang!();
 /// The first line of [`COMPENSATE`].
 pub const COMPENSATE_SHEBANG: &str = compensate_shebang!();
 
@@ -336,7 +392,7 @@ pub fn refusal(code: &str, detail: Option<&str>) -> LimiterError {
     }
 }
 
-/// Decodes the script's reply for a batch of `items` items (layout documented on [`SCRIPT`]).
+/// Decodes the script's reply for a batch of `items` items (layout documented on [`LIBRARY`]).
 pub fn decode_reply(value: &Value, items: usize) -> Result<BatchOutcome, LimiterError> {
     decode_reply_with_undo(value, items).map(|(outcome, _)| outcome)
 }
@@ -361,7 +417,7 @@ pub fn decode_reply_with_undo(
             values.len()
         )));
     }
-    // Element `i`, counted from 1 as the script (and the layout on `SCRIPT`) counts them.
+    // Element `i`, counted from 1 as the script (and the layout on `LIBRARY`) counts them.
     let int = |i: usize| -> Result<u64, LimiterError> {
         match values.get(i - 1) {
             Some(Value::Int(n)) if *n >= 0 => Ok(*n as u64),

@@ -49,7 +49,7 @@ pub use http::{http_get, http_request, HttpResponse, Req};
 pub use in_process::{test_settings, TestServer};
 pub use limiter::consume;
 pub use process::Sluice;
-pub use redis_server::{free_port, info_number, raw_connection, RedisCluster, RedisServer};
+pub use redis_server::{fcall, free_port, info_number, raw_connection, RedisCluster, RedisServer};
 pub use rpc::{descriptor, grpc_channel, request};
 pub use timing::{percentile, wait_until};
 

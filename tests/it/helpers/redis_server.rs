@@ -1,7 +1,7 @@
 //! Throwaway `redis-server` processes, one per test, and 3-primary clusters.
 //!
 //! Why a real server and not a mock: the Redis backend's correctness lives in a Lua script and in
-//! Redis semantics (sorted-set tie-breaks, TTLs, NOSCRIPT), which only a real server exercises.
+//! Redis semantics (sorted-set tie-breaks, TTLs, loading functions), which only a real server exercises.
 //! Each [`RedisServer`] runs in its own temp dir on its own loopback port, persists nothing, and
 //! is killed on drop, so tests run in parallel without sharing state. A missing `redis-server`
 //! is a hard failure, never a skip: a silently skipped backend is an untested backend.
@@ -164,6 +164,23 @@ pub async fn command_calls(conn: &redis::aio::MultiplexedConnection) -> BTreeMap
             Some((name.to_owned(), calls))
         })
         .collect()
+}
+
+/// Sends `call` as an `FCALL` of the decide library's function on `conn`, loading the library
+/// first when Redis does not hold it, as the limiters do (for tests that call the Lua directly).
+pub async fn fcall<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    call: &sluice::limiter::redis::script::DecideCall<'_>,
+) -> redis::RedisResult<redis::Value> {
+    use sluice::limiter::redis::script::{is_function_missing, LIBRARY};
+    let cmd = call.fcall();
+    match cmd.query_async(conn).await {
+        Err(e) if is_function_missing(&e) => {
+            let _: redis::Value = LIBRARY.load().query_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
 }
 
 /// A multiplexed connection to `url`.

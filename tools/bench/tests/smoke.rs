@@ -95,8 +95,10 @@ fn print_lua_script_prints_the_decision_script() {
         .expect("run sluice-bench");
     assert!(out.status.success());
     let script = String::from_utf8(out.stdout).expect("UTF-8");
-    // scripts/bench/bench.sh and script-cost.sh load it with SCRIPT LOAD: it must be Lua that
-    // reads the clock and touches sorted sets, not an empty string.
+    // scripts/bench/bench.sh and script-cost.sh load it with FUNCTION LOAD: it must be a
+    // library that registers its function, reads the clock and touches sorted sets.
+    assert!(script.starts_with("#!lua name=sluice_"), "{script}");
+    assert!(script.contains("redis.register_function"), "{script}");
     assert!(script.contains("redis.call"), "{script}");
     assert!(script.contains("ZADD"), "{script}");
 }

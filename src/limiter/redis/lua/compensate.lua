@@ -6,7 +6,8 @@
 
 -- The clock the decisions were made on (the first argument, as decide.lua reads it): log
 -- entries are found again near it.
-local now_ms = read_clock(ARGV[1])
+start_call()
+now_ms = read_clock(ARGV[1])
 if not now_ms then
   return redis.error_reply('sluice: bad now')
 end

@@ -1,34 +1,23 @@
 -- Decides one request (or, in a batched call, several one after the other) atomically inside
 -- Redis: every key of a request is read, checked and then written as its verdict says, in one
--- round trip. KEYS, ARGV and the reply: `SCRIPT` in src/limiter/redis/script.rs, which
--- assembles the script: the header it generates, shared.lua, models.lua, then this file.
+-- round trip. KEYS, ARGV and the reply: `LIBRARY` in src/limiter/redis/script.rs, which
+-- assembles the library: the header it generates, shared.lua, models.lua, this file, then
+-- library.lua, which registers decide_call (the end of this file) as the library's function.
+-- Everything else here is made once, when Redis loads the library, not per call.
 --
 -- A transcription of `decide_batch` (src/limiter/window.rs) over the models of
--- src/limiter/algorithms.rs, which are the reference (tests/differential.rs holds the two to the
+-- src/limiter/algorithms.rs, which are the reference (tests/it/differential.rs holds the two to the
 -- same outcomes on random traces); what each item records is defined once, in the doc of
 -- src/limiter/mod.rs. A request is read (read_item), checked (check: phase 1, which writes
--- nothing to a sliding log), recorded (write: phase 2) and reported (report).
+-- nothing to a sliding log), recorded (write: phase 2) and reported (report); the common request
+-- of one sliding-log item that fits is decided without those tables and phases (decide_one),
+-- with the same commands, writes and reply.
 --
 -- The sliding log (the other algorithms: models.lua) is one sorted set per key: one member per
 -- entry, i.e. per item that recorded, whatever its weight (log_add has the members' form), scored
 -- with the ms it was recorded at, and LOG_TOTAL_MEMBER holding the key's total
 -- (store_log_total in shared.lua). A request reads no more entries than it evicts (log_settle).
 -- Instructions per request, and what they go to: docs/performance.md.
-
--- The call's KEYS and ARGV as locals: the functions below read them as upvalues, which costs
--- less than a global per access.
-local KEYS, ARGV = KEYS, ARGV
-
--- The call's clock (read_clock in shared.lua).
-local batched = ARGV[1] == BATCHED
-local clock = ARGV[1]
-if batched then
-  clock = ARGV[2]
-end
-local now_ms = read_clock(clock)
-if not now_ms then
-  return redis.error_reply('sluice: bad now')
-end
 
 -- Entries a refund reads per ZRANGE, newest first.
 local REFUND_READ = 64
@@ -80,9 +69,10 @@ local function log_span(key, state)
   return (newest - log_entry(key, state, OLDEST)) % LOG_MEMBERS + 1
 end
 
--- Adds one entry of `weight` to a log key, with the key's new total; returns its undo token,
--- (score mod TOKEN_SCORE) * TOKEN_MEMBER + (number - LOG_MEMBER_FIRST) + 1 (compensate.lua's
--- undo_log finds the entry from it).
+-- The score and number of an entry added after the newest entry `newest_member` at
+-- `newest_score` (nil on an empty key). An entry's undo token is (score mod TOKEN_SCORE) *
+-- TOKEN_MEMBER + (number - LOG_MEMBER_FIRST) + 1 (entry_token; compensate.lua's undo_log finds
+-- the entry from it).
 --
 -- An entry's member must be unique per key and short: a listpack stores an integer of
 -- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (7 digits) in 5 bytes where a UUID costs 37. So a member is
@@ -96,8 +86,7 @@ end
 -- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
 --   cyclic range, and write checks before writing anything that the request's new entries do
 --   not reach a live number (log_span; it takes 7.4 million live entries in one window).
-local function log_add(key, state, weight)
-  local newest_member, newest_score = log_entry(key, state, NEWEST)
+local function next_entry(newest_member, newest_score)
   local score, member = now_ms, LOG_MEMBER_FIRST
   if newest_member then
     if newest_score > score then
@@ -111,6 +100,18 @@ local function log_add(key, state, weight)
       score = newest_score + 1
     end
   end
+  return score, member
+end
+
+-- The undo token of the entry `member` at `score` (see next_entry).
+local function entry_token(score, member)
+  return (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
+end
+
+-- Adds one entry of `weight` to a log key (next_entry), with the key's new total; returns its
+-- undo token.
+local function log_add(key, state, weight)
+  local score, member = next_entry(log_entry(key, state, NEWEST))
   if state.total == 0 then
     state.oldest_member, state.oldest_score = member, score
   end
@@ -119,7 +120,7 @@ local function log_add(key, state, weight)
   state.stale = false
   redis.call('ZADD', key, format_integer(-state.total), LOG_TOTAL_MEMBER, format_integer(score),
     log_member(member, weight))
-  return (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
+  return entry_token(score, member)
 end
 
 -- Takes up to `hits` of a log key's newest weight: whole entries, newest first, and part of the
@@ -170,11 +171,16 @@ local function log_refund(key, state, hits)
   return true
 end
 
+-- What decide_one read of a key's bottom before it left the request to decide (read_ahead, the
+-- ZRANGE reply, of key read_ahead_key; false when none), which log_settle takes instead of
+-- reading it again.
+local read_ahead_key, read_ahead = false, false
+
 -- Phase 1 for a sliding-log item: the key's count at now. The first item of a key reads its
--- total and oldest entry in one ZRANGE (the total's member is first); only when that entry has
--- left the window is what left read (members only, by score). A later item of the key with a
--- shorter window reads only what it adds. The entries that left are removed in phase 2
--- (log_evict), so that phase 1 writes nothing.
+-- total and oldest entry in one ZRANGE (the total's member is first; read_ahead if there); only
+-- when that entry has left the window is what left read (members only, by score). A later item
+-- of the key with a shorter window reads only what it adds. The entries that left are removed in
+-- phase 2 (log_evict), so that phase 1 writes nothing.
 local function log_settle(item, state)
   local key, cutoff = item.key, now_ms - item.window
   local from
@@ -186,7 +192,12 @@ local function log_settle(item, state)
     from = '(' .. format_integer(math.max(state.cutoff, -1))
   else
     state.total = 0
-    local bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+    local bottom = read_ahead
+    if key == read_ahead_key then
+      read_ahead_key = false
+    else
+      bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+    end
     if bottom[1] == LOG_TOTAL_MEMBER then
       state.total = -bottom[2]
       if bottom[3] then
@@ -236,38 +247,46 @@ local function log_write(item, state)
   return true, log_add(item.key, state, item.take)
 end
 
+-- Sets a log key's TTL: until its newest entry, at `newest_score`, leaves `window`.
+local function log_expire(key, newest_score, window)
+  local ttl = newest_score + window - now_ms
+  if ttl < 1 then
+    ttl = 1
+  end
+  redis.call('PEXPIRE', key, format_integer(ttl))
+end
+
 -- A written log key's TTL: until its newest entry leaves the window of `writer`, the first item
 -- that wrote it.
 local function log_store(writer, state)
   local _, newest_score = log_entry(writer.key, state, NEWEST)
   if newest_score then
-    local ttl = newest_score + writer.window - now_ms
-    if ttl < 1 then
-      ttl = 1
-    end
-    redis.call('PEXPIRE', writer.key, format_integer(ttl))
+    log_expire(writer.key, newest_score, writer.window)
   end
 end
 
--- A log item's reset: until its key's oldest entry leaves the window; the window when empty.
-local function log_reset_ms(item, state)
-  local _, oldest_score = log_entry(item.key, state, OLDEST)
-  if not oldest_score then
-    return item.window
-  end
-  local reset = oldest_score + item.window - now_ms
+-- A log item's reset, for a key whose oldest entry is at `oldest_score`: until that entry
+-- leaves `window`.
+local function reset_after(oldest_score, window)
+  local reset = oldest_score + window - now_ms
   if reset < 0 then
     return 0
   end
   return reset
 end
 
--- The other algorithms' models (models.lua), made on a call's first item that needs them.
-local lua_models
-local function models()
-  if not lua_models then
-    lua_models = make_models(now_ms)
+-- A log item's reset: reset_after its key's oldest entry; the window when empty.
+local function log_reset_ms(item, state)
+  local _, oldest_score = log_entry(item.key, state, OLDEST)
+  if not oldest_score then
+    return item.window
   end
+  return reset_after(oldest_score, item.window)
+end
+
+-- The other algorithms' models (models.lua), made once.
+local lua_models = make_models()
+local function models()
   return lua_models
 end
 
@@ -531,87 +550,184 @@ local function decide(items, n)
   return admitted
 end
 
--- The requests of the call: one, or several in a batched call, decided one after the other as
--- if each had its own call.
-local requests, sizes, replies, first_arg = 1, nil, nil, 1
-if batched then
-  requests = tonumber(ARGV[3])
-  if not requests or requests < 1 or #ARGV < 3 + requests then
-    return redis.error_reply('sluice: bad group count')
-  end
-  local total = 0
-  sizes, replies, first_arg = {}, {}, 3 + requests
-  for r = 1, requests do
-    sizes[r] = tonumber(ARGV[3 + r])
-    if not sizes[r] or sizes[r] < 0 then
-      return redis.error_reply('sluice: bad size of group ' .. r)
+-- The most common request, decided without the tables and phases of decide: one sliding-log
+-- item consuming `hits` (more than 0) that fit under `limit`, on a key none of whose entries has
+-- left the window. The same commands, writes and reply as decide, from the same helpers
+-- (next_entry, entry_token, log_expire, reset_after); any other request returns nil, having
+-- written nothing, and decide goes on from the key's bottom read here (read_ahead). The
+-- batched-call property test (tests/it/differential.rs) holds the two paths to the same replies:
+-- a batched call always takes decide, the same requests sent alone come here.
+local function decide_one(key, limit, window, hits, over_limit)
+  local bottom = redis.call('ZRANGE', key, '0', '1', 'WITHSCORES')
+  read_ahead_key, read_ahead = key, bottom
+  local total, newest_member, newest_score = 0, nil, nil
+  local oldest_member, oldest_score
+  if bottom[1] then
+    if bottom[1] ~= LOG_TOTAL_MEMBER or not bottom[3] then
+      return nil
     end
-    total = total + sizes[r]
+    local weight
+    total = -bottom[2]
+    oldest_member, weight = parse_log_member(bottom[3])
+    oldest_score = bottom[4] + 0
+    if oldest_score <= now_ms - window then
+      return nil
+    end
+    newest_member, newest_score = oldest_member, oldest_score
+    if weight ~= total then
+      local top = redis.call('ZRANGE', key, NEWEST, NEWEST, 'WITHSCORES')
+      newest_member, newest_score = parse_log_member(top[1]), top[2] + 0
+    end
+    -- A new member would reach a live one (see write).
+    if (newest_member - oldest_member) % LOG_MEMBERS + 2 > LOG_MEMBERS then
+      return nil
+    end
   end
-  if #KEYS ~= total or #ARGV ~= 3 + requests + ARGS_PER_ITEM * total then
-    return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
+  if total + hits > limit then
+    return nil
   end
-elseif #ARGV ~= 1 + ARGS_PER_ITEM * #KEYS then
-  return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
+  read_ahead_key = false
+  local score, member = next_entry(newest_member, newest_score)
+  total = total + hits
+  redis.call('ZADD', key, format_integer(-total), LOG_TOTAL_MEMBER, format_integer(score),
+    log_member(member, hits))
+  log_expire(key, score, window)
+  local undo = 0
+  if over_limit ~= OVER_LIMIT_RECORD then
+    undo = entry_token(score, member)
+  end
+  -- The reply's layout as decide_request's, in a table made at its full length.
+  local reply = {1, 0, 0, 0, 0}
+  reply[REPLY_HEAD + REPLY_PASSED] = 1
+  reply[REPLY_HEAD + REPLY_COUNT] = total
+  reply[REPLY_HEAD + REPLY_RESET_MS] = reset_after(oldest_score or score, window)
+  reply[REPLY_HEAD + REPLY_UNDO] = undo
+  return reply
 end
 
--- Each request's items are read from ARGV and its reply is laid out here, in the main chunk,
--- where the header's offsets are registers: a function would capture each as an upvalue, which
--- costs about a thousand instructions per offset and call.
-local first_key = 0
-for r = 1, requests do
-  local n = #KEYS
-  if batched then
-    n = sizes[r]
-  end
-  local items, malformed, at = {}, nil, first_arg
+-- The reply of the request of `n` items whose keys follow keys[first_key] and whose arguments
+-- follow args[at], decided by decide (the reply's layout: `LIBRARY` in script.rs).
+local function decide_request(keys, args, first_key, at, n, batched)
+  local items = {}
   for i = 1, n do
-    malformed = read_item(items, i, KEYS[first_key + i], tonumber(ARGV[at + ARG_LIMIT]),
-      tonumber(ARGV[at + ARG_WINDOW_MS]), tonumber(ARGV[at + ARG_HITS]), ARGV[at + ARG_KIND],
-      ARGV[at + ARG_ALGORITHM], tonumber(ARGV[at + ARG_PARAM]), ARGV[at + ARG_OVER_LIMIT])
+    local malformed = read_item(items, i, keys[first_key + i], tonumber(args[at + ARG_LIMIT]),
+      tonumber(args[at + ARG_WINDOW_MS]), tonumber(args[at + ARG_HITS]), args[at + ARG_KIND],
+      args[at + ARG_ALGORITHM], tonumber(args[at + ARG_PARAM]), args[at + ARG_OVER_LIMIT])
     if malformed then
-      break
+      return redis.error_reply(malformed)
     end
     at = at + ARGS_PER_ITEM
   end
-  local reply
-  if malformed then
-    reply = redis.error_reply(malformed)
+  local ok, admitted = true
+  if batched then
+    -- Each request stands alone: a command that fails inside one (a key holding another type,
+    -- WRONGTYPE) becomes that request's error reply, and the others are decided as usual. The
+    -- failure comes from phase 1 (every key is read, type-checked, before anything is
+    -- recorded), so the failed request has written nothing but phase 1's evictions.
+    ok, admitted = pcall(decide, items, n)
   else
-    local ok, admitted = true
-    if batched then
-      -- Each request stands alone: a command that fails inside one (a key holding another
-      -- type, WRONGTYPE) becomes that request's error reply, and the others are decided as
-      -- usual. The failure comes from phase 1 (every key is read, type-checked, before anything
-      -- is recorded), so the failed request has written nothing but phase 1's evictions.
-      ok, admitted = pcall(decide, items, n)
-    else
-      admitted = decide(items, n)
-    end
-    if not ok then
-      reply = redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
-    elseif type(admitted) ~= 'boolean' then
-      reply = admitted
-    else
-      -- The reply (see `SCRIPT` in script.rs): the verdict (REPLY_HEAD elements), then each
-      -- item's REPLY_PER_ITEM elements at their REPLY_* offsets. Filled in index order (the
-      -- offsets' order), so the table only ever grows its array part.
-      reply = {admitted and 1 or 0}
-      at = REPLY_HEAD
-      for i = 1, n do
-        local item = items[i]
-        reply[at + REPLY_PASSED] = item.passed and 1 or 0
-        reply[at + REPLY_COUNT] = item.count
-        reply[at + REPLY_RESET_MS] = item.reset_ms
-        reply[at + REPLY_UNDO] = item.undo
-        at = at + REPLY_PER_ITEM
-      end
-    end
+    admitted = decide(items, n)
+  end
+  if not ok then
+    return redis.error_reply(type(admitted) == 'table' and admitted.err or tostring(admitted))
+  elseif type(admitted) ~= 'boolean' then
+    return admitted
+  end
+  -- The verdict (REPLY_HEAD elements), then each item's REPLY_PER_ITEM elements at their
+  -- REPLY_* offsets. Filled in index order (the offsets' order), so the table only ever grows
+  -- its array part.
+  local reply = {admitted and 1 or 0}
+  at = REPLY_HEAD
+  for i = 1, n do
+    local item = items[i]
+    reply[at + REPLY_PASSED] = item.passed and 1 or 0
+    reply[at + REPLY_COUNT] = item.count
+    reply[at + REPLY_RESET_MS] = item.reset_ms
+    reply[at + REPLY_UNDO] = item.undo
+    at = at + REPLY_PER_ITEM
+  end
+  return reply
+end
+
+-- The reply of the request of one item, of `key` and the arguments after args[at], if
+-- decide_one decides it; false if not (decide_request then does, from read_ahead). Arguments
+-- that read_item would refuse are left to it. In a batched call, a command that fails (a key
+-- holding another type, WRONGTYPE) is the request's error reply, as in decide_request:
+-- decide_one writes nothing before its last read.
+local function decide_alone(key, args, at, batched)
+  if args[at + ARG_ALGORITHM] ~= ALGORITHM_SLIDING_LOG or args[at + ARG_KIND] ~= KIND_CONSUME
+      or args[at + ARG_PARAM] ~= '0' then
+    return false
+  end
+  local limit, window, hits = tonumber(args[at + ARG_LIMIT]), tonumber(args[at + ARG_WINDOW_MS]),
+    tonumber(args[at + ARG_HITS])
+  local over_limit = args[at + ARG_OVER_LIMIT]
+  if not (limit and window and hits and window % 1 == 0 and hits % 1 == 0 and hits > 0
+      and (over_limit == OVER_LIMIT_FILL or over_limit == OVER_LIMIT_REFUSE
+        or over_limit == OVER_LIMIT_RECORD)) then
+    return false
   end
   if not batched then
-    return reply
+    return decide_one(key, limit, window, hits, over_limit) or false
   end
-  replies[r] = reply
-  first_key, first_arg = first_key + n, first_arg + ARGS_PER_ITEM * n
+  local ok, reply = pcall(decide_one, key, limit, window, hits, over_limit)
+  if not ok then
+    return redis.error_reply(type(reply) == 'table' and reply.err or tostring(reply))
+  end
+  return reply or false
 end
-return replies
+
+-- Decides the call of `keys` and `args` (the KEYS and ARGV documented on `LIBRARY`): its
+-- requests, one or several in a batched call, decided one after the other as if each had its
+-- own call. Returns the reply.
+local function decide_call(keys, args)
+  start_call()
+  local batched = args[1] == BATCHED
+  local clock = args[1]
+  if batched then
+    clock = args[2]
+  end
+  now_ms = read_clock(clock)
+  if not now_ms then
+    return redis.error_reply('sluice: bad now')
+  end
+  read_ahead_key = false
+  local requests, sizes, replies, first_arg = 1, nil, nil, 1
+  if batched then
+    requests = tonumber(args[3])
+    if not requests or requests < 1 or #args < 3 + requests then
+      return redis.error_reply('sluice: bad group count')
+    end
+    local total = 0
+    sizes, replies, first_arg = {}, {}, 3 + requests
+    for r = 1, requests do
+      sizes[r] = tonumber(args[3 + r])
+      if not sizes[r] or sizes[r] < 0 then
+        return redis.error_reply('sluice: bad size of group ' .. r)
+      end
+      total = total + sizes[r]
+    end
+    if #keys ~= total or #args ~= 3 + requests + ARGS_PER_ITEM * total then
+      return redis.error_reply('sluice: group sizes do not match KEYS and ARGV')
+    end
+  elseif #args ~= 1 + ARGS_PER_ITEM * #keys then
+    return redis.error_reply('sluice: expected 1 + ' .. ARGS_PER_ITEM .. ' * #KEYS arguments')
+  end
+  local first_key = 0
+  for r = 1, requests do
+    local n = #keys
+    if batched then
+      n = sizes[r]
+    end
+    local reply = n == 1 and decide_alone(keys[first_key + 1], args, first_arg, batched)
+    if not reply then
+      reply = decide_request(keys, args, first_key, first_arg, n, batched)
+    end
+    if not batched then
+      return reply
+    end
+    replies[r] = reply
+    first_key, first_arg = first_key + n, first_arg + ARGS_PER_ITEM * n
+  end
+  return replies
+end

@@ -1,8 +1,7 @@
 -- The models of every algorithm but the sliding log: the script loads a key's state into Lua,
 -- changes it as src/limiter/algorithms.rs does (the reference; the function names are its
 -- methods'), and stores it back. Comes after the generated header and shared.lua, before
--- decide.lua, which makes the models on a call's first item that needs them (most calls carry
--- sliding-log items only, and every closure costs an allocation per call).
+-- decide.lua, which makes the models once, when Redis loads the library.
 --
 -- Data layout (MEMORY USAGE measured in docs/algorithms.md):
 -- - quantized log: a hash `bucket start (ms) -> hits`; hits go to the bucket
@@ -28,9 +27,9 @@
 -- TTLs outlive the state by about a window, so that a lagging clock finds the same state the
 -- memory backend keeps; an emptied key is deleted.
 
--- The models at `now_ms`: load, settle, count, reset_ms, record, refund and store, each taking
--- an item and its key's state (see decide.lua).
-local function make_models(now_ms)
+-- The models at the call's clock (now_ms, shared.lua): load, settle, count, reset_ms, record,
+-- refund and store, each taking an item and its key's state (see decide.lua).
+local function make_models()
   -- ceil(a / b) for integers below 2^53, exact whatever the rounding of the division; 0 unless
   -- both are positive.
   local function ceil_div(a, b)

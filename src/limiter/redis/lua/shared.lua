@@ -4,14 +4,26 @@
 -- Every script is assembled by src/limiter/redis/script.rs: the layout header it generates from
 -- its Rust constants (ARGS_PER_ITEM, UNDO_ARGS_PER_KEY, MAX_EXACT, LOG_MEMBER_FIRST,
 -- LOG_MEMBER_LAST, LOG_TOTAL_MEMBER, BATCHED, the KIND_*, ALGORITHM_* and OVER_LIMIT_* codes),
--- then this file, then the
--- script's own files (models.lua and decide.lua, or compensate.lua). KEYS, ARGV and the replies
--- are documented once, on `SCRIPT` and `COMPENSATE` in script.rs.
+-- then this file, then the script's own files (models.lua, decide.lua and library.lua for the
+-- decide library, compensate.lua for the compensation script). KEYS, ARGV and the replies are
+-- documented once, on `LIBRARY` and `COMPENSATE` in script.rs.
+--
+-- The top level of these files runs once when Redis loads the library (FUNCTION LOAD), where
+-- Redis gives it no global but `redis.register_function` and `redis.log`: it only defines
+-- locals and functions, and anything that needs a global runs in a call (start_call).
+
+-- The clock of the call being run (read_clock), which each call sets first: one call runs at a
+-- time, and the functions of the files after this one read it.
+local now_ms = 0
 
 -- How many member numbers a sliding log cycles through (see log_add in decide.lua).
 local LOG_MEMBERS = LOG_MEMBER_LAST - LOG_MEMBER_FIRST + 1
--- Digits of a member number (LOG_MEMBER_FIRST and LOG_MEMBER_LAST have as many).
-local LOG_NUMBER_DIGITS = #string.format('%d', LOG_MEMBER_FIRST)
+-- Digits of a member number (LOG_MEMBER_FIRST and LOG_MEMBER_LAST have as many), counted
+-- without `string`, which a library's load does not have.
+local LOG_NUMBER_DIGITS = 1
+while 10 ^ LOG_NUMBER_DIGITS <= LOG_MEMBER_FIRST do
+  LOG_NUMBER_DIGITS = LOG_NUMBER_DIGITS + 1
+end
 
 -- The undo token of a sliding log item (log_add in decide.lua): its score modulo
 -- TOKEN_SCORE and its first member, below 2^53 together.
@@ -32,13 +44,23 @@ end
 -- `redis.call`. Callers guarantee integrality (the clock and the windows are checked), since
 -- '%d' would truncate a fraction. Lua's '%d' goes through a C `long`: 64 bits wherever Redis
 -- runs in production, but 32 on a 32-bit build, where a time in ms would wrap; such a server
--- keeps '%.0f'.
-local INTEGER_FORMAT = '%.0f'
-if string.format('%d', 1099511627776) == '1099511627776' then
-  INTEGER_FORMAT = '%d'
-end
+-- keeps '%.0f'. Chosen by the first call (start_call), with the format of a weighted log
+-- member (two integers, log_member).
+local INTEGER_FORMAT, MEMBER_FORMAT = false, false
 local function format_integer(x)
   return string.format(INTEGER_FORMAT, x)
+end
+
+-- What every call does first: the choice of INTEGER_FORMAT, once per load of the library (or
+-- per call of a script).
+local function start_call()
+  if not INTEGER_FORMAT then
+    INTEGER_FORMAT = '%.0f'
+    if string.format('%d', 1099511627776) == '1099511627776' then
+      INTEGER_FORMAT = '%d'
+    end
+    MEMBER_FORMAT = INTEGER_FORMAT .. INTEGER_FORMAT
+  end
 end
 
 -- The clock of a call, from its clock argument: Redis TIME for the empty string (production:
@@ -62,7 +84,7 @@ local function log_member(number, weight)
   if weight == 1 then
     return format_integer(number)
   end
-  return format_integer(number) .. format_integer(weight)
+  return string.format(MEMBER_FORMAT, number, weight)
 end
 
 -- The number and weight of a log entry's member, as Redis returns it.

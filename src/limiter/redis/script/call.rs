@@ -1,4 +1,4 @@
-//! Building the scripts' calls: the `KEYS` and `ARGV` of a [`SCRIPT`](super::SCRIPT) or
+//! Building the calls of the Lua: the `KEYS` and `ARGV` of a [`LIBRARY`](super::LIBRARY) or
 //! [`COMPENSATE`](super::COMPENSATE) call, each value at the offset script.rs names for it.
 
 use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
@@ -32,7 +32,7 @@ impl ToRedisArgs for Arg<'_> {
 }
 
 /// One batch item's [`ARGS_PER_ITEM`](super::ARGS_PER_ITEM) arguments in a
-/// [`SCRIPT`](super::SCRIPT) call, as sent: every number is capped at
+/// [`LIBRARY`](super::LIBRARY) call, as sent: every number is capped at
 /// [`MAX_EXACT`](super::MAX_EXACT) (limits and the parameter one below, see there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ItemArgs {
@@ -89,9 +89,9 @@ impl ItemArgs {
     }
 }
 
-/// A [`SCRIPT`](super::SCRIPT) call: the `KEYS` and `ARGV` of one request, or of several (a batched
-/// call), in the layout documented there. Every caller of the script builds its call here: the
-/// limiters, and the tests and benchmarks that call the script directly.
+/// A [`LIBRARY`](super::LIBRARY) call: the `KEYS` and `ARGV` of one request, or of several (a
+/// batched call), in the layout documented there. Every caller of the library builds its call
+/// here: the limiters, and the tests and benchmarks that call the Lua directly.
 #[derive(Debug, Clone)]
 pub struct DecideCall<'a> {
     clock: String,
@@ -150,42 +150,29 @@ impl<'a> DecideCall<'a> {
         }
     }
 
-    /// Appends the call's key count, `KEYS` and `ARGV` to `evalsha`, an `EVALSHA` of the
-    /// script's hash.
-    pub fn write(&self, evalsha: &mut redis::Cmd) {
+    /// Appends the call's key count, `KEYS` and `ARGV` to `cmd`, an `FCALL` of the library's
+    /// function ([`Library::fcall`](super::Library::fcall)).
+    pub fn write(&self, cmd: &mut redis::Cmd) {
         let keys: usize = self.requests.iter().map(|request| request.len()).sum();
-        evalsha.arg(keys);
+        cmd.arg(keys);
         for item in self.items() {
-            evalsha.arg(item.key.as_str());
+            cmd.arg(item.key.as_str());
         }
         self.each_arg(|value| {
-            evalsha.arg(value);
+            cmd.arg(value);
         });
     }
 
-    /// The call as an `EVALSHA` of the script of hash `sha` (which the caller loads).
-    pub fn evalsha(&self, sha: &str) -> redis::Cmd {
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(sha);
-        self.write(&mut evalsha);
-        evalsha
-    }
-
-    /// The call as an invocation of `script`, which loads it on `NOSCRIPT`.
-    pub fn invocation<'s>(&self, script: &'s Script) -> ScriptInvocation<'s> {
-        let mut invocation = script.prepare_invoke();
-        for item in self.items() {
-            invocation.key(item.key.as_str());
-        }
-        self.each_arg(|value| {
-            invocation.arg(value);
-        });
-        invocation
+    /// The call as an `FCALL` of the library's decide function (which the caller loads).
+    pub fn fcall(&self) -> redis::Cmd {
+        let mut fcall = super::LIBRARY.fcall();
+        self.write(&mut fcall);
+        fcall
     }
 }
 
 /// A [`COMPENSATE`](super::COMPENSATE) call: the items to take back, each with the undo token its
-/// [`SCRIPT`](super::SCRIPT) call returned, on that call's clock.
+/// [`LIBRARY`](super::LIBRARY) call returned, on that call's clock.
 #[derive(Debug, Clone)]
 pub struct CompensateCall<'a> {
     clock: String,
@@ -193,7 +180,7 @@ pub struct CompensateCall<'a> {
 }
 
 impl<'a> CompensateCall<'a> {
-    /// A call on the clock `now` the [`SCRIPT`](super::SCRIPT) calls were sent with, taking nothing
+    /// A call on the clock `now` the [`LIBRARY`](super::LIBRARY) calls were sent with, taking nothing
     /// back yet.
     pub fn new(now: Option<u64>) -> Self {
         CompensateCall {
@@ -202,7 +189,7 @@ impl<'a> CompensateCall<'a> {
         }
     }
 
-    /// Adds `item`, to which its [`SCRIPT`](super::SCRIPT) call answered undo token `token`
+    /// Adds `item`, to which its [`LIBRARY`](super::LIBRARY) call answered undo token `token`
     /// (non-zero).
     pub fn undo(&mut self, item: &'a Item, token: u64) -> &mut Self {
         self.undo.push((item, token));

@@ -95,7 +95,8 @@ fn the_parameter_is_the_algorithms() {
     assert_eq!(with(Algorithm::FixedWindow), 0);
 }
 
-/// The `ARGV` values of a call (after `EVALSHA`, the hash and the key count, and the keys).
+/// The `ARGV` values of a call (after `FCALL`, the function's name and the key count, and the
+/// keys).
 fn argv(cmd: &redis::Cmd, keys: usize) -> Vec<String> {
     cmd.args_iter()
         .skip(3 + keys)
@@ -110,7 +111,7 @@ fn argv(cmd: &redis::Cmd, keys: usize) -> Vec<String> {
 #[test]
 fn an_item_is_its_named_arguments() {
     let hit = gcra_quota();
-    let args = argv(&DecideCall::single(&[hit], Some(5)).evalsha("sha"), 1);
+    let args = argv(&DecideCall::single(&[hit], Some(5)).fcall(), 1);
     assert_eq!(args.len(), 1 + ARGS_PER_ITEM, "{args:?}");
     let at = |offset: usize| args[offset].as_str();
     assert_eq!(at(0), "5", "the clock");
@@ -128,7 +129,7 @@ fn an_item_is_its_named_arguments() {
 fn a_batched_call_lists_its_requests() {
     let one = [gcra_quota()];
     let two = [gcra_quota(), gcra_quota()];
-    let cmd = DecideCall::batched(vec![&one, &two], None).evalsha("sha");
+    let cmd = DecideCall::batched(vec![&one, &two], None).fcall();
     let args = argv(&cmd, 3);
     assert_eq!(args[..5], [BATCHED, "", "2", "1", "2"]);
     assert_eq!(args.len(), 5 + 3 * ARGS_PER_ITEM);
@@ -138,12 +139,30 @@ fn a_batched_call_lists_its_requests() {
     );
 }
 
-/// Each script starts with its declaration line, exactly (Redis reads the flags from it).
+/// The library and the compensation script start with their declaration lines, exactly (Redis
+/// reads the library's name and the script's flags from them); the function's name is the one
+/// `FCALL` sends, and the library registers it without flags (no `allow-oom`).
 #[test]
-fn scripts_start_with_their_declaration() {
-    assert_eq!(SCRIPT.lines().next(), Some(SCRIPT_SHEBANG));
+fn the_lua_starts_with_its_declaration() {
+    let mut lines = LIBRARY.source.lines();
+    let name = lines
+        .next()
+        .and_then(|line| line.strip_prefix("#!lua name=sluice_"));
+    let hash = name.expect("the library's declaration line");
+    assert_eq!(hash.len(), 16);
+    assert_eq!(LIBRARY.decide, format!("sluice_decide_{hash}"));
+    assert_eq!(
+        lines.next(),
+        Some(format!("local DECIDE_FUNCTION = '{}'", LIBRARY.decide).as_str())
+    );
+    assert!(LIBRARY.source.contains(
+        "redis.register_function{function_name = DECIDE_FUNCTION, callback = decide_call}"
+    ));
+    let fcall = LIBRARY.fcall();
+    let mut args = fcall.args_iter();
+    assert!(matches!(args.next(), Some(redis::Arg::Simple(b"FCALL"))));
+    assert!(matches!(args.next(), Some(redis::Arg::Simple(f)) if f == LIBRARY.decide.as_bytes()));
     assert_eq!(COMPENSATE.lines().next(), Some(COMPENSATE_SHEBANG));
-    assert!(!SCRIPT_SHEBANG.contains("allow-oom"));
 }
 
 /// luacheck reads each .lua file alone, so .luacheckrc reads the header's names from this

@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice::descriptor::{limiter_key_tagged, Entry};
-use sluice::limiter::redis::script::{DecideCall, SCRIPT};
+use sluice::limiter::redis::script::{DecideCall, LIBRARY};
 use sluice::limiter::{Algorithm, Item, ItemKind, OverLimit};
 
 const WINDOW_MS: u64 = 60_000;
@@ -85,8 +85,8 @@ fn key(user: &str, algorithm: Algorithm) -> String {
     )
 }
 
-/// One single-item EVALSHA of one consume hit, on the clock `now` (`None`: Redis TIME).
-fn call(sha: &str, key: &str, now: Option<u64>, limit: u64, algorithm: Algorithm) -> redis::Cmd {
+/// One single-item FCALL of one consume hit, on the clock `now` (`None`: Redis TIME).
+fn call(key: &str, now: Option<u64>, limit: u64, algorithm: Algorithm) -> redis::Cmd {
     let hit = Item {
         key: key.to_string(),
         limit,
@@ -97,17 +97,14 @@ fn call(sha: &str, key: &str, now: Option<u64>, limit: u64, algorithm: Algorithm
         algorithm,
         lease: 0,
     };
-    DecideCall::single(&[hit], now).evalsha(sha)
+    DecideCall::single(&[hit], now).fcall()
 }
 
 fn main() -> anyhow::Result<()> {
     let (_server, port) = start_redis()?;
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
     let mut conn = client.get_connection()?;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SCRIPT)
-        .query(&mut conn)?;
+    let _: redis::Value = LIBRARY.load().query(&mut conn)?;
 
     println!("## Memory per key at full use (60 s window, limit hits spread evenly over it)\n");
     println!("| algorithm | limit | key bytes (name) | MEMORY USAGE bytes | bytes per entry |");
@@ -118,7 +115,7 @@ fn main() -> anyhow::Result<()> {
             let k = key(&format!("u{limit}"), algorithm);
             for i in 0..limit {
                 let now = Some(T0 + i * WINDOW_MS / limit);
-                let reply: redis::Value = call(&sha, &k, now, limit, algorithm).query(&mut conn)?;
+                let reply: redis::Value = call(&k, now, limit, algorithm).query(&mut conn)?;
                 let redis::Value::Array(items) = &reply else {
                     anyhow::bail!("unexpected reply {reply:?}");
                 };
@@ -168,7 +165,7 @@ fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         for i in 0..n {
             let _: redis::Value =
-                call(&sha, &keys[i % keys.len()], None, 1_000_000, algorithm).query(&mut conn)?;
+                call(&keys[i % keys.len()], None, 1_000_000, algorithm).query(&mut conn)?;
         }
         let sequential = n as f64 / started.elapsed().as_secs_f64();
         let n = 50_000usize;
@@ -177,13 +174,7 @@ fn main() -> anyhow::Result<()> {
             let mut pipe = redis::pipe();
             for j in 0..100 {
                 let i = chunk * 100 + j;
-                pipe.add_command(call(
-                    &sha,
-                    &keys[i % keys.len()],
-                    None,
-                    1_000_000,
-                    algorithm,
-                ));
+                pipe.add_command(call(&keys[i % keys.len()], None, 1_000_000, algorithm));
             }
             let _: Vec<redis::Value> = pipe.query(&mut conn)?;
         }

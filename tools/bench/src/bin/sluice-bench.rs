@@ -98,7 +98,8 @@ struct Args {
     /// Only serve the no-op RLS server on this address until killed (for `--ceiling`).
     #[arg(long)]
     serve_noop: Option<SocketAddr>,
-    /// Print the Lua script sluice's Redis backend runs (for `redis-benchmark EVALSHA`) and exit.
+    /// Print the Lua library sluice's Redis backend runs (for `FUNCTION LOAD`, then
+    /// `redis-benchmark FCALL`) and exit.
     #[arg(long)]
     print_lua_script: bool,
 }
@@ -452,7 +453,7 @@ fn finish(
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     if args.print_lua_script {
-        print!("{}", sluice::limiter::redis::script::SCRIPT);
+        print!("{}", sluice::limiter::redis::script::LIBRARY.source);
         return Ok(());
     }
     if let Some(addr) = args.serve_noop {
