@@ -364,7 +364,26 @@ fn memory_and_redis_agree() {
     agrees_with_memory(&rt, backend, arb_steps(), 500);
 }
 
-/// A batched call (several requests in one `EVALSHA`, sharing one `now`) answers every
+/// A Redis of its own with sluice's function library loaded, the runtime and a connection to it.
+fn redis_with_library() -> (
+    helpers::RedisServer,
+    tokio::runtime::Runtime,
+    redis::aio::MultiplexedConnection,
+) {
+    let server = helpers::RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let db = rt.block_on(raw_connection(&server.url()));
+    let _: redis::Value = rt
+        .block_on(
+            sluice::limiter::redis::script::LIBRARY
+                .load()
+                .query_async(&mut db.clone()),
+        )
+        .expect("FUNCTION LOAD");
+    (server, rt, db)
+}
+
+/// A batched call (several requests in one `FCALL`, sharing one `now`) answers every
 /// request exactly as separate calls in the same order do: same replies, undo tokens
 /// included, on every algorithm. The batched call works on the generator's keys, the separate
 /// calls on the same keys under a `separate:` prefix, each round of requests at its own time.
@@ -373,13 +392,8 @@ fn memory_and_redis_agree() {
 /// still counts (Redis 7 samples the time once for a transaction).
 #[test]
 fn batched_call_equals_separate_calls() {
-    use sluice::limiter::redis::script::{DecideCall, LIBRARY};
-    let server = helpers::RedisServer::start();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let db = rt.block_on(raw_connection(&server.url()));
-    let _: redis::Value = rt
-        .block_on(LIBRARY.load().query_async(&mut db.clone()))
-        .expect("FUNCTION LOAD");
+    use sluice::limiter::redis::script::DecideCall;
+    let (_server, rt, db) = redis_with_library();
     let rounds = prop::collection::vec(
         (
             0i64..700,
@@ -434,13 +448,8 @@ fn batched_call_equals_separate_calls() {
 /// on keys of its own, the pair in one MULTI/EXEC so that both see one Redis clock).
 #[test]
 fn one_item_alone_equals_the_general_path() {
-    use sluice::limiter::redis::script::{DecideCall, LIBRARY, REPLY_HEAD, REPLY_PER_ITEM};
-    let server = helpers::RedisServer::start();
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let db = rt.block_on(raw_connection(&server.url()));
-    let _: redis::Value = rt
-        .block_on(LIBRARY.load().query_async(&mut db.clone()))
-        .expect("FUNCTION LOAD");
+    use sluice::limiter::redis::script::{DecideCall, REPLY_HEAD, REPLY_PER_ITEM};
+    let (_server, rt, db) = redis_with_library();
     let steps = prop::collection::vec((0i64..700, arb_hit()), 1..30);
     let config = ProptestConfig {
         cases: 300,
