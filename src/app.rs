@@ -28,7 +28,7 @@ use crate::limiter::cache::{self, MonotonicClock, RejectionCache};
 use crate::limiter::guard::{self, Guarded};
 use crate::limiter::memory::MemoryLimiter;
 use crate::limiter::redis::cluster::ClusterLimiter;
-use crate::limiter::redis::connect::{redact_url, ClientCert, Topology};
+use crate::limiter::redis::connect::{ClientCert, Topology, redact_url};
 use crate::limiter::redis::{RedisLimiter, RedisOptions, SettingError};
 use crate::limiter::{Limiter, SystemClock};
 use crate::listen::PortLimits;

@@ -13,7 +13,7 @@ use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
 use sluice::headers::{self, LegacyNames};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
-use sluice::limiter::redis::{RedisOptions, DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
+use sluice::limiter::redis::{DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE, RedisOptions};
 use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
 use sluice::tls::TlsSettings;
@@ -368,13 +368,13 @@ impl ServeArgs {
                 return usage(
                     "--config and --config-xds are exclusive: the limits come from files or \
                      from an xDS server, not both",
-                )
+                );
             }
             (None, None) => {
                 return usage(
                     "no config source: give --config PATH (a limits file or directory) or \
                      --config-xds URL (an xDS management server)",
-                )
+                );
             }
             (None, Some(url)) => {
                 return Ok(ConfigSource::Xds(XdsSettings {
@@ -391,7 +391,7 @@ impl ServeArgs {
                         max_path_bytes: self.max_xds_path_bytes,
                     },
                     ..XdsSettings::new(url, &self.config_xds_node_id)
-                }))
+                }));
             }
             (Some(path), None) => path,
         };
@@ -459,7 +459,7 @@ impl ServeArgs {
             None if !redis_given.is_empty() => {
                 return Err(app::StartError::RedisSettingWithoutUrl(
                     redis_given.join(", "),
-                ))
+                ));
             }
             None => None,
         };

@@ -15,8 +15,8 @@
 use std::marker::PhantomData;
 
 use prost::Message;
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::{ProstCodec, ProstEncoder};
 
 /// [`ProstCodec`] with [`StrictDecoder`].

@@ -325,9 +325,10 @@ mod tests {
         ]);
         assert!(t.set.is_empty(), "{t:#?}");
         assert_eq!(t.notes.len(), 3, "{t:#?}");
-        assert!(t
-            .notes
-            .iter()
-            .any(|n| n.contains("SLUICE_GRPC_ADDR is set and wins")));
+        assert!(
+            t.notes
+                .iter()
+                .any(|n| n.contains("SLUICE_GRPC_ADDR is set and wins"))
+        );
     }
 }

@@ -13,24 +13,24 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
 use serde::{Deserialize, Deserializer};
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::otel::Face;
+use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use crate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
-use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use crate::proto::envoy::r#type::v3::RateLimitUnit;
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::rls::Handler;
 
 /// Bodies above this are refused before parsing; a RateLimitRequest is tiny.
@@ -240,7 +240,7 @@ impl JsonDescriptor {
                     Some(other) => {
                         return Err(format!(
                             "descriptors[{index}].limit.unit: {other} is not a unit"
-                        ))
+                        ));
                     }
                 };
                 Some(RateLimitOverride {
@@ -343,9 +343,11 @@ mod tests {
         };
         let json = response_json(&response);
         assert_eq!(json["dynamicMetadata"], json!({"sluice_lease": "42"}));
-        assert!(response_json(&RateLimitResponse::default())
-            .get("dynamicMetadata")
-            .is_none());
+        assert!(
+            response_json(&RateLimitResponse::default())
+                .get("dynamicMetadata")
+                .is_none()
+        );
     }
 
     #[test]

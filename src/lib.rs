@@ -60,4 +60,4 @@ pub mod tls;
 pub mod xds;
 
 pub use app::Settings;
-pub use server::{run, Listeners, ServerSettings};
+pub use server::{Listeners, ServerSettings, run};

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tracing::Metadata;
 use tracing::callsite::Identifier;
 use tracing::subscriber::Interest;
-use tracing::Metadata;
 use tracing_subscriber::layer::{Context, Filter, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -113,9 +113,11 @@ pub fn init(json: bool, level: Option<&str>) {
     tracing_subscriber::registry().with(filtered).init();
     let reporter = std::thread::Builder::new()
         .name("sluice-log".into())
-        .spawn(move || loop {
-            std::thread::sleep(WINDOW);
-            report(&rate_limit);
+        .spawn(move || {
+            loop {
+                std::thread::sleep(WINDOW);
+                report(&rate_limit);
+            }
         });
     if let Err(error) = reporter {
         tracing::warn!(error = %error, "cannot start the log reporter; dropped lines go uncounted");

@@ -12,10 +12,10 @@ mod cli;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use cli::{load_options, redis_settings_given, Cli, Command, LogFormat, ServeArgs};
+use cli::{Cli, Command, LogFormat, ServeArgs, load_options, redis_settings_given};
 use sluice::app;
 use sluice::config::HeaderFormat;
-use sluice::{run, Listeners};
+use sluice::{Listeners, run};
 
 /// Per-request allocations (h2 frames, prost messages, Redis commands) are many and short-lived;
 /// mimalloc serves them from thread-local pages where glibc malloc spent ~16% of the CPU.
@@ -150,7 +150,7 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use anyhow::Context;
-        use tokio::signal::unix::{signal, SignalKind};
+        use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).context("registering SIGTERM")?;
         let mut int = signal(SignalKind::interrupt()).context("registering SIGINT")?;
         Ok(async move {

@@ -298,8 +298,8 @@ fn report(path: &Path, poll: Poll) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::memory::MemoryLimiter;
     use crate::limiter::SystemClock;
+    use crate::limiter::memory::MemoryLimiter;
     use crate::logging::tests::Captured;
 
     fn limits(rpu: u32) -> String {

@@ -24,11 +24,11 @@ use crate::metrics::Observer;
 use crate::otel::{Face, Tracer};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit as ProtoUnit, Code as ProtoCode, DescriptorStatus, RateLimit,
+    Code as ProtoCode, DescriptorStatus, RateLimit, rate_limit::Unit as ProtoUnit,
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use crate::proto::envoy::r#type::v3::RateLimitUnit;
 
 /// What both faces answer a call with: the engine, the metrics observer, the tracer (off by
 /// default) and the names of the `legacy` response headers.

@@ -15,8 +15,8 @@ use futures_util::future::Either;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
 use crate::admin::{self, Readiness};
 use crate::config::Config;

@@ -8,7 +8,7 @@
 //! names a backend sluice does not have (memcache), a Redis variable without `REDIS_URL`, or a
 //! value sluice cannot apply as written is an error naming the variable.
 
-use super::{map_var, truthy, Translation};
+use super::{Translation, map_var, truthy};
 
 /// The Redis variables that mean nothing without `REDIS_URL` (envoyproxy/ratelimit's
 /// settings.go), `REDIS_URL` itself excepted.
@@ -505,13 +505,15 @@ mod tests {
         ]);
         assert!(t.errors.is_empty(), "{t:#?}");
         assert_eq!(t.set["SLUICE_REDIS_URL"], "redis://h:6379");
-        assert!(t
-            .notes
-            .iter()
-            .any(|n| n.starts_with("REDIS_TIMEOUT is not supported")));
-        assert!(t
-            .notes
-            .iter()
-            .any(|n| n.starts_with("REDIS_PERSECOND: per-second")));
+        assert!(
+            t.notes
+                .iter()
+                .any(|n| n.starts_with("REDIS_TIMEOUT is not supported"))
+        );
+        assert!(
+            t.notes
+                .iter()
+                .any(|n| n.starts_with("REDIS_PERSECOND: per-second"))
+        );
     }
 }

@@ -9,7 +9,7 @@
 //! reads, so there it verifies no client. sluice verifies against the CA of either variable
 //! (both, when both are set), and says so at start-up when only the second is set.
 
-use super::{flag_var, map_var, Translation};
+use super::{Translation, flag_var, map_var};
 
 /// envoyproxy/ratelimit's defaults that decide where sluice listens and what it loads, for a
 /// Deployment that leaves them unset: (variable, default, the `SLUICE_*` variable that makes

@@ -4,7 +4,7 @@
 //! (`envoy-gateway:18001`) and `CONFIG_GRPC_XDS_SERVER_USE_TLS` says whether it is TLS, so the
 //! URL gets `https://` or `http://` here. The TLS files apply only with TLS, as upstream.
 
-use super::{flag_var, map_var, Translation};
+use super::{Translation, flag_var, map_var};
 
 /// Upstream's defaults when `CONFIG_TYPE=GRPC_XDS_SOTW` leaves them unset.
 const DEFAULT_SERVER_URL: &str = "localhost:18000";
@@ -201,7 +201,9 @@ pub(super) mod tests {
         assert!(!t.set.contains_key("SLUICE_CONFIG_XDS_CA_FILE"));
         assert_eq!(
             t.notes,
-            ["CONFIG_GRPC_XDS_SERVER_TLS_CACERT ignored: CONFIG_GRPC_XDS_SERVER_USE_TLS is not true"]
+            [
+                "CONFIG_GRPC_XDS_SERVER_TLS_CACERT ignored: CONFIG_GRPC_XDS_SERVER_USE_TLS is not true"
+            ]
         );
 
         let t = run(&[
@@ -222,8 +224,10 @@ pub(super) mod tests {
         ]);
         assert_eq!(t.set["SLUICE_CONFIG"], "/data/config");
         assert!(!t.set.contains_key("SLUICE_CONFIG_XDS"));
-        assert!(t.notes[0]
-            .starts_with("FORCE_START_WITHOUT_INITIAL_CONFIG ignored: CONFIG_TYPE is FILE"));
+        assert!(
+            t.notes[0]
+                .starts_with("FORCE_START_WITHOUT_INITIAL_CONFIG ignored: CONFIG_TYPE is FILE")
+        );
 
         let t = run(&[("CONFIG_TYPE", "GRPC_XDS_DELTA")]);
         assert_eq!(

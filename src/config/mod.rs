@@ -35,7 +35,7 @@ mod validate;
 mod xds;
 
 pub use error::{ConfigError, ConfigErrors};
-pub use limits::{ConfigLimits, ALIAS_RATIO_FROM};
+pub use limits::{ALIAS_RATIO_FROM, ConfigLimits};
 pub use tree::{
     HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind,
     OverLimitSetting, Rule,

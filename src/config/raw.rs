@@ -8,8 +8,8 @@
 //! number belongs, a scalar where a mapping belongs) remain parser errors: serde-saphyr reports
 //! them with line and column and the file is rejected.
 
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_saphyr::budget::BudgetBreach;
 use serde_saphyr::{Location, Spanned};
 use std::fmt;
@@ -413,15 +413,15 @@ fn parse_here(text: &str, limits: &ConfigLimits) -> Result<RawRoot, ParseFailure
             }
             let mut message = err.without_snippet().to_string();
             // Advice aimed at the library's user, not at whoever edits the config file.
-            if let Some(at) = message.find(", set DuplicateKeyPolicy in Options") {
-                if let Some(rest) = message.get(at..) {
-                    let tail = rest
-                        .find(" at line ")
-                        .map_or("", |i| &rest[i..])
-                        .to_string();
-                    message.truncate(at);
-                    message.push_str(&tail);
-                }
+            if let Some(at) = message.find(", set DuplicateKeyPolicy in Options")
+                && let Some(rest) = message.get(at..)
+            {
+                let tail = rest
+                    .find(" at line ")
+                    .map_or("", |i| &rest[i..])
+                    .to_string();
+                message.truncate(at);
+                message.push_str(&tail);
             }
             if let Some(l) = location {
                 let suffix = format!(" at line {}, column {}", l.line(), l.column());

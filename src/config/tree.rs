@@ -338,7 +338,7 @@ pub(crate) fn wildcard_match(pattern: &str, text: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{wildcard_match, OverLimitSetting};
+    use super::{OverLimitSetting, wildcard_match};
     use proptest::prelude::*;
 
     #[test]

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use serde_saphyr::{Location, Spanned};
 
-use super::raw::{RawDescriptor, RawRateLimit, RawReplace, RawRoot, Source};
 use super::Document;
+use super::raw::{RawDescriptor, RawRateLimit, RawReplace, RawRoot, Source};
 use super::{Config, ConfigErrors, LoadOptions};
 use crate::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,

@@ -7,19 +7,19 @@
 //! ([`Decision::backend_failed`]); the engine records nothing itself.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, HeaderPolicy, Rule};
 use crate::limiter::{Algorithm, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
 
-use super::limits::{validate_with, InvalidRequest};
-use super::resolve::{resolve, Resolution};
+use super::limits::{InvalidRequest, validate_with};
+use super::resolve::{Resolution, resolve};
 use super::types::{
-    wants_detailed_metric, Code, CurrentLimit, Decision, EngineOptions, FailurePolicy, Outcome,
-    Request, Verdict,
+    Code, CurrentLimit, Decision, EngineOptions, FailurePolicy, Outcome, Request, Verdict,
+    wants_detailed_metric,
 };
 
 #[derive(Debug, thiserror::Error)]

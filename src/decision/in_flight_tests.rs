@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use super::test_support::{config, req, Recording};
-use super::{split_lease, Code, Decision, Engine, Outcome, Request, LEASE_KEY};
+use super::test_support::{Recording, config, req};
+use super::{Code, Decision, Engine, LEASE_KEY, Outcome, Request, split_lease};
 use crate::descriptor::Entry;
 use crate::limiter::{Algorithm, ItemKind};
 

@@ -58,8 +58,15 @@ fn at_most(
 
 /// [`validate`] under explicit limits; the first violation in field order is named.
 pub fn validate_with(request: &Request, limits: &InputLimits) -> Result<(), InvalidRequest> {
-    let [domain_flag, descriptors_flag, entries_flag, key_flag, value_flag, hits_flag, _] =
-        InputLimits::FLAGS;
+    let [
+        domain_flag,
+        descriptors_flag,
+        entries_flag,
+        key_flag,
+        value_flag,
+        hits_flag,
+        _,
+    ] = InputLimits::FLAGS;
     // usize -> u64 never truncates on the platforms Rust supports.
     let n = |len: usize| len as u64;
     if request.domain.is_empty() {

@@ -23,11 +23,11 @@ mod resolve;
 mod types;
 
 pub use engine::{DecisionError, Engine};
-pub use limits::{validate, validate_with, InvalidRequest};
-pub use resolve::{resolve, split_lease, Resolution};
+pub use limits::{InvalidRequest, validate, validate_with};
+pub use resolve::{Resolution, resolve, split_lease};
 pub use types::{
-    Code, CurrentLimit, Decision, Descriptor, EngineOptions, FailurePolicy, InputLimits,
-    LimitOverride, Outcome, Request, Verdict, LEASE_KEY,
+    Code, CurrentLimit, Decision, Descriptor, EngineOptions, FailurePolicy, InputLimits, LEASE_KEY,
+    LimitOverride, Outcome, Request, Verdict,
 };
 
 #[cfg(test)]

@@ -12,10 +12,10 @@ use std::collections::HashSet;
 use crate::config::{
     Config, HeaderPolicy, LimitAlgorithm, LimitSpec, Lookup, OverLimitSetting, Rule,
 };
-use crate::descriptor::{limiter_key_tagged, Entry};
+use crate::descriptor::{Entry, limiter_key_tagged};
 use crate::limiter::{Algorithm, Item, ItemKind, OverLimit};
 
-use super::types::{CurrentLimit, Descriptor, EngineOptions, Outcome, Request, Verdict, LEASE_KEY};
+use super::types::{CurrentLimit, Descriptor, EngineOptions, LEASE_KEY, Outcome, Request, Verdict};
 
 /// The rule-driven part of one descriptor, before the backend is asked: either settled without
 /// the backend, or the limit and the limiter item it needs.
@@ -287,11 +287,10 @@ fn drop_replaced(plans: &mut [Resolution<'_>]) {
             limit,
             ..
         } = p
+            && limit.name.as_deref().is_some_and(|n| replaced.contains(n))
         {
-            if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
-                let rule = *rule;
-                *p = Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, Some(rule)));
-            }
+            let rule = *rule;
+            *p = Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, Some(rule)));
         }
     }
 }
@@ -302,7 +301,7 @@ mod tests {
     use std::sync::Arc;
 
     use crate::config::Unit;
-    use crate::decision::test_support::{config, engine, engine_with, req, FixedClock, YAML};
+    use crate::decision::test_support::{FixedClock, YAML, config, engine, engine_with, req};
     use crate::decision::{Code, Engine, LimitOverride};
     use crate::limiter::memory::MemoryLimiter;
 

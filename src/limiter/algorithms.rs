@@ -44,9 +44,9 @@
 //! use than a punctual one (conservative: it may reject what a punctual clock would admit, never
 //! the other way round), and what it records stacks onto the same arrival time.
 
+use super::Item;
 use super::leases::Leases;
 use super::log::Log;
-use super::Item;
 
 /// How a limit counts. Part of the limiter key (see [`Algorithm::key_tag`]), so one key is
 /// only ever used with one algorithm.

@@ -63,8 +63,8 @@
 //! A local answer says so ([`AnsweredBy::LocalCache`] in its outcome); the cache never touches
 //! metrics: the observer above it counts those answers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;

@@ -15,7 +15,7 @@
 //! - a key is assumed to be used with one window (the window is part of the limiter key).
 
 use super::algorithms::State;
-use super::{Algorithm, BatchOutcome, Item, ItemKind, KeyOutcome, OverLimit, MAX_COUNT};
+use super::{Algorithm, BatchOutcome, Item, ItemKind, KeyOutcome, MAX_COUNT, OverLimit};
 
 /// Whether a `Consume`/`Shadow` item passes, given the key's count in the window and the hits
 /// earlier items of the same batch would record on the same key. Checked arithmetic: `hits` may

@@ -33,15 +33,15 @@ mod tracker;
 mod windows;
 mod xds;
 
-pub use backend::{record_backend_up, ObservedLimiter};
+pub use backend::{ObservedLimiter, record_backend_up};
 pub use config::{record_config_failed, record_config_loaded};
 pub use labels::{backend_error_label, code_label};
 pub use names::*;
-pub use observer::{Observer, DETAILED_SERIES_MAX, UNKNOWN_DOMAIN};
+pub use observer::{DETAILED_SERIES_MAX, Observer, UNKNOWN_DOMAIN};
 pub use windows::{RECENT_INTERVAL, TRACKED_KEYS_MAX};
 pub use xds::{
-    record_xds_applied, record_xds_connected, record_xds_rejected, record_xds_stream_failure,
-    render_xds_version, XdsRejection,
+    XdsRejection, record_xds_applied, record_xds_connected, record_xds_rejected,
+    record_xds_stream_failure, render_xds_version,
 };
 
 /// Tunables of the metrics layer (flags `--near-limit-ratio`, `--hot-keys`).

@@ -48,7 +48,7 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 /// Help text (and unit) of every registered family. `sluice_hot_key_entries` is rendered by
 /// hand at each scrape (see `windows.rs`) and carries its own help line.
 pub fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         REQUESTS_TOTAL,
         "ShouldRateLimit calls (gRPC and POST /json) by domain and overall code"

@@ -15,14 +15,14 @@ use std::time::Duration;
 use metrics::{Counter, Histogram};
 use sha2::{Digest, Sha256};
 
-use super::backend::{publish_stats, record_backend_failure};
-use super::labels::{code_label, PerCode, PerOutcome, RequestError};
-use super::names::{
-    DECISIONS_TOTAL, HITS_TOTAL, NEAR_LIMIT_TOTAL, REQUESTS_TOTAL, REQUEST_DURATION_SECONDS,
-    REQUEST_ERRORS_TOTAL,
-};
-use super::windows::{truncate, KeyWindow, Windows};
 use super::MetricsSettings;
+use super::backend::{publish_stats, record_backend_failure};
+use super::labels::{PerCode, PerOutcome, RequestError, code_label};
+use super::names::{
+    DECISIONS_TOTAL, HITS_TOTAL, NEAR_LIMIT_TOTAL, REQUEST_DURATION_SECONDS, REQUEST_ERRORS_TOTAL,
+    REQUESTS_TOTAL,
+};
+use super::windows::{KeyWindow, Windows, truncate};
 use crate::decision::{Decision, DecisionError, FailurePolicy, Outcome, Request, Verdict};
 use crate::descriptor::Entry;
 use crate::limiter::Limiter;
@@ -286,8 +286,8 @@ fn record_error(kind: RequestError) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::memory::MemoryLimiter;
     use crate::limiter::SystemClock;
+    use crate::limiter::memory::MemoryLimiter;
 
     fn observer() -> Observer {
         Observer::new(

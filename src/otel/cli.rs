@@ -2,7 +2,7 @@
 //! envoyproxy/ratelimit's `TRACING_*` and `OTEL_EXPORTER_OTLP_ENDPOINT` fill in: see `compat`),
 //! flattened into the command's flags by `main`.
 
-use super::export::{Protocol, TracingSettings, DEFAULT_SERVICE_NAME};
+use super::export::{DEFAULT_SERVICE_NAME, Protocol, TracingSettings};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct TracingArgs {

@@ -9,11 +9,11 @@ use opentelemetry::KeyValue;
 use opentelemetry_http::hyper::HyperClient;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
+use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, IdGenerator as _, RandomIdGenerator, Sampler,
     SdkTracerProvider,
 };
-use opentelemetry_sdk::Resource;
 
 /// `service.name` unless told otherwise (envoyproxy/ratelimit's variables bring its own
 /// default, `RateLimit`).
@@ -126,7 +126,7 @@ impl TracingSettings {
                 return Err(bad(
                     "TLS to the collector is not supported: use http:// (a collector agent on \
                      the node or in the pod)",
-                ))
+                ));
             }
             _ => return Err(bad("must be an http://host:port URL")),
         }

@@ -49,8 +49,8 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use crate::limiter::Limiter;
 
 pub use cli::{OtlpProtocol, TracingArgs};
-pub use export::{Protocol, TracingError, TracingSettings, DEFAULT_SERVICE_NAME};
-pub use limiter::{TracedLimiter, BACKEND_SPAN};
+pub use export::{DEFAULT_SERVICE_NAME, Protocol, TracingError, TracingSettings};
+pub use limiter::{BACKEND_SPAN, TracedLimiter};
 pub use span::{DecisionSpan, Face};
 
 /// How long stopping waits for the last spans to be exported.

@@ -22,7 +22,7 @@ use opentelemetry::trace::{Status as SpanStatus, TraceContextExt as _};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 
 use crate::decision::{Decision, Request};
-use crate::metrics::{code_label, UNKNOWN_DOMAIN};
+use crate::metrics::{UNKNOWN_DOMAIN, code_label};
 
 /// Which face the call came through: names the span and its protocol attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

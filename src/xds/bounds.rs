@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn metadata_values_count_and_nesting_is_bounded() {
-        use prost_types::{value::Kind, ListValue, Struct, Value};
+        use prost_types::{ListValue, Struct, Value, value::Kind};
         let null = || Value {
             kind: Some(Kind::NullValue(0)),
         };

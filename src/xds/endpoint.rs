@@ -65,7 +65,7 @@ pub(super) fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
         _ => {
             return Err(url_error(
                 "the scheme must be http:// (plaintext) or https:// (TLS)",
-            ))
+            ));
         }
     };
     let tls = &settings.tls;
@@ -108,12 +108,12 @@ pub(super) fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
         (Some(_), None) => {
             return Err(XdsError::HalfIdentity {
                 given: "--config-xds-client-cert",
-            })
+            });
         }
         (None, Some(_)) => {
             return Err(XdsError::HalfIdentity {
                 given: "--config-xds-client-key",
-            })
+            });
         }
         (None, None) => {}
     }

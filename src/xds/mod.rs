@@ -46,7 +46,7 @@ use crate::metrics;
 
 pub use bounds::XdsLimits;
 pub use endpoint::XdsError;
-pub use resources::{Rejection, MAX_RESPONSE_BYTES};
+pub use resources::{MAX_RESPONSE_BYTES, Rejection};
 
 /// The resource type sluice subscribes to (envoyproxy/ratelimit's config API).
 pub const RATE_LIMIT_CONFIG_TYPE: &str =

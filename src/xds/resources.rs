@@ -7,7 +7,7 @@
 
 use prost::Message;
 
-use super::{shown, RATE_LIMIT_CONFIG_TYPE};
+use super::{RATE_LIMIT_CONFIG_TYPE, shown};
 use crate::config::{Config, LoadOptions};
 use crate::metrics::XdsRejection;
 use crate::proto::envoy::service::discovery::v3::DiscoveryResponse;
@@ -182,10 +182,14 @@ mod tests {
 
         let mut other_type = response(vec![]);
         other_type.type_url = "type.googleapis.com/envoy.config.listener.v3.Listener".into();
-        assert!(compile(other_type, LoadOptions::default())
-            .unwrap_err()
-            .errors[0]
-            .starts_with("response of type type.googleapis.com/envoy.config.listener.v3.Listener"));
+        assert!(
+            compile(other_type, LoadOptions::default())
+                .unwrap_err()
+                .errors[0]
+                .starts_with(
+                    "response of type type.googleapis.com/envoy.config.listener.v3.Listener"
+                )
+        );
     }
 
     #[test]

@@ -15,15 +15,15 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use prost::Message;
 
-use super::resources::{self, Rejection, MAX_LOGGED_ERRORS};
-use super::shown;
 #[cfg(doc)]
 use super::MAX_SHOWN_CHARS;
-use super::{bounds, endpoint, error_chain, stopped, stream, Context, RATE_LIMIT_CONFIG_TYPE};
+use super::resources::{self, MAX_LOGGED_ERRORS, Rejection};
+use super::shown;
+use super::{Context, RATE_LIMIT_CONFIG_TYPE, bounds, endpoint, error_chain, stopped, stream};
 use crate::codec::decode_error;
 use crate::config::Config;
 use crate::metrics;
-use crate::proto::envoy::config::core::v3::{node::UserAgentVersionType, Node};
+use crate::proto::envoy::config::core::v3::{Node, node::UserAgentVersionType};
 use crate::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use crate::proto::google::rpc::Status;
 
@@ -177,16 +177,16 @@ fn nack(
             "xds: config rejected (NACK); keeping the previous config"
         );
     }
-    if let Some(more) = rejection.errors.len().checked_sub(MAX_LOGGED_ERRORS) {
-        if more > 0 {
-            tracing::error!(
-                server = ctx.server(),
-                version = %shown_version,
-                errors = rejection.errors.len(),
-                not_logged = more,
-                "xds: config rejected (NACK); more errors than logged"
-            );
-        }
+    if let Some(more) = rejection.errors.len().checked_sub(MAX_LOGGED_ERRORS)
+        && more > 0
+    {
+        tracing::error!(
+            server = ctx.server(),
+            version = %shown_version,
+            errors = rejection.errors.len(),
+            not_logged = more,
+            "xds: config rejected (NACK); more errors than logged"
+        );
     }
     let first = rejection.errors.first().map_or("".into(), |e| shown(e));
     ctx.pending(format_args!("version {shown_version} rejected: {first}"));

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::descriptor::{limiter_key, Entry};
+use sluice::descriptor::{Entry, limiter_key};
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, SystemClock};
 

@@ -12,11 +12,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use helpers::process::run_sluice;
-use helpers::{descriptor, fixture, http_request, request, RedisServer, Sluice};
+use helpers::{RedisServer, Sluice, descriptor, fixture, http_request, request};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 fn limits() -> PathBuf {
     fixture("e2e/limits")

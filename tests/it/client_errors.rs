@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut};
-use helpers::{descriptor, request, test_settings, TestServer};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use helpers::{TestServer, descriptor, request, test_settings};
 use tonic::Status;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 const CONFIG: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";

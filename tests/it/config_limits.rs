@@ -6,20 +6,22 @@
 use crate::helpers;
 
 use std::path::Path;
-use std::sync::mpsc;
 use std::sync::Arc;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use helpers::process::run_sluice;
 use helpers::Sluice;
+use helpers::process::run_sluice;
 use sluice::config::{Config, ConfigLimits, LoadOptions};
 use sluice::decision::Engine;
-use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::SystemClock;
+use sluice::limiter::memory::MemoryLimiter;
 use sluice::reload::{Poll, ReloadError, Reloader};
 
 fn limits(rpu: u32) -> String {
-    format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n")
+    format!(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n"
+    )
 }
 
 /// One anchor used by `aliases` descriptors.

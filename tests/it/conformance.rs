@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use helpers::limiter::{
-    cluster_limiter, consume_hits, count_at, decide_at, decide_at_within, key_outcome, log_item,
-    over, redis_limiter, with, T,
+    T, cluster_limiter, consume_hits, count_at, decide_at, decide_at_within, key_outcome, log_item,
+    over, redis_limiter, with,
 };
 use sluice::limiter::cache::{self, MonotonicClock, RejectionCache};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, MAX_COUNT};
+use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, MAX_COUNT, OverLimit};
 
 async fn admits_up_to_limit_then_rejects(l: Arc<dyn Limiter>) {
     for i in 0..3 {

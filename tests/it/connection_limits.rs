@@ -145,7 +145,7 @@ fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                return false
+                return false;
             }
             Err(_) => return true,
         }
@@ -256,11 +256,11 @@ fn connections_past_the_port_limit_are_closed_at_once() {
     drop(held.pop());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some((mut again, advertised)) = try_handshake(sluice.grpc_addr) {
-            if !closed_within(&mut again, Duration::from_millis(200)) {
-                assert!(advertised.is_some());
-                break;
-            }
+        if let Some((mut again, advertised)) = try_handshake(sluice.grpc_addr)
+            && !closed_within(&mut again, Duration::from_millis(200))
+        {
+            assert!(advertised.is_some());
+            break;
         }
         assert!(
             Instant::now() < deadline,

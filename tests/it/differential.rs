@@ -8,7 +8,7 @@ use crate::helpers;
 
 use std::sync::Arc;
 
-use helpers::limiter::{cluster_limiter, decide_at, log_item, redis_limiter, T};
+use helpers::limiter::{T, cluster_limiter, decide_at, log_item, redis_limiter};
 use helpers::raw_connection;
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;

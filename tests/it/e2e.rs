@@ -9,15 +9,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use helpers::prometheus::{scrape, value};
-use helpers::{descriptor, fixture, http_get, http_request, request, test_settings, wait_until};
 use helpers::{RedisServer, TestServer};
+use helpers::{descriptor, fixture, http_get, http_request, request, test_settings, wait_until};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 #[derive(Clone, Copy, Debug)]
 enum Backend {
@@ -193,10 +193,11 @@ async fn unknown_domain_and_unmatched_descriptors_are_ok_without_limit(backend: 
     .await;
     assert_eq!(resp.overall_code, code(Code::Ok));
     assert_eq!(resp.statuses.len(), 2);
-    assert!(resp
-        .statuses
-        .iter()
-        .all(|s| s.current_limit.is_none() && s.code == code(Code::Ok)));
+    assert!(
+        resp.statuses
+            .iter()
+            .all(|s| s.current_limit.is_none() && s.code == code(Code::Ok))
+    );
 }
 
 async fn invalid_requests_name_the_field_and_record_nothing(backend: Backend) {

@@ -14,13 +14,13 @@ use crate::helpers;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use helpers::Upstream;
 use helpers::envoy_config::{
     bootstrap, cluster, generic_key, grpc_cluster, http_listener, ratelimit_filter, render_shipped,
     repo_path, route, with_test_filter_timeout,
 };
-use helpers::Upstream;
-use helpers::{edge_limits, test_settings, Envoy, RedisCluster, RedisServer, Req, TestServer};
-use serde_json::{json, Value};
+use helpers::{Envoy, RedisCluster, RedisServer, Req, TestServer, edge_limits, test_settings};
+use serde_json::{Value, json};
 use sluice::config::{Config, TraceEnd};
 use sluice::descriptor::Entry;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use helpers::envoy_config::{
     bootstrap, cluster, generic_key, grpc_cluster, http_listener, ratelimit_filter, route,
 };
-use helpers::{test_settings, Envoy, RedisServer, Req, Sluice, TestServer, Upstream};
-use serde_json::{json, Value};
+use helpers::{Envoy, RedisServer, Req, Sluice, TestServer, Upstream, test_settings};
+use serde_json::{Value, json};
 use sluice::decision::FailurePolicy;
 
 /// Envoy's production filter timeout, as deploy/ ships it.

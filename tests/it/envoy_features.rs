@@ -14,15 +14,15 @@ use crate::helpers;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use helpers::Upstream;
 use helpers::envoy_config::{
     bootstrap, cluster, generic_key, grpc_cluster, http_listener, ratelimit_filter, route,
 };
-use helpers::Upstream;
-use helpers::{descriptor, fixture, request, test_settings, Envoy, HttpResponse, Req, TestServer};
-use serde_json::{json, Value};
+use helpers::{Envoy, HttpResponse, Req, TestServer, descriptor, fixture, request, test_settings};
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
 
 const TIMEOUT_MS: u64 = 1000;
 const PER_ROUTE: &str =

@@ -31,7 +31,7 @@ use helpers::in_process::TEST_BACKEND_TIMEOUT;
 use helpers::prometheus::{scrape, sum, value};
 use helpers::secret::SecretVolume;
 use helpers::xds_server::{ServerTls, XdsServer};
-use helpers::{free_port, http_get, Envoy, RedisServer, Req, Sluice, Upstream};
+use helpers::{Envoy, RedisServer, Req, Sluice, Upstream, free_port, http_get};
 use sluice::proto::ratelimit::config::ratelimit::v3::RateLimitUnit;
 
 /// The rate-limit filter's timeout: Envoy Gateway's default is 20 ms; a debug build on a

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use helpers::envoy_config::{bootstrap, cluster};
 use helpers::gateway::{self, GatewayPki, Pem};
 use helpers::secret::SecretVolume;
-use helpers::{test_settings, Envoy, Req, TestServer, Upstream};
+use helpers::{Envoy, Req, TestServer, Upstream, test_settings};
 use sluice::tls::TlsSettings;
 
 const TIMEOUT_MS: u64 = 1000;

@@ -11,8 +11,8 @@ use crate::helpers;
 use std::path::{Path, PathBuf};
 
 use helpers::fuzz_harness::{
-    config_loader, config_loader_from_bytes, decisions, decisions_from_bytes, descriptor_keys,
-    descriptor_keys_from_bytes, KeyInput, Step, DECISION_CONFIG, VOCABULARY,
+    DECISION_CONFIG, KeyInput, Step, VOCABULARY, config_loader, config_loader_from_bytes,
+    decisions, decisions_from_bytes, descriptor_keys, descriptor_keys_from_bytes,
 };
 use proptest::prelude::*;
 use sluice::config::{Config, Unit};

@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 use helpers::certs::{Issued, TestCa, Usage};
 use helpers::process::run_sluice;
 use helpers::secret::SecretVolume;
-use helpers::{descriptor, request, test_settings, TestServer};
+use helpers::{TestServer, descriptor, request, test_settings};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::tls::TlsSettings;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 /// The name sluice's certificates carry (and clients check).
 const SERVER_NAME: &str = "sluice.test";

@@ -5,15 +5,15 @@
 
 use crate::helpers;
 
+use helpers::Upstream;
 use helpers::envoy_config::{bootstrap, cluster, generic_key, grpc_cluster, http_listener};
 use helpers::envoy_config::{ratelimit_filter, route};
 use helpers::process::run_sluice;
-use helpers::Upstream;
-use helpers::{descriptor, request, test_settings, Envoy, RedisServer, Req, Sluice, TestServer};
+use helpers::{Envoy, RedisServer, Req, Sluice, TestServer, descriptor, request, test_settings};
 use serde_json::json;
 use sluice::headers::LegacyNames;
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMITS: &str = r#"
 domain: hdr

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use helpers::envoy_config::{
     bootstrap, cluster, generic_key, grpc_cluster, http_listener, ratelimit_filter, route,
 };
-use helpers::{http_request, prometheus, test_settings, Envoy, RedisServer, Req, TestServer};
+use helpers::{Envoy, RedisServer, Req, TestServer, http_request, prometheus, test_settings};
 use serde_json::json;
 
 const LIMIT: u64 = 3;

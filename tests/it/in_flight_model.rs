@@ -23,7 +23,7 @@ use crate::helpers;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use helpers::limiter::{decide_at, redis_limiter, T};
+use helpers::limiter::{T, decide_at, redis_limiter};
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, SystemClock};

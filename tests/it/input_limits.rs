@@ -9,13 +9,13 @@ use crate::helpers;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use helpers::{descriptor, fixture, http_request, request, test_settings};
 use helpers::{RedisServer, TestServer};
+use helpers::{descriptor, fixture, http_request, request, test_settings};
+use sluice::Settings;
 use sluice::decision::InputLimits;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
-use sluice::Settings;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn limits() -> PathBuf {
     fixture("e2e/limits")

@@ -17,8 +17,8 @@ use std::time::Instant;
 use helpers::envoy_config::{
     render_addresses, repo_path, with_test_filter_timeout, yaml_documents,
 };
-use helpers::istio::{apply, gateway, sidecar_inbound, Kind, Proxy};
-use helpers::{edge_limits, free_port, test_settings, Envoy, Req, TestServer, Upstream};
+use helpers::istio::{Kind, Proxy, apply, gateway, sidecar_inbound};
+use helpers::{Envoy, Req, TestServer, Upstream, edge_limits, free_port, test_settings};
 use serde_json::Value;
 
 const LIMITS: &str = "deploy/base/limits";

@@ -8,7 +8,7 @@ use crate::helpers;
 use std::path::PathBuf;
 
 use helpers::redis_server::command_calls;
-use helpers::{descriptor, fixture, request, test_settings, RedisCluster, RedisServer, TestServer};
+use helpers::{RedisCluster, RedisServer, TestServer, descriptor, fixture, request, test_settings};
 use sluice::limiter::redis::RedisOptions;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 

@@ -9,9 +9,9 @@ use crate::helpers;
 
 use std::path::PathBuf;
 
-use helpers::process::run_sluice;
 use helpers::RedisServer;
-use helpers::{descriptor, http_get, http_request, request, Sluice};
+use helpers::process::run_sluice;
+use helpers::{Sluice, descriptor, http_get, http_request, request};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// One expected status: code, requests_per_unit (None: no current_limit), remaining.

@@ -9,12 +9,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use helpers::prometheus::{samples, scrape, value};
-use helpers::{descriptor, http_get, http_request, request, wait_until, RedisServer, Sluice};
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use helpers::{RedisServer, Sluice, descriptor, http_get, http_request, request, wait_until};
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 fn limits() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/obs/limits")

@@ -8,7 +8,7 @@ use crate::helpers;
 use std::collections::BTreeMap;
 
 use helpers::redis_server::command_calls;
-use helpers::{consume, RedisServer};
+use helpers::{RedisServer, consume};
 use sluice::limiter::redis::script::DecideCall;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Item, Limiter};

@@ -7,8 +7,8 @@ use crate::helpers;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use helpers::limiter::{consume_hits, decide_at, log_item, redis_limiter, with, T};
 use helpers::RedisServer;
+use helpers::limiter::{T, consume_hits, decide_at, log_item, redis_limiter, with};
 use redis::AsyncCommands;
 use sluice::limiter::redis::script::{self, CompensateCall, DecideCall, LOG_TOTAL_MEMBER};
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
@@ -420,9 +420,11 @@ async fn log_members_wrap_and_undo_checks_scores() {
         .await
         .expect("add");
     assert_eq!(entries(&mut conn, "k").await, [e("10000002", T)]);
-    assert!(eval_log(&mut conn, "k", T, 2, ItemKind::Refund)
-        .await
-        .is_ok());
+    assert!(
+        eval_log(&mut conn, "k", T, 2, ItemKind::Refund)
+            .await
+            .is_ok()
+    );
     let second = eval_log(&mut conn, "k", T + 5, 2, ItemKind::Consume)
         .await
         .expect("add");
@@ -444,9 +446,11 @@ async fn log_members_wrap_and_undo_checks_scores() {
         entries(&mut conn, "w").await,
         [e("8388606", T - 5), e("83886073", T), e("1000000", T + 1)]
     );
-    assert!(eval_log(&mut conn, "w", T, 1, ItemKind::Refund)
-        .await
-        .is_ok());
+    assert!(
+        eval_log(&mut conn, "w", T, 1, ItemKind::Refund)
+            .await
+            .is_ok()
+    );
     let next = eval_log(&mut conn, "w", T + 2, 1, ItemKind::Consume)
         .await
         .expect("add");
@@ -471,9 +475,11 @@ async fn log_members_wrap_and_undo_checks_scores() {
 
     // Top number 8388607 at the same ms as the new entry: the wrapped one goes 1 ms later.
     write_log(&mut conn, "e", &[(T, "8388607", 1)]).await;
-    assert!(eval_log(&mut conn, "e", T, 1, ItemKind::Consume)
-        .await
-        .is_ok());
+    assert!(
+        eval_log(&mut conn, "e", T, 1, ItemKind::Consume)
+            .await
+            .is_ok()
+    );
     assert_eq!(
         entries(&mut conn, "e").await,
         [e("8388607", T), e("1000000", T + 1)]
@@ -626,7 +632,7 @@ async fn db0_stat(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u
 /// must be within 25 % of that. `-- --nocapture` prints the figures (docs/metrics.md).
 #[tokio::test]
 async fn the_memory_estimate_follows_what_redis_reports() {
-    use sluice::descriptor::{limiter_key, Entry};
+    use sluice::descriptor::{Entry, limiter_key};
     use sluice::limiter::redis::footprint;
     const KEYS: u64 = 16;
     let server = RedisServer::start();

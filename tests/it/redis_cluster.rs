@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use helpers::limiter::cluster_limiter;
-use helpers::{consume, RedisCluster};
+use helpers::{RedisCluster, consume};
 use sluice::limiter::redis::cluster::key_slot;
 use sluice::limiter::redis::script::LOG_TOTAL_MEMBER;
 use sluice::limiter::{Item, ItemKind, Limiter};

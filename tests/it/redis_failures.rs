@@ -20,7 +20,7 @@ use crate::helpers;
 use std::time::{Duration, Instant};
 
 use helpers::prometheus::{scrape, value};
-use helpers::{descriptor, fixture, percentile, request, test_settings, RedisServer, TestServer};
+use helpers::{RedisServer, TestServer, descriptor, fixture, percentile, request, test_settings};
 use sluice::decision::FailurePolicy;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -90,10 +90,10 @@ async fn recovery(client: &mut RateLimitServiceClient<Channel>) -> Duration {
     let mut user = 5_000_000;
     loop {
         user += 1;
-        if let (_, Ok(code)) = one(client, user).await {
-            if code == Code::Ok as i32 {
-                return started.elapsed();
-            }
+        if let (_, Ok(code)) = one(client, user).await
+            && code == Code::Ok as i32
+        {
+            return started.elapsed();
         }
         assert!(
             started.elapsed() < Duration::from_secs(10),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use helpers::limiter::log_item;
-use helpers::{descriptor, request, test_settings, RedisServer, TestServer};
+use helpers::{RedisServer, TestServer, descriptor, request, test_settings};
 use redis::AsyncCommands;
 use sluice::decision::FailurePolicy;
 use sluice::limiter::redis::script::{self, CompensateCall, DecideCall};

@@ -12,12 +12,12 @@ use crate::helpers;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use helpers::{consume, RedisCluster, RedisServer};
+use helpers::{RedisCluster, RedisServer, consume};
+use sluice::limiter::Limiter;
 use sluice::limiter::redis::cluster::key_slot;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
-use sluice::limiter::Limiter;
 
-use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
+use rustix::process::{PidfdFlags, PidfdGetfdFlags, getpid, pidfd_getfd, pidfd_open};
 
 /// `TCP_NODELAY` of each TCP socket of this process whose peer port is one of `ports`, with its
 /// peer port.

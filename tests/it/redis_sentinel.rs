@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use helpers::sentinel::SentinelSet;
-use helpers::{descriptor, fixture, percentile, request, test_settings, TestServer};
+use helpers::{TestServer, descriptor, fixture, percentile, request, test_settings};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// The budget's limit per minute (tests/fixtures/sentinel/limits.yaml); every run fits in
@@ -381,8 +381,10 @@ async fn wait_replicas_needs_the_replicas_it_names() {
     }
     // More replicas than there are: never enough.
     let greedy = RedisLimiter::connect(&options(2)).await.expect("connect");
-    assert!(greedy
-        .decide(&[hit("sluice:{greedy}")], None)
-        .await
-        .is_err());
+    assert!(
+        greedy
+            .decide(&[hit("sluice:{greedy}")], None)
+            .await
+            .is_err()
+    );
 }

@@ -12,16 +12,16 @@ use std::sync::Arc;
 
 use helpers::certs::{TestCa, Usage};
 use helpers::{
-    descriptor, fixture, http_get, request, test_settings, RedisServer, Sluice, TestServer,
+    RedisServer, Sluice, TestServer, descriptor, fixture, http_get, request, test_settings,
 };
 use sluice::limiter::redis::connect::ClientCert;
 use sluice::limiter::redis::{RedisLimiter, RedisOptions};
 use sluice::limiter::{Item, ItemKind, Limiter, LimiterError};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tempfile::TempDir;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 fn limits() -> PathBuf {
     fixture("e2e/limits")
@@ -102,9 +102,11 @@ async fn rediss_with_the_ca_file_decides_and_without_it_fails() {
     }
     // Plain text to the TLS port is not Redis talking.
     let plain = format!("redis://127.0.0.1:{tls_port}/");
-    assert!(RedisLimiter::connect(&RedisOptions::new(plain))
-        .await
-        .is_err());
+    assert!(
+        RedisLimiter::connect(&RedisOptions::new(plain))
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use helpers::prometheus::{scrape, value};
-use helpers::{descriptor, request, Sluice};
+use helpers::{Sluice, descriptor, request};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 fn limits(per_minute: u32) -> String {

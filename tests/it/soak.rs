@@ -29,10 +29,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use helpers::RedisServer;
-use helpers::{descriptor, request, Sluice};
+use helpers::{Sluice, descriptor, request};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tokio::sync::Mutex;
 
 /// Concurrent callers (split across the two instances).

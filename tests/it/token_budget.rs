@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use helpers::envoy_config::{
     bootstrap, cluster, generic_key, grpc_cluster, http_listener, ratelimit_filter, route,
 };
-use helpers::{http_request, test_settings, Envoy, RedisServer, Req, TestServer, Upstream};
+use helpers::{Envoy, RedisServer, Req, TestServer, Upstream, http_request, test_settings};
 use serde_json::json;
 
 /// The budget: 10 tokens per 4 s window (a short custom window, so that the test sees it slide).

@@ -13,13 +13,13 @@ use crate::helpers;
 
 use std::time::{Duration, Instant};
 
-use helpers::otlp::{int_attr, str_attr, strings_attr, traceparent, OtlpReceiver, Received};
-use helpers::{descriptor, request, test_settings, RedisServer, Req, Sluice, TestServer};
-use sluice::otel::{Protocol, TracingSettings, BACKEND_SPAN};
+use helpers::otlp::{OtlpReceiver, Received, int_attr, str_attr, strings_attr, traceparent};
+use helpers::{RedisServer, Req, Sluice, TestServer, descriptor, request, test_settings};
+use sluice::otel::{BACKEND_SPAN, Protocol, TracingSettings};
 use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::transport::Channel;
 
 const LIMITS: &str = r#"
@@ -339,10 +339,12 @@ async fn the_json_face_is_traced_over_otlp_http() {
     );
     child_of(&spans, decision);
     assert_eq!(str_attr(&decision.resource, "service.name"), "sluice");
-    assert!(!receiver
-        .raw()
-        .windows(USER.len())
-        .any(|w| w == USER.as_bytes()));
+    assert!(
+        !receiver
+            .raw()
+            .windows(USER.len())
+            .any(|w| w == USER.as_bytes())
+    );
     sluice.stop().await.expect("clean stop");
 }
 

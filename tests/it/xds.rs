@@ -13,17 +13,17 @@ use helpers::certs::{Issued, TestCa, Usage};
 use helpers::in_process::TEST_BACKEND_TIMEOUT;
 use helpers::prometheus::{samples, scrape, value};
 use helpers::xds_server::{Handshake, ServerTls, XdsServer};
-use helpers::{descriptor, http_get, request, Sluice, TestServer};
+use helpers::{Sluice, TestServer, descriptor, http_get, request};
+use sluice::Settings;
 use sluice::app::ConfigSource;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
-use sluice::xds::{XdsSettings, RATE_LIMIT_CONFIG_TYPE};
-use sluice::Settings;
+use sluice::xds::{RATE_LIMIT_CONFIG_TYPE, XdsSettings};
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 const LISTENER: &str = "envoy-gateway/gateway-1/http";
 const ROUTE: &str = "httproute/default/backend/rule/0/match/0/*";
@@ -388,10 +388,11 @@ async fn a_server_of_another_ca_or_a_client_without_certificate_is_refused() {
 
 /// No request reaches `xds` (for 800 ms), and every TLS handshake failed with `reason`.
 async fn assert_refused(xds: &XdsServer, reason: &str) {
-    assert!(xds
-        .request_within(Duration::from_millis(800))
-        .await
-        .is_none());
+    assert!(
+        xds.request_within(Duration::from_millis(800))
+            .await
+            .is_none()
+    );
     let handshakes = xds.handshakes();
     assert!(
         !handshakes.is_empty()

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use prost::Message;
 
-use helpers::xds_server::XdsServer;
 use helpers::Sluice;
+use helpers::xds_server::XdsServer;
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };

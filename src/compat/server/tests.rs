@@ -2,7 +2,7 @@ use std::collections::HashMap;
 
 use super::super::tests::run;
 use super::super::xds::tests::ENVOY_GATEWAY;
-use super::super::{translate, Translation};
+use super::super::{Translation, translate};
 use super::with_ratelimit_defaults;
 
 /// What Envoy Gateway sets on its rate-limit Deployment besides its xDS and file part
@@ -176,12 +176,14 @@ fn prometheus_and_statsd_variables() {
     );
     let t = run(&[("USE_STATSD", "true"), ("RUNTIME_IGNOREDOTFILES", "false")]);
     assert_eq!(t.notes.len(), 2, "{t:#?}");
-    assert!(t
-        .notes
-        .iter()
-        .any(|n| n.starts_with("USE_STATSD is not supported")));
-    assert!(t
-        .notes
-        .iter()
-        .any(|n| n.starts_with("RUNTIME_IGNOREDOTFILES=false ignored")));
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n.starts_with("USE_STATSD is not supported"))
+    );
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n.starts_with("RUNTIME_IGNOREDOTFILES=false ignored"))
+    );
 }

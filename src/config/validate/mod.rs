@@ -15,8 +15,8 @@ use self::rate_limit::RawLimits;
 use super::error::{ConfigError, DOMAIN_RULE};
 use super::limits::ConfigLimits;
 use super::raw::{
-    self, line_of, Extra, RawDescriptor, RawHeaders, RawRoot, Source, DESCRIPTOR_FIELDS,
-    HEADERS_FIELDS, ROOT_FIELDS, UNSUPPORTED_DESCRIPTOR_FIELDS,
+    self, DESCRIPTOR_FIELDS, Extra, HEADERS_FIELDS, ROOT_FIELDS, RawDescriptor, RawHeaders,
+    RawRoot, Source, UNSUPPORTED_DESCRIPTOR_FIELDS, line_of,
 };
 use super::tree::{
     HeaderFormat, HeaderPolicy, Level, Limit, LimitAlgorithm, Node, OverLimitSetting, Rule,

@@ -7,9 +7,9 @@
 //! exactly.
 
 use super::Checker;
-use crate::config::raw::{line_of, RawRateLimit, RawReplace, RATE_LIMIT_FIELDS, REPLACE_FIELDS};
+use crate::config::raw::{RATE_LIMIT_FIELDS, REPLACE_FIELDS, RawRateLimit, RawReplace, line_of};
 use crate::config::tree::{Limit, LimitAlgorithm, LimitSpec};
-use crate::config::{parse_duration_ms, Unit};
+use crate::config::{Unit, parse_duration_ms};
 use serde_saphyr::Spanned;
 
 const VALID_UNITS: &str = "second, minute, hour, day, week, month, year";

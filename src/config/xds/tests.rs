@@ -196,9 +196,11 @@ descriptors:
     let from_xds = Config::from_xds(vec![resource], LoadOptions::default()).unwrap();
     let from_yaml = Config::from_yaml_str(Path::new("d.yaml"), yaml).unwrap();
     assert_eq!(from_xds.describe(), from_yaml.describe());
-    assert!(from_xds
-        .describe()
-        .contains("d.blocked_yes: unit=MINUTE requests_per_unit=0"));
+    assert!(
+        from_xds
+            .describe()
+            .contains("d.blocked_yes: unit=MINUTE requests_per_unit=0")
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! the tightest stacked limit, an engine awaiting its config.
 
 use super::*;
-use crate::decision::test_support::{config, engine, engine_with, req, Recording, YAML};
+use crate::decision::test_support::{Recording, YAML, config, engine, engine_with, req};
 use crate::limiter::{Algorithm, BatchOutcome};
 use async_trait::async_trait;
 
@@ -276,10 +276,12 @@ async fn a_failed_backend_is_answered_by_the_policy_and_the_decision_says_which(
         .map(|v| v.limit.as_ref().map(|l| l.requests_per_unit))
         .collect();
     assert_eq!(limits, [Some(2), Some(1), None]);
-    assert!(denied
-        .verdicts
-        .iter()
-        .all(|v| v.remaining == 0 && v.reset_ms == 0));
+    assert!(
+        denied
+            .verdicts
+            .iter()
+            .all(|v| v.remaining == 0 && v.reset_ms == 0)
+    );
 }
 
 /// Lease tokens run from 1 to 2^52 - 1 (the script's exact range), never 0 (no lease), and

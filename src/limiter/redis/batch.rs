@@ -29,7 +29,7 @@ use crate::sync::lock;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::script::{decode_batched_reply, DecideCall};
+use super::script::{DecideCall, decode_batched_reply};
 use super::{Gauge, Shared};
 use crate::limiter::{BatchOutcome, Item, LimiterError};
 

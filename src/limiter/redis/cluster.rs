@@ -40,13 +40,13 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use super::connect::{cluster_client, RedisOptions, SettingError};
+use super::connect::{RedisOptions, SettingError, cluster_client};
 use super::script::{
-    decode_reply_with_undo, is_function_missing, CompensateCall, DecideCall, COMPENSATE, LIBRARY,
-    MAX_EXACT,
+    COMPENSATE, CompensateCall, DecideCall, LIBRARY, MAX_EXACT, decode_reply_with_undo,
+    is_function_missing,
 };
-use super::slot::{probe_within_timeout, Slot};
-use super::{map_error, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+use super::slot::{Slot, probe_within_timeout};
+use super::{CONNECT_TIMEOUT, RESPONSE_TIMEOUT, map_error};
 use crate::limiter::{Algorithm, BatchOutcome, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
 
 /// Number of hash slots in a Redis Cluster.
@@ -425,7 +425,7 @@ impl ClusterLimiter {
                         .indices
                         .iter()
                         .zip(&part.undo)
-                        .filter(|(&j, &token)| token > 0 && batch[j].key == batch[i].key)
+                        .filter(|&(&j, &token)| token > 0 && batch[j].key == batch[i].key)
                         .map(|(&j, _)| batch[j].counted_hits().min(MAX_EXACT))
                         .sum();
                     item = without_undone(item, &batch[i], undone);

@@ -37,8 +37,8 @@ pub mod script;
 pub mod sentinel;
 mod slot;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use std::time::Duration;
 
@@ -48,7 +48,7 @@ use redis::{self, AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind,
 
 use super::{BackendStats, BatchOutcome, Item, Limiter, LimiterError};
 pub use connect::{RedisOptions, SettingError};
-use script::{decode_reply, is_function_missing, DecideCall, LIBRARY};
+use script::{DecideCall, LIBRARY, decode_reply, is_function_missing};
 
 /// Time allowed to establish one connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

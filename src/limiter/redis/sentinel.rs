@@ -24,8 +24,8 @@ use redis::{
 };
 
 use super::connect::{
-    ensure_crypto_provider, invalid, require_scheme, standalone_client, tcp_settings,
-    tls_certificates, RedisOptions, SettingError, Topology,
+    RedisOptions, SettingError, Topology, ensure_crypto_provider, invalid, require_scheme,
+    standalone_client, tcp_settings, tls_certificates,
 };
 use crate::sync::lock;
 
@@ -236,7 +236,7 @@ impl SentinelUrl {
                 return Err(invalid(
                     url,
                     "not a redis+sentinel:// or rediss+sentinel:// URL",
-                ))
+                ));
             }
         };
         let (userinfo, rest) = match rest.rsplit_once('@') {

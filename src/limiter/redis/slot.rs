@@ -8,13 +8,13 @@
 //! bound their readiness probe the same way too ([`probe_within_timeout`]).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use redis::RedisError;
 
-use super::{map_error, Gauge, PING_TIMEOUT, RECONNECT_BACKOFF};
+use super::{Gauge, PING_TIMEOUT, RECONNECT_BACKOFF, map_error};
 use crate::limiter::LimiterError;
 use crate::sync::lock;
 
@@ -61,12 +61,12 @@ impl<C: Clone> Slot<C> {
         if let Some(conn) = lock(&self.conn).clone() {
             return Ok(conn);
         }
-        if let Some((at, why)) = &*lock(&self.failed_at) {
-            if at.elapsed() < RECONNECT_BACKOFF {
-                return Err(LimiterError::Unavailable(format!(
-                    "{backend} unreachable (reconnect backing off; last attempt: {why})"
-                )));
-            }
+        if let Some((at, why)) = &*lock(&self.failed_at)
+            && at.elapsed() < RECONNECT_BACKOFF
+        {
+            return Err(LimiterError::Unavailable(format!(
+                "{backend} unreachable (reconnect backing off; last attempt: {why})"
+            )));
         }
         match connect().await {
             Ok(conn) => {

@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 /// A path of the repository.
 pub fn repo_path(rel: &str) -> PathBuf {
@@ -84,10 +84,11 @@ pub fn render_addresses(config: &mut Value, clusters: &[(&str, SocketAddr)]) {
 fn find_foreign_addresses(value: &Value, path: &str, out: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
-            if let Some(ip) = map.get("address").and_then(Value::as_str) {
-                if map.contains_key("port_value") && ip != "127.0.0.1" {
-                    out.push(format!("{path}: {ip}"));
-                }
+            if let Some(ip) = map.get("address").and_then(Value::as_str)
+                && map.contains_key("port_value")
+                && ip != "127.0.0.1"
+            {
+                out.push(format!("{path}: {ip}"));
             }
             for (k, v) in map {
                 find_foreign_addresses(v, &format!("{path}/{k}"), out);

@@ -13,17 +13,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice::config::{Config, Unit};
 use sluice::decision::{
-    validate_with, Code, Decision, DecisionError, Descriptor, Engine, EngineOptions, InputLimits,
-    LimitOverride, Outcome, Request,
+    Code, Decision, DecisionError, Descriptor, Engine, EngineOptions, InputLimits, LimitOverride,
+    Outcome, Request, validate_with,
 };
-use sluice::descriptor::{limiter_key, Entry, KEY_PREFIX};
-use sluice::limiter::memory::MemoryLimiter;
+use sluice::descriptor::{Entry, KEY_PREFIX, limiter_key};
 use sluice::limiter::Clock;
+use sluice::limiter::memory::MemoryLimiter;
 
 /// The limits the decision harness runs against (the end-to-end fixture).
 pub const DECISION_CONFIG: &str = include_str!("../../fixtures/e2e/limits/edge.yaml");
@@ -391,10 +391,10 @@ pub fn decisions(config_text: &str, steps: &[Step]) -> DecisionStats {
             u64::from(request.hits_addend)
         };
         for verdict in &decision.verdicts {
-            if verdict.outcome == Outcome::Refunded {
-                if let Some(key) = &verdict.key {
-                    refunded.insert(key.clone());
-                }
+            if verdict.outcome == Outcome::Refunded
+                && let Some(key) = &verdict.key
+            {
+                refunded.insert(key.clone());
             }
         }
         for (verdict, descriptor) in decision.verdicts.iter().zip(&request.descriptors) {

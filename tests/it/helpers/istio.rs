@@ -19,13 +19,12 @@
 //! What it cannot show (deploy/README.md says so too): istiod's own merge code, xDS delivery
 //! (routes come by RDS in a mesh; they are inline here), iptables capture into port 15006.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::envoy_config::socket;
 
 pub const HCM: &str = "envoy.filters.network.http_connection_manager";
-const HCM_TYPE: &str =
-    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 /// Istio's root namespace: an EnvoyFilter there applies to every namespace.
 const ROOT_NAMESPACE: &str = "istio-system";
 

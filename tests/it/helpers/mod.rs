@@ -45,11 +45,11 @@ pub mod timing;
 pub mod xds_server;
 
 pub use envoy::{Envoy, Upstream};
-pub use http::{http_get, http_request, HttpResponse, Req};
-pub use in_process::{test_settings, TestServer};
+pub use http::{HttpResponse, Req, http_get, http_request};
+pub use in_process::{TestServer, test_settings};
 pub use limiter::consume;
 pub use process::Sluice;
-pub use redis_server::{fcall, free_port, info_number, raw_connection, RedisCluster, RedisServer};
+pub use redis_server::{RedisCluster, RedisServer, fcall, free_port, info_number, raw_connection};
 pub use rpc::{descriptor, grpc_channel, request};
 pub use timing::{percentile, wait_until};
 

@@ -44,7 +44,7 @@ impl RedisServer {
                         dir,
                         port,
                         extra: extra.to_vec(),
-                    }
+                    };
                 }
                 // Another test may have grabbed the port between our probe and the spawn.
                 Err(e) => last_error = e,
@@ -172,7 +172,7 @@ pub async fn fcall<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
     call: &sluice::limiter::redis::script::DecideCall<'_>,
 ) -> redis::RedisResult<redis::Value> {
-    use sluice::limiter::redis::script::{is_function_missing, LIBRARY};
+    use sluice::limiter::redis::script::{LIBRARY, is_function_missing};
     let cmd = call.fcall();
     match cmd.query_async(conn).await {
         Err(e) if is_function_missing(&e) => {

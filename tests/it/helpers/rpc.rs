@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::transport::Channel;
 

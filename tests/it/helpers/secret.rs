@@ -7,7 +7,7 @@
 //! Files are world-readable (mode 0644, directories 0755) like a Secret mounted with
 //! Kubernetes' default mode, so a process running as another user (65534) reads them too.
 
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 pub struct SecretVolume {

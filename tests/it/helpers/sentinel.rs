@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::redis_server::{answers_ping, free_port, spawn_redis_server, RedisCluster, RedisServer};
+use super::redis_server::{RedisCluster, RedisServer, answers_ping, free_port, spawn_redis_server};
 use super::timing::wait_until_blocking;
 
 /// The master name the sentinels monitor.

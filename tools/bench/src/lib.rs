@@ -46,7 +46,7 @@ pub struct PreciseTimer {
 
 impl PreciseTimer {
     pub fn new() -> std::io::Result<Self> {
-        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
+        use rustix::time::{TimerfdClockId, TimerfdFlags, timerfd_create};
         let fd = timerfd_create(
             TimerfdClockId::Monotonic,
             TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
@@ -66,7 +66,7 @@ impl PreciseTimer {
 
     /// Waits until `at` (at once if it has passed).
     pub async fn sleep_until(&self, at: Instant) -> std::io::Result<()> {
-        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
         if at <= Instant::now() {
             return Ok(());
         }

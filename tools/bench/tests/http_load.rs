@@ -38,10 +38,10 @@ fn serve(delay: Duration) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
                         if line.is_empty() {
                             break;
                         }
-                        if let Some((name, v)) = line.split_once(':') {
-                            if name.eq_ignore_ascii_case("x-client") {
-                                value = Some(v.trim().to_string());
-                            }
+                        if let Some((name, v)) = line.split_once(':')
+                            && name.eq_ignore_ascii_case("x-client")
+                        {
+                            value = Some(v.trim().to_string());
                         }
                     }
                     let value = value.expect("every request carries x-client");

@@ -4,9 +4,9 @@
 use redis::{RedisWrite, Script, ScriptInvocation, ToRedisArgs};
 
 use super::{
-    algorithm_code, kind_code, over_limit_code, ARGS_PER_ITEM, ARG_ALGORITHM, ARG_HITS, ARG_KIND,
-    ARG_LIMIT, ARG_OVER_LIMIT, ARG_PARAM, ARG_WINDOW_MS, BATCHED, MAX_EXACT, UNDO_ARGS_PER_KEY,
-    UNDO_ARG_ALGORITHM, UNDO_ARG_HITS, UNDO_ARG_TOKEN, UNDO_ARG_WINDOW_MS,
+    ARG_ALGORITHM, ARG_HITS, ARG_KIND, ARG_LIMIT, ARG_OVER_LIMIT, ARG_PARAM, ARG_WINDOW_MS,
+    ARGS_PER_ITEM, BATCHED, MAX_EXACT, UNDO_ARG_ALGORITHM, UNDO_ARG_HITS, UNDO_ARG_TOKEN,
+    UNDO_ARG_WINDOW_MS, UNDO_ARGS_PER_KEY, algorithm_code, kind_code, over_limit_code,
 };
 use crate::limiter::{Algorithm, Item};
 

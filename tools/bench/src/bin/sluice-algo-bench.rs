@@ -18,7 +18,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice::descriptor::{limiter_key_tagged, Entry};
+use sluice::descriptor::{Entry, limiter_key_tagged};
 use sluice::limiter::redis::script::{DecideCall, LIBRARY};
 use sluice::limiter::{Algorithm, Item, ItemKind, OverLimit};
 
@@ -47,10 +47,10 @@ fn start_redis() -> anyhow::Result<(Server, u16)> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
     loop {
-        if let Ok(mut conn) = client.get_connection() {
-            if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                return Ok((server, port));
-            }
+        if let Ok(mut conn) = client.get_connection()
+            && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+        {
+            return Ok((server, port));
         }
         if Instant::now() > deadline {
             anyhow::bail!("redis-server did not start on port {port}");

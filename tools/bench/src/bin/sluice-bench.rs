@@ -10,21 +10,21 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use sluice::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use sluice_bench::{cpu_secs, new_histogram, parse_pid, PreciseTimer};
+use sluice_bench::{PreciseTimer, cpu_secs, new_histogram, parse_pid};
 use tonic::transport::Channel;
 
 #[derive(Parser, Debug, Clone)]

@@ -27,8 +27,8 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use sluice_bench::{cpu_secs, new_histogram, parse_pid, PreciseTimer};
-use tokio::sync::{mpsc, Mutex};
+use sluice_bench::{PreciseTimer, cpu_secs, new_histogram, parse_pid};
+use tokio::sync::{Mutex, mpsc};
 
 #[derive(Parser, Debug, Clone)]
 #[command(
