@@ -59,7 +59,7 @@ fn empty_domain() {
 
 #[test]
 fn missing_domain() {
-    let msg = single_error("bad/missing_domain.yaml", None, "domain");
+    let msg = single_error("bad/missing_domain.yaml", Some(1), "domain");
     assert_eq!(
         msg,
         "missing `domain`: every config file must name its domain"

@@ -47,7 +47,7 @@ fn empty_file_is_missing_domain() {
         let errors = errors_of(text);
         assert_eq!(errors.len(), 1, "{text:?}: {errors:?}");
         assert_eq!(errors[0].rule, "domain");
-        assert_eq!(errors[0].line, None);
+        assert_eq!(errors[0].line, Some(1), "{text:?}");
         assert!(errors[0].message.contains("missing `domain`"));
     }
 }

@@ -121,9 +121,11 @@ impl Checker<'_> {
     ) -> CompiledFile {
         self.extras(&root.extra, DOMAIN_RULE, ROOT_FIELDS, &[]);
         let domain = match root.domain {
+            // A file without `domain` (an xDS resource always has one, maybe empty): the
+            // error points at the file's first line, where the key belongs.
             None => {
                 self.error(
-                    None,
+                    Some(1),
                     DOMAIN_RULE,
                     "missing `domain`: every config file must name its domain",
                 );
