@@ -410,6 +410,9 @@ descriptors:
             outcomes,
             [Outcome::Unlimited, Outcome::NoRule, Outcome::NoRule]
         );
+        // envoyproxy/ratelimit's answers: all of an unlimited budget remains, none of no limit.
+        let remaining: Vec<_> = d.verdicts.iter().map(|v| v.remaining).collect();
+        assert_eq!(remaining, [u32::MAX, 0, 0]);
         let mut other = req(&[&[("user", "a")]]);
         other.domain = "unknown".into();
         assert!(!engine.decide(&other).await.unwrap().known_domain);

@@ -225,6 +225,7 @@ pub struct Verdict {
     pub code: Code,
     pub outcome: Outcome,
     pub limit: Option<CurrentLimit>,
+    /// Hits the limit still admits; `u32::MAX` for an `unlimited` rule, 0 without a limit.
     pub remaining: u32,
     /// Milliseconds until a slot frees (the oldest entry leaves the window).
     pub reset_ms: u64,
@@ -244,12 +245,18 @@ pub struct Verdict {
 
 impl Verdict {
     /// The verdict of a descriptor settled without the backend: OK, no limit, `outcome`.
+    /// An `unlimited` rule reports `u32::MAX` remaining (envoyproxy/ratelimit's answer, which
+    /// clients of either service may read); no rule reports 0, as there.
     pub(super) fn unlimited_or_none(outcome: Outcome, rule: Option<&Rule>) -> Self {
         Verdict {
             code: Code::Ok,
             outcome,
             limit: None,
-            remaining: 0,
+            remaining: if outcome == Outcome::Unlimited {
+                u32::MAX
+            } else {
+                0
+            },
             reset_ms: 0,
             rule: rule.map(|r| r.path.clone()),
             window_count: 0,

@@ -339,6 +339,9 @@ async fn unlimited_whitelist_wildcard_and_shadow(backend: Backend) {
         .await;
         assert_eq!(resp.overall_code, code(Code::Ok));
         assert!(resp.statuses.iter().all(|s| s.current_limit.is_none()));
+        // envoyproxy/ratelimit's answers: an unlimited budget is all left, no limit has none.
+        let remaining: Vec<_> = resp.statuses.iter().map(|s| s.limit_remaining).collect();
+        assert_eq!(remaining, [u32::MAX, 0]);
     }
     // Wildcard value: /api/* matches both paths, one counter per runtime value.
     for path in ["/api/a", "/api/b"] {

@@ -276,12 +276,13 @@ async fn a_failed_backend_is_answered_by_the_policy_and_the_decision_says_which(
         .map(|v| v.limit.as_ref().map(|l| l.requests_per_unit))
         .collect();
     assert_eq!(limits, [Some(2), Some(1), None]);
-    assert!(
-        denied
-            .verdicts
-            .iter()
-            .all(|v| v.remaining == 0 && v.reset_ms == 0)
-    );
+    // Nothing is known of a limited window; the unlimited descriptor keeps its whole budget.
+    let remaining: Vec<_> = denied
+        .verdicts
+        .iter()
+        .map(|v| (v.remaining, v.reset_ms))
+        .collect();
+    assert_eq!(remaining, [(0, 0), (0, 0), (u32::MAX, 0)]);
 }
 
 /// Lease tokens run from 1 to 2^52 - 1 (the script's exact range), never 0 (no lease), and
