@@ -96,11 +96,10 @@ pub fn validate_with(request: &Request, limits: &InputLimits) -> Result<(), Inva
         hits_flag,
         || "hits_addend".into(),
     )?;
+    // A descriptor without entries is valid and matches no rule (envoyproxy/ratelimit's
+    // answer: OK, no limit); an entry without a key is not (Envoy never sends one).
     for (i, descriptor) in request.descriptors.iter().enumerate() {
         let entries = || format!("descriptors[{i}].entries");
-        if descriptor.entries.is_empty() {
-            return Err(invalid(entries(), "must hold at least one entry"));
-        }
         at_most(
             n(descriptor.entries.len()),
             n(limits.max_entries),
@@ -157,5 +156,12 @@ mod tests {
             "the empty key, under the defaults"
         );
         assert_eq!(validate(&req(&[&[("user", "abcd")]])), Ok(()));
+    }
+
+    /// A descriptor without entries is decided (as no rule); one without descriptors is not.
+    #[test]
+    fn an_empty_descriptor_is_valid_an_empty_request_is_not() {
+        assert_eq!(validate(&req(&[&[], &[("user", "a")]])), Ok(()));
+        assert_eq!(validate(&req(&[])).unwrap_err().field, "descriptors");
     }
 }

@@ -419,6 +419,29 @@ descriptors:
         assert!(backend.batches.lock().unwrap().is_empty());
     }
 
+    /// envoyproxy/ratelimit's answers to a descriptor without entries: no rule matches it (OK,
+    /// no limit) and the request's other descriptors are decided as usual; a `limit` override
+    /// still counts, on one key for the domain.
+    #[tokio::test]
+    async fn an_empty_descriptor_matches_no_rule() {
+        let (engine, backend) = engine();
+        let d = engine.decide(&req(&[&[], &[("user", "a")]])).await.unwrap();
+        let outcomes: Vec<_> = d.verdicts.iter().map(|v| v.outcome).collect();
+        assert_eq!(outcomes, [Outcome::NoRule, Outcome::Admitted]);
+        assert_eq!(d.verdicts[0].limit, None);
+        let mut overridden = req(&[&[]]);
+        overridden.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 1,
+            unit: Unit::Minute,
+        });
+        let first = engine.decide(&overridden).await.unwrap();
+        let second = engine.decide(&overridden).await.unwrap();
+        assert_eq!((first.overall, second.overall), (Code::Ok, Code::OverLimit));
+        let batches = backend.batches.lock().unwrap();
+        assert_eq!(batches.len(), 3, "{batches:?}");
+        assert_eq!(batches[1][0].key, "sluice:{d|60000}");
+    }
+
     #[tokio::test]
     async fn replaced_limit_is_not_sent() {
         let (engine, backend) = engine();
