@@ -46,6 +46,7 @@ mod redis_failures;
 mod redis_isolation;
 mod redis_nodelay;
 mod redis_sentinel;
+mod redis_sentinel_bounds;
 mod redis_tls_auth;
 mod reload;
 mod soak;

@@ -5,24 +5,38 @@
 //! answers writes with `READONLY`. The standalone backend already drops every connection when
 //! one breaks or answers `READONLY` (`Shared::fail`) and re-makes them lazily, one attempt per
 //! connection slot at most every `RECONNECT_BACKOFF`. So following a promotion needs only that
-//! each (re)connect asks the sentinels first: redis-rs's `SentinelClient` sends `SENTINEL
-//! MASTERS` to the sentinels (up to three at once, the configured order winning), skips a
-//! primary they flag down, and checks with `ROLE` that the node named really is a primary. The
-//! connection is then made to that node. A lookup is bounded by [`LOOKUP_TIMEOUT`], so a hung
-//! sentinel costs one bounded attempt; callers are bounded by the decision deadline anyway.
+//! each (re)connect asks the sentinels first: `SENTINEL MASTER <name>` goes to the sentinels
+//! (up to three at once, the configured order winning; [`ask`]), a primary they flag down is
+//! skipped, and the node named must answer `ROLE` as a primary on the connection then made to
+//! it, which is kept. A lookup is bounded by [`LOOKUP_TIMEOUT`], so a hung sentinel costs one
+//! bounded attempt; callers are bounded by the decision deadline anyway.
+//!
+//! Sentinels are not trusted with sluice's memory: each answer is read within
+//! [`MAX_REPLY_BYTES`] ([`reply`]), and a longer one fails that sentinel's part of the lookup
+//! with the sentinel and the cap named. The named primary's `ROLE` goes through redis-rs: the
+//! primary is the Redis sluice uses, trusted as much as every reply it sends.
 //!
 //! Replicas are never used: every decision writes, so only the primary can serve it.
 
-use std::sync::Mutex;
+mod ask;
+mod reply;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use redis::aio::MultiplexedConnection;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisError, RedisResult,
-    TlsMode,
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
+    RedisResult, TlsCertificates, Value,
 };
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub use ask::MAX_REPLY_BYTES;
+use ask::{Access, Answer, Endpoint};
+
+use super::CONNECT_TIMEOUT;
 use super::connect::{
     RedisOptions, SettingError, Topology, ensure_crypto_provider, invalid, require_scheme,
     standalone_client, tcp_settings, tls_certificates,
@@ -30,11 +44,14 @@ use super::connect::{
 use crate::sync::lock;
 
 /// Longest time one master lookup may take: a sentinel's connect and reply, then the named
-/// primary's connect and `ROLE` (redis-rs allows 1 s for each connect).
+/// primary's connect and `ROLE` (1 s, [`CONNECT_TIMEOUT`], for each connect).
 pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Port of a sentinel given without one.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+
+/// Sentinels asked at once: the next ones are asked while a slow one is still waited on.
+const CONCURRENT_LOOKUPS: usize = 3;
 
 /// Where the standalone backend's connections go.
 pub(super) enum Target {
@@ -90,7 +107,13 @@ impl std::fmt::Debug for Target {
 pub(super) struct Sentinel {
     /// The master name the sentinels know the primary by.
     master: String,
-    client: tokio::sync::Mutex<SentinelClient>,
+    /// In the order given: the first that names a primary wins.
+    sentinels: Vec<Endpoint>,
+    access: Access,
+    /// The primary's credentials, database and TCP settings; its address is the sentinels'.
+    primary_info: Box<ConnectionInfo>,
+    /// TLS to the primary (`rediss+sentinel://`), and its certificates when any are given.
+    primary_tls: Option<Option<TlsCertificates>>,
     /// Address of the primary last connected to, so that a change is logged once.
     primary: Mutex<Option<String>>,
 }
@@ -111,52 +134,54 @@ impl Sentinel {
             .map(|host| format!("{scheme}://{}{host}/{db}", parts.userinfo).into_connection_info())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| invalid(url, e))?;
-        let primary = infos
+        let sentinels = infos
+            .iter()
+            .map(|info| match info.addr() {
+                ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                    Ok(Endpoint {
+                        host: host
+                            .trim_start_matches('[')
+                            .trim_end_matches(']')
+                            .to_owned(),
+                        port: *port,
+                    })
+                }
+                other => Err(invalid(url, format!("{other} is not a sentinel's address"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let first = infos
             .first()
-            .map(|info| info.redis_settings().clone())
-            .unwrap_or_default();
-        let sentinels: Vec<ConnectionAddr> = infos.iter().map(|i| i.addr().clone()).collect();
-        let mut builder =
-            SentinelClientBuilder::new(sentinels, &parts.master, SentinelServerType::Master)
-                .map_err(|e| invalid(url, e))?
-                .set_client_to_redis_tcp_settings(tcp_settings())
-                .set_client_to_sentinel_tcp_settings(tcp_settings());
-        if let Some(user) = primary.username() {
-            builder = builder.set_client_to_redis_username(user);
+            .ok_or_else(|| invalid(url, "no sentinel given"))?;
+        let mut settings = first.redis_settings().clone();
+        if let Some(password) = &options.password {
+            settings = settings.set_password(password);
         }
-        if let Some(password) = options.password.as_deref().or(primary.password()) {
-            builder = builder.set_client_to_redis_password(password);
-        }
-        if primary.db() != 0 {
-            builder = builder.set_client_to_redis_db(primary.db());
-        }
-        if let Some(user) = &options.sentinel_user {
-            builder = builder.set_client_to_sentinel_username(user);
-        }
-        if let Some(password) = &options.sentinel_password {
-            builder = builder.set_client_to_sentinel_password(password);
-        }
-        if parts.tls {
-            builder = builder.set_client_to_redis_tls_mode(TlsMode::Secure);
-        }
-        if let Some(certificates) = tls_certificates(options)? {
-            builder = builder
-                .set_client_to_redis_certificates(certificates.clone())
-                .set_client_to_sentinel_certificates(certificates);
-        }
+        let primary_info = first
+            .clone()
+            .set_redis_settings(settings)
+            .set_tcp_settings(tcp_settings());
+        let certificates = tls_certificates(options)?;
+        let tls = match parts.tls {
+            true => Some(Arc::new(sentinel_tls(certificates.as_ref())?)),
+            false => None,
+        };
         Ok(Sentinel {
             master: parts.master,
-            client: tokio::sync::Mutex::new(builder.build().map_err(|e| invalid(url, e))?),
+            sentinels,
+            access: Access {
+                tls,
+                user: options.sentinel_user.clone(),
+                password: options.sentinel_password.clone(),
+                connect_timeout: CONNECT_TIMEOUT,
+            },
+            primary_info: Box::new(primary_info),
+            primary_tls: parts.tls.then_some(certificates),
             primary: Mutex::new(None),
         })
     }
 
     async fn connect(&self, config: &AsyncConnectionConfig) -> RedisResult<MultiplexedConnection> {
-        let lookup = async {
-            let mut sentinels = self.client.lock().await;
-            sentinels.async_get_client().await
-        };
-        let client = tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
+        tokio::time::timeout(LOOKUP_TIMEOUT, self.lookup(config))
             .await
             .map_err(|_| {
                 RedisError::from(std::io::Error::new(
@@ -168,11 +193,97 @@ impl Sentinel {
                     ),
                 ))
             })?
-            .map_err(|err| lookup_error(&self.master, err))?;
-        self.note_primary(client.get_connection_info().addr().to_string());
-        client
+    }
+
+    /// Asks the sentinels, in order, and connects to the first primary named that is one.
+    /// Failing that, the error is one met on a primary named (the one an operator can act
+    /// on), else the no-primary error if a sentinel answered, else what each sentinel did.
+    async fn lookup(&self, config: &AsyncConnectionConfig) -> RedisResult<MultiplexedConnection> {
+        // Collected before the stream is built: with the closure inside the stream, rustc
+        // cannot prove the future `Send`. The futures are lazy: at most CONCURRENT_LOOKUPS run.
+        let asks: Vec<_> = (self.sentinels.iter())
+            .map(|sentinel| async move {
+                (
+                    sentinel,
+                    ask::ask(sentinel, &self.access, &self.master).await,
+                )
+            })
+            .collect();
+        let mut answers = futures_util::stream::iter(asks).buffered(CONCURRENT_LOOKUPS);
+        let mut primary_error = None;
+        let mut answered = false;
+        let mut failures = Vec::new();
+        let mut checked = Vec::new();
+        while let Some((sentinel, answer)) = answers.next().await {
+            match answer {
+                Ok(Answer::Primary { host, port }) => {
+                    answered = true;
+                    if checked.contains(&(host.clone(), port)) {
+                        continue;
+                    }
+                    checked.push((host.clone(), port));
+                    match self.connect_primary(host, port, config).await {
+                        Ok(Some((addr, conn))) => {
+                            self.note_primary(addr);
+                            return Ok(conn);
+                        }
+                        Ok(None) => {}
+                        Err(e) => primary_error = Some(e),
+                    }
+                }
+                Ok(Answer::NoPrimary) => answered = true,
+                Err(why) => failures.push(format!("sentinel {sentinel}: {why}")),
+            }
+        }
+        Err(match primary_error {
+            Some(e) => e,
+            None if answered => no_primary(&self.master, &failures),
+            None => RedisError::from(std::io::Error::other(format!(
+                "asking the sentinels for master {}: {}",
+                self.master,
+                failures.join("; ")
+            ))),
+        })
+    }
+
+    /// A connection to the node at `host:port`, with its address, if it answers `ROLE` as a
+    /// primary; `None` when it is a replica.
+    async fn connect_primary(
+        &self,
+        host: String,
+        port: u16,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<Option<(String, MultiplexedConnection)>> {
+        let node = Endpoint { host, port };
+        let info = ConnectionInfo::clone(&self.primary_info);
+        let client = match &self.primary_tls {
+            None => Client::open(info.set_addr(ConnectionAddr::Tcp(node.host.clone(), port)))?,
+            Some(certificates) => {
+                let info = info.set_addr(ConnectionAddr::TcpTls {
+                    host: node.host.clone(),
+                    port,
+                    insecure: false,
+                    tls_params: None,
+                });
+                match certificates {
+                    Some(certificates) => Client::build_with_tls(info, certificates.clone())?,
+                    None => Client::open(info)?,
+                }
+            }
+        };
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(config)
-            .await
+            .await?;
+        let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+        let is_primary = match &role {
+            Value::Array(items) => match items.first() {
+                Some(Value::BulkString(role)) => role == b"master",
+                Some(Value::SimpleString(role)) => role == "master",
+                _ => false,
+            },
+            _ => false,
+        };
+        Ok(is_primary.then(|| (node.to_string(), conn)))
     }
 
     /// Logs the primary the sentinels named, when it is the first or a new one.
@@ -194,22 +305,58 @@ impl Sentinel {
     }
 }
 
-/// The error of a failed lookup, said as it happened. redis-rs answers "Master with given name
-/// not found" whenever no sentinel named a usable primary, also when one named the master and
-/// the node it named answered `ROLE` as a replica (a sentinel out of date, or misconfigured):
-/// the message says which cases that covers, so an operator does not look for a typo only.
-fn lookup_error(master: &str, err: RedisError) -> RedisError {
-    if err.kind() != redis::ErrorKind::MasterNameNotFoundBySentinel {
-        return err;
+/// The error of a lookup in which a sentinel answered but none named a usable primary: the
+/// cases it covers are said, so an operator does not look for a typo only. What the other
+/// sentinels did, if they failed, follows.
+fn no_primary(master: &str, failures: &[String]) -> RedisError {
+    let mut detail = format!(
+        "master `{master}`: no sentinel knows it, each flags it down, or the node each \
+         names is not a primary (ROLE answered replica)"
+    );
+    for failure in failures {
+        detail.push_str("; ");
+        detail.push_str(failure);
     }
     RedisError::from((
         redis::ErrorKind::MasterNameNotFoundBySentinel,
         "no sentinel named a primary",
-        format!(
-            "master `{master}`: no sentinel knows it, each flags it down, or the node each \
-             names is not a primary (ROLE answered replica)"
-        ),
+        detail,
     ))
+}
+
+/// The TLS client config of the connections to the sentinels: the CA file's certificates, or
+/// the system's roots; the client certificate when one is given (as redis-rs does for the
+/// primary).
+fn sentinel_tls(
+    certificates: Option<&TlsCertificates>,
+) -> Result<rustls::ClientConfig, SettingError> {
+    let tls_error = |e: &dyn std::fmt::Display| SettingError(format!("Sentinel TLS: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    match certificates.and_then(|c| c.root_cert.as_deref()) {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| tls_error(&e))?;
+                roots.add(cert).map_err(|e| tls_error(&e))?;
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    match certificates.and_then(|c| c.client_tls.as_ref()) {
+        Some(client) => {
+            let chain = CertificateDer::pem_slice_iter(&client.client_cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| tls_error(&e))?;
+            let key =
+                PrivateKeyDer::from_pem_slice(&client.client_key).map_err(|e| tls_error(&e))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| tls_error(&e))
+        }
+        None => Ok(builder.with_no_client_auth()),
+    }
 }
 
 /// The parts of a `redis+sentinel://` / `rediss+sentinel://` URL.
@@ -315,21 +462,18 @@ mod tests {
     }
 
     #[test]
-    fn a_master_not_found_names_the_replica_case() {
-        let not_found = RedisError::from((
-            redis::ErrorKind::MasterNameNotFoundBySentinel,
-            "Master with given name not found in sentinel",
-        ));
-        let text = lookup_error("mymaster", not_found).to_string();
+    fn a_lookup_without_a_primary_names_the_replica_case_and_the_failed_sentinels() {
+        let text = no_primary("mymaster", &[]).to_string();
         assert!(text.contains("master `mymaster`"), "{text}");
         assert!(text.contains("ROLE answered replica"), "{text}");
         assert!(!text.contains("Master with given name"), "{text}");
-        let other = RedisError::from((redis::ErrorKind::Io, "connection refused"));
-        let shown = other.to_string();
-        assert_eq!(
-            lookup_error("m", other).to_string(),
-            shown,
-            "other errors pass unchanged"
+        let failed = ["sentinel 127.0.0.1:1: Connection refused (os error 111)".to_owned()];
+        let text = no_primary("m", &failed).to_string();
+        assert!(
+            text.ends_with(
+                "(ROLE answered replica); sentinel 127.0.0.1:1: Connection refused (os error 111)"
+            ),
+            "{text}"
         );
     }
 

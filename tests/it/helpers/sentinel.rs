@@ -1,5 +1,6 @@
 //! A throwaway Sentinel deployment: a primary, its replicas and three `redis-server --sentinel`
-//! processes, each on its own loopback port in a temp dir of its own, killed on drop.
+//! processes, each on its own loopback port in a temp dir of its own, killed on drop. And a
+//! [`FakeSentinel`] for what a real one will not do (flood a reply, name any node).
 //!
 //! Failover is tuned to be quick (`down-after-milliseconds` [`DOWN_AFTER_MS`], a short
 //! `failover-timeout`), so a test can kill the primary and see a replica promoted within a few
@@ -198,4 +199,213 @@ fn spawn_sentinel(primary: u16) -> SentinelProcess {
         }
     }
     panic!("could not start a sentinel");
+}
+
+/// What a [`FakeSentinel`] answers to `SENTINEL MASTER` (and `SENTINEL MASTERS`).
+#[derive(Clone)]
+pub enum FakeAnswer {
+    /// The master at this loopback port, with these flags (`master`, `master,s_down`, ...).
+    Master { port: u16, flags: &'static str },
+    /// These bytes, whatever they are: a hostile or broken sentinel.
+    Raw(std::sync::Arc<Vec<u8>>),
+}
+
+/// A sentinel played by the test: a loopback TCP server speaking RESP that answers `ROLE` as a
+/// sentinel, `AUTH` (against a password, if given) and `SENTINEL MASTER(S)` with the
+/// [`FakeAnswer`] set now. For what a real sentinel will not do: answer with a flood, or name a
+/// node the test chooses. Stops accepting on drop (open connections end with their peer).
+pub struct FakeSentinel {
+    port: u16,
+    answer: std::sync::Arc<std::sync::Mutex<FakeAnswer>>,
+    /// `SENTINEL MASTER(S)` asked, and the `AUTH` arguments received, in order.
+    asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    auths: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FakeSentinel {
+    /// A fake sentinel naming the master at `port` as an up primary; `password`, if given, is
+    /// required (`AUTH` with it first, else every command is refused with `NOAUTH`).
+    pub fn start(answer: FakeAnswer, password: Option<&str>) -> FakeSentinel {
+        use std::sync::atomic::Ordering;
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").expect("bind a fake sentinel's port");
+        listener.set_nonblocking(true).expect("non-blocking accept");
+        let fake = FakeSentinel {
+            port: listener.local_addr().expect("local address").port(),
+            answer: std::sync::Arc::new(std::sync::Mutex::new(answer)),
+            asked: Default::default(),
+            auths: Default::default(),
+            stop: Default::default(),
+        };
+        let (answer, asked, auths, stop) = (
+            fake.answer.clone(),
+            fake.asked.clone(),
+            fake.auths.clone(),
+            fake.stop.clone(),
+        );
+        let password = password.map(str::to_owned);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (answer, asked, auths) = (answer.clone(), asked.clone(), auths.clone());
+                        let password = password.clone();
+                        std::thread::spawn(move || {
+                            serve_fake(stream, &answer, &asked, &auths, password.as_deref())
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        fake
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis+sentinel://` naming this sentinel alone.
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/{MASTER}", self.port)
+    }
+
+    /// What the next `SENTINEL MASTER` is answered with.
+    pub fn answer(&self, answer: FakeAnswer) {
+        *self.answer.lock().unwrap() = answer;
+    }
+
+    /// How many times the master was asked for.
+    pub fn asked(&self) -> usize {
+        self.asked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The arguments of every `AUTH` received.
+    pub fn auths(&self) -> Vec<Vec<String>> {
+        self.auths.lock().unwrap().clone()
+    }
+
+    /// A `SENTINEL MASTERS`-shaped reply of `entries` masters, none of them the one asked for:
+    /// about 100 bytes each on the wire.
+    pub fn flood_of_entries(entries: usize) -> FakeAnswer {
+        let mut out = format!("*{entries}\r\n").into_bytes();
+        for i in 0..entries {
+            let name = format!("master-{i:07}");
+            let fields = [
+                "name",
+                &name,
+                "ip",
+                "127.0.0.1",
+                "port",
+                "6379",
+                "flags",
+                "master",
+            ];
+            out.extend_from_slice(format!("*{}\r\n", fields.len()).as_bytes());
+            for field in fields {
+                out.extend_from_slice(format!("${}\r\n{field}\r\n", field.len()).as_bytes());
+            }
+        }
+        FakeAnswer::Raw(std::sync::Arc::new(out))
+    }
+
+    /// One bulk string of `bytes` bytes.
+    pub fn flood_of_bytes(bytes: usize) -> FakeAnswer {
+        let mut out = format!("${bytes}\r\n").into_bytes();
+        out.resize(out.len() + bytes, b'x');
+        out.extend_from_slice(b"\r\n");
+        FakeAnswer::Raw(std::sync::Arc::new(out))
+    }
+}
+
+impl Drop for FakeSentinel {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// One connection to a [`FakeSentinel`]: commands read with redis-rs's parser, answered until
+/// the peer goes (or a write fails: a client that stopped reading a flood).
+fn serve_fake(
+    stream: std::net::TcpStream,
+    answer: &std::sync::Mutex<FakeAnswer>,
+    asked: &std::sync::atomic::AtomicUsize,
+    auths: &std::sync::Mutex<Vec<Vec<String>>>,
+    password: Option<&str>,
+) {
+    use std::io::Write;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let Ok(mut out) = stream.try_clone() else {
+        return;
+    };
+    let mut input = std::io::BufReader::new(stream);
+    let mut parser = redis::Parser::new();
+    let mut authenticated = password.is_none();
+    while let Ok(redis::Value::Array(args)) = parser.parse_value(&mut input) {
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| match a {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => String::new(),
+            })
+            .collect();
+        let command: Vec<String> = args.iter().take(2).map(|a| a.to_uppercase()).collect();
+        let command: Vec<&str> = command.iter().map(String::as_str).collect();
+        let reply: Vec<u8> = match command.as_slice() {
+            ["AUTH", ..] => {
+                auths.lock().unwrap().push(args[1..].to_vec());
+                if password.is_none_or(|p| args.last().map(String::as_str) == Some(p)) {
+                    authenticated = true;
+                    b"+OK\r\n".to_vec()
+                } else {
+                    b"-WRONGPASS invalid username-password pair or user is disabled.\r\n".to_vec()
+                }
+            }
+            _ if !authenticated => b"-NOAUTH Authentication required.\r\n".to_vec(),
+            ["ROLE", ..] => format!(
+                "*2\r\n$8\r\nsentinel\r\n*1\r\n${}\r\n{MASTER}\r\n",
+                MASTER.len()
+            )
+            .into_bytes(),
+            ["PING", ..] => b"+PONG\r\n".to_vec(),
+            ["SENTINEL", which @ ("MASTER" | "MASTERS")] => {
+                asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                match answer.lock().unwrap().clone() {
+                    FakeAnswer::Raw(bytes) => {
+                        if out.write_all(&bytes).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    FakeAnswer::Master { port, flags } => {
+                        let port = port.to_string();
+                        let fields = [
+                            "name",
+                            MASTER,
+                            "ip",
+                            "127.0.0.1",
+                            "port",
+                            &port,
+                            "flags",
+                            flags,
+                        ];
+                        let mut map = format!("*{}\r\n", fields.len());
+                        for field in fields {
+                            map.push_str(&format!("${}\r\n{field}\r\n", field.len()));
+                        }
+                        match *which {
+                            "MASTER" => map.into_bytes(),
+                            _ => format!("*1\r\n{map}").into_bytes(),
+                        }
+                    }
+                }
+            }
+            _ => b"-ERR unknown command\r\n".to_vec(),
+        };
+        if out.write_all(&reply).is_err() {
+            return;
+        }
+    }
 }
