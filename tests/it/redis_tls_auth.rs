@@ -1,6 +1,6 @@
-//! TLS and ACL authentication against real `redis-server` processes: certificates are made by
-//! the test with rcgen (a private CA and a server certificate for 127.0.0.1), the ACL user
-//! is created with `--user`. TLS runs in process; the password test runs the binary, because
+//! TLS and ACL authentication against real `redis-server` processes (and a sentinel): certificates
+//! are made by the test with rcgen (a private CA and a server certificate for 127.0.0.1), the
+//! ACL user is created with `--user`. TLS runs in process; the password test runs the binary, because
 //! what it checks is `main`'s: passwords reach sluice from a file or an environment variable
 //! and must never appear in its log.
 
@@ -366,4 +366,100 @@ async fn a_refused_client_certificate_is_reported_and_keeps_sluice_unready() {
     assert!(client.log_text().contains("backend reachable: serving"));
     assert_eq!(health(&client).await, ServingStatus::Serving as i32);
     assert_eq!(first_call_code(&client).await, Ok(Code::Ok as i32));
+}
+
+/// `rediss+sentinel://` with a real sentinel on a TLS port that verifies clients and has a
+/// password of its own, monitoring a primary over TLS that verifies clients too: the lookup
+/// presents the client certificate and the sentinels' password to the sentinel, then the
+/// certificate to the primary named, and decides there. Without the sentinels' password, with
+/// a wrong one, or trusting another CA, the lookup fails naming the sentinel and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_over_mutual_tls_with_a_password_of_its_own_names_the_primary() {
+    const PASSWORD: &str = "sentinel-secret";
+    let certs = certificates();
+    let path = |f: &str| certs.path().join(f).display().to_string();
+    let tls_port = helpers::free_port();
+    let primary = RedisServer::start_with(&[
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        path("server.pem"),
+        "--tls-key-file".into(),
+        path("server-key.pem"),
+        "--tls-ca-cert-file".into(),
+        path("redis-ca.pem"),
+        "--tls-auth-clients".into(),
+        "yes".into(),
+    ]);
+    let sentinel = helpers::sentinel::start_tls_sentinel(
+        tls_port,
+        &format!(
+            "tls-cert-file {}\ntls-key-file {}\ntls-client-cert-file {}\n\
+             tls-client-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients yes\n\
+             tls-replication yes\nrequirepass {PASSWORD}",
+            path("server.pem"),
+            path("server-key.pem"),
+            path("client.pem"),
+            path("client-key.pem"),
+            path("redis-ca.pem"),
+        ),
+    );
+    let options = |password: Option<&str>, ca: &str| RedisOptions {
+        ca_file: Some(certs.path().join(ca)),
+        client_cert: Some(ClientCert {
+            cert: certs.path().join("client.pem"),
+            key: certs.path().join("client-key.pem"),
+        }),
+        sentinel_password: password.map(str::to_owned),
+        pool_size: 1,
+        ..RedisOptions::new(format!(
+            "rediss+sentinel://127.0.0.1:{}/{}",
+            sentinel.port,
+            helpers::sentinel::MASTER
+        ))
+    };
+    // The first lookup may miss its 1 s connects on a loaded machine (two TLS handshakes in a
+    // debug build, a sentinel just started): tried again for up to 10 s.
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let limiter = loop {
+        match RedisLimiter::connect(&options(Some(PASSWORD), "redis-ca.pem")).await {
+            Ok(limiter) => break limiter,
+            Err(e) if std::time::Instant::now() < by => {
+                println!("not yet through the TLS sentinel: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("through the TLS sentinel: {e}"),
+        }
+    };
+    let out = limiter.decide(&one_hit(), None).await.expect("decided");
+    assert!(out.admitted);
+    assert_eq!(
+        helpers::RedisCluster::cli(primary.port(), &["EXISTS", "sluice:{k}"]).trim(),
+        "1",
+        "not written on the primary"
+    );
+
+    let refused = |options: RedisOptions| async move {
+        match RedisLimiter::connect(&options).await {
+            Err(LimiterError::Unavailable(why)) => why,
+            Err(other) => panic!("not unavailable: {other}"),
+            Ok(_) => panic!("connected"),
+        }
+    };
+    let named = format!("sentinel 127.0.0.1:{}", sentinel.port);
+    let why = refused(options(None, "redis-ca.pem")).await;
+    assert!(
+        why.contains(&named) && why.contains("NOAUTH") && why.contains("password"),
+        "{why}"
+    );
+    let why = refused(options(Some("not-the-password"), "redis-ca.pem")).await;
+    assert!(
+        why.contains(&named) && why.contains("AUTH refused") && !why.contains("not-the-password"),
+        "{why}"
+    );
+    let why = refused(options(Some(PASSWORD), "other-ca.pem")).await;
+    assert!(
+        why.contains(&named) && why.contains("the Redis server certificate is not trusted"),
+        "{why}"
+    );
 }

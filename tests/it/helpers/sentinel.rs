@@ -134,6 +134,42 @@ impl SentinelSet {
     }
 }
 
+/// A lone sentinel on a TLS port only, monitoring the primary at `primary` (quorum 1).
+pub struct TlsSentinel {
+    pub port: u16,
+    _process: SentinelProcess,
+}
+
+/// Starts a [`TlsSentinel`] whose config adds `conf` (the TLS files, `tls-replication`,
+/// `requirepass`, ...); ready once its TLS port accepts connections.
+pub fn start_tls_sentinel(primary: u16, conf: &str) -> TlsSentinel {
+    let dir = tempfile::tempdir().expect("temp dir for a sentinel");
+    let port = free_port();
+    let file = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &file,
+        format!(
+            "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {dir}\n{conf}\n\
+             sentinel monitor {MASTER} 127.0.0.1 {primary} 1\n",
+            dir = dir.path().display()
+        ),
+    )
+    .expect("write sentinel.conf");
+    let child = spawn_redis_server(Command::new("redis-server").arg(&file).arg("--sentinel"));
+    let process = SentinelProcess {
+        child,
+        port,
+        _dir: dir,
+    };
+    wait_until_blocking("the TLS sentinel listens", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    TlsSentinel {
+        port,
+        _process: process,
+    }
+}
+
 /// `SENTINEL MASTER mymaster` of the sentinel on `port`, as field -> value.
 fn master_fields(port: u16) -> std::collections::HashMap<String, String> {
     let out = cli(port, &["SENTINEL", "MASTER", MASTER]);

@@ -154,6 +154,13 @@ fn answer(reply: Reply) -> Result<Answer, String> {
         Reply::Array(fields) => fields,
         // What a sentinel answers for a master it does not monitor.
         Reply::Error(e) if e.starts_with("ERR No such master") => return Ok(Answer::NoPrimary),
+        Reply::Error(e) if e.starts_with("NOAUTH") => {
+            return Err(format!(
+                "SENTINEL MASTER answered {} (the sentinels have a password: give \
+                 --redis-sentinel-password-file)",
+                quoted(&e)
+            ));
+        }
         Reply::Error(e) => {
             return Err(format!(
                 "SENTINEL MASTER answered {} (is it a sentinel?)",
@@ -245,6 +252,9 @@ mod tests {
         );
         let err = answer(plain).expect_err("not a sentinel");
         assert!(err.contains("unknown command 'SENTINEL'") && err.contains("is it a sentinel?"));
+        let locked = Reply::Error("NOAUTH Authentication required.".into());
+        let err = answer(locked).expect_err("no password");
+        assert!(err.contains("NOAUTH") && err.contains("--redis-sentinel-password-file"));
         let long = Reply::Error("E".repeat(10_000));
         assert!(answer(long).expect_err("error").len() < 300);
         assert!(
