@@ -325,6 +325,11 @@ pub fn assemble(
     if settings.engine.shadow_mode {
         tracing::warn!("global shadow mode: every request is answered OK overall");
     }
+    if settings.engine.quota_mode {
+        tracing::info!(
+            "global quota mode: a request is over the limit only when all of its descriptors are"
+        );
+    }
     Ok(ServerSettings {
         config,
         limiter,

@@ -288,6 +288,10 @@ pub(crate) struct ServeArgs {
     /// answered OK overall.
     #[arg(long, env = "SLUICE_SHADOW_MODE")]
     pub(crate) shadow_mode: bool,
+    /// Global quota mode: every descriptor is a quota descriptor, so a request is over the
+    /// limit only when all of its limited descriptors are.
+    #[arg(long, env = "SLUICE_QUOTA_MODE")]
+    pub(crate) quota_mode: bool,
     /// Prefix of every limiter key (no braces, at most 64 bytes).
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = sluice::descriptor::KEY_PREFIX)]
     pub(crate) key_prefix: String,
@@ -474,6 +478,7 @@ impl ServeArgs {
             },
             engine: EngineOptions {
                 shadow_mode: self.shadow_mode,
+                quota_mode: self.quota_mode,
                 key_prefix: self.key_prefix.clone(),
                 limits: InputLimits {
                     max_domain_bytes: self.max_domain_bytes,

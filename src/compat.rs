@@ -199,10 +199,11 @@ fn addresses(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     }
 }
 
-/// Shadow mode, domain merging and the near-limit ratio.
+/// Shadow and quota modes, domain merging and the near-limit ratio.
 fn switches(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     for (legacy, sluice) in [
         ("SHADOW_MODE", "SLUICE_SHADOW_MODE"),
+        ("QUOTA_MODE", "SLUICE_QUOTA_MODE"),
         ("MERGE_DOMAIN_CONFIG", "SLUICE_MERGE_DOMAIN_CONFIG"),
     ] {
         if let Some(on) = flag_var(get, legacy, out) {
@@ -286,6 +287,7 @@ mod tests {
             ("GRPC_PORT", "8081"),
             ("PORT", "8080"),
             ("SHADOW_MODE", "true"),
+            ("QUOTA_MODE", "true"),
             ("NEAR_LIMIT_RATIO", "0.9"),
             ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
             ("CACHE_KEY_PREFIX", "rl_"),
@@ -301,6 +303,7 @@ mod tests {
             ("SLUICE_GRPC_ADDR", "0.0.0.0:8081"),
             ("SLUICE_ADMIN_ADDR", "0.0.0.0:8080"),
             ("SLUICE_SHADOW_MODE", "true"),
+            ("SLUICE_QUOTA_MODE", "true"),
             ("SLUICE_NEAR_LIMIT_RATIO", "0.9"),
             ("SLUICE_LOCAL_CACHE_SIZE", "8192"),
             ("SLUICE_KEY_PREFIX", "rl_"),

@@ -143,6 +143,7 @@ impl Engine {
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
         let mut plans = resolve(&config, request, &self.options);
+        let quota_passes = self.options.quota_mode && a_quota_always_passes(&plans);
 
         // The keys move into the batch (no copy); each verdict takes its key back from it, in
         // the same order (a descriptor's limit, then its stacked limits).
@@ -157,6 +158,10 @@ impl Engine {
                     }
                     batch.push(Item {
                         key: std::mem::take(&mut hit.key),
+                        kind: match hit.kind {
+                            ItemKind::Quota if quota_passes => ItemKind::Shadow,
+                            kind => kind,
+                        },
                         ..*hit
                     });
                 }
@@ -252,8 +257,9 @@ impl Engine {
                 (Code::OverLimit, Outcome::ShadowRejected)
             }
             (ItemKind::Shadow, false, _) => (Code::Ok, Outcome::ShadowRejected),
-            // quota_mode: over its own limit, but another quota descriptor let the request in.
-            (ItemKind::Quota, false, true) => (Code::Ok, Outcome::QuotaExhausted),
+            // quota_mode: over its own limit, but another quota descriptor let the request in. Its
+            // status says so, the request's does not (`overall_code`).
+            (ItemKind::Quota, false, true) => (Code::OverLimit, Outcome::QuotaExhausted),
             (_, false, _) => (Code::OverLimit, Outcome::Rejected),
             (_, true, true) => (Code::Ok, Outcome::Admitted),
             (_, true, false) => (Code::Ok, Outcome::NotRecorded),
@@ -274,13 +280,27 @@ impl Engine {
     }
 }
 
-/// OVER_LIMIT when any verdict is.
+/// OVER_LIMIT when any verdict is, but for an exhausted quota that another quota descriptor
+/// admitted.
 fn overall_code(verdicts: &[Verdict]) -> Code {
-    if verdicts.iter().any(|v| v.code == Code::OverLimit) {
+    if verdicts
+        .iter()
+        .any(|v| v.code == Code::OverLimit && v.outcome != Outcome::QuotaExhausted)
+    {
         Code::OverLimit
     } else {
         Code::Ok
     }
+}
+
+/// Global quota mode counts a descriptor without a limit as a quota descriptor that passed
+/// (envoyproxy/ratelimit's answer), so with one in the request no quota item can fail it: each
+/// is sent as a shadow item, which records what a quota item would and never rejects, and its
+/// verdict is still a quota one (the plan keeps its kind).
+fn a_quota_always_passes(plans: &[Resolution<'_>]) -> bool {
+    plans
+        .iter()
+        .any(|p| matches!(p, Resolution::Done(v) if v.outcome == Outcome::NoRule))
 }
 
 /// Whether `a` is the tighter of two stacked limits' verdicts: over the limit first, then

@@ -194,13 +194,13 @@ fn limits_of(
 }
 
 /// How the descriptor's hits treat their keys: a refund, shadow mode (global or the rule's),
-/// `quota_mode`, or plain consumption.
+/// quota mode (global or the rule's), or plain consumption.
 fn hit_kind(descriptor: &Descriptor, rule: Option<&Rule>, options: &EngineOptions) -> ItemKind {
     if descriptor.negative {
         ItemKind::Refund
     } else if options.shadow_mode || rule.is_some_and(|r| r.shadow_mode) {
         ItemKind::Shadow
-    } else if rule.is_some_and(|r| r.quota_mode) {
+    } else if options.quota_mode || rule.is_some_and(|r| r.quota_mode) {
         ItemKind::Quota
     } else {
         ItemKind::Consume

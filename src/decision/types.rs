@@ -122,6 +122,10 @@ pub struct EngineOptions {
     /// status reported as usual, but the overall code is always OK, and each limit records the
     /// hits it would have admitted on its own.
     pub shadow_mode: bool,
+    /// Global quota mode (envoyproxy/ratelimit's `QUOTA_MODE`): every descriptor that is not
+    /// `unlimited` is a quota descriptor, so a request is over the limit only when all of them
+    /// are (one without a limit never is); shadow mode wins over it.
+    pub quota_mode: bool,
     /// Prefix of every limiter key (`CACHE_KEY_PREFIX`).
     pub key_prefix: String,
     /// What one request may carry; larger requests are refused, recording nothing.
@@ -132,6 +136,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             shadow_mode: false,
+            quota_mode: false,
             key_prefix: KEY_PREFIX.to_owned(),
             limits: InputLimits::default(),
         }
@@ -183,7 +188,8 @@ pub enum Outcome {
     /// A refund (is_negative_hits) applied.
     Refunded,
     /// A `quota_mode` limit over its own limit while another quota limit of the request admitted
-    /// it: reported OK, nothing recorded for this limit.
+    /// it: its status is OVER_LIMIT, the request's OK (envoyproxy/ratelimit's answer); it records
+    /// what its `over_limit` says.
     QuotaExhausted,
     /// The backend failed and the failure policy `allow` answered OK.
     BackendAllowed,

@@ -141,7 +141,8 @@ const TABLE: &[Row] = &[
         overall: OK,
         statuses: &[(OK, Some(1), 0)],
     },
-    // quota_mode: tenant over, team still has room: admitted; both over: rejected.
+    // quota_mode: tenant over (its status says so), team still has room: admitted; both
+    // over: rejected.
     Row {
         domain: "rl",
         descriptors: &[&[("tenant_quota", "t1")], &[("team_quota", "x")]],
@@ -152,7 +153,7 @@ const TABLE: &[Row] = &[
         domain: "rl",
         descriptors: &[&[("tenant_quota", "t1")], &[("team_quota", "x")]],
         overall: OK,
-        statuses: &[(OK, Some(1), 0), (OK, Some(2), 0)],
+        statuses: &[(OVER, Some(1), 0), (OK, Some(2), 0)],
     },
     Row {
         domain: "rl",

@@ -23,6 +23,80 @@ async fn global_shadow_mode_keeps_statuses_and_answers_ok() {
     assert_eq!(third.verdicts[0].remaining, 0);
 }
 
+/// The (code, outcome) of each verdict and the overall code of deciding `request`.
+async fn codes(engine: &Engine, request: &Request) -> (Code, Vec<(Code, Outcome)>) {
+    let d = engine.decide(request).await.unwrap();
+    let verdicts = d.verdicts.iter().map(|v| (v.code, v.outcome)).collect();
+    (d.overall, verdicts)
+}
+
+/// envoyproxy/ratelimit's `QUOTA_MODE`: every descriptor is a quota one; the request is over
+/// the limit only when all of them are. A quota descriptor over its limit on an admitted
+/// request reports OVER_LIMIT in its own status.
+#[tokio::test]
+async fn global_quota_mode_rejects_only_when_every_descriptor_is_over() {
+    let (engine, _) = engine_with(EngineOptions {
+        quota_mode: true,
+        ..EngineOptions::default()
+    });
+    let (ok, over) = (Code::Ok, Code::OverLimit);
+    // user a: 2 a minute; shadow: 1 a minute, but global quota does not touch shadow rules.
+    let both = req(&[&[("user", "a")], &[("user", "b")]]);
+    for _ in 0..2 {
+        assert_eq!(codes(&engine, &both).await.0, ok);
+    }
+    let (overall, verdicts) = codes(&engine, &both).await;
+    assert_eq!(overall, over, "{verdicts:?}");
+    assert_eq!(
+        verdicts,
+        [(over, Outcome::Rejected), (over, Outcome::Rejected)]
+    );
+    // One with room: admitted; the full one says it is over.
+    let mixed = req(&[&[("user", "a")], &[("user", "c")]]);
+    let (overall, verdicts) = codes(&engine, &mixed).await;
+    assert_eq!(overall, ok);
+    assert_eq!(
+        verdicts,
+        [(over, Outcome::QuotaExhausted), (ok, Outcome::Admitted)]
+    );
+    // An unlimited descriptor is no quota descriptor: the full one alone decides.
+    let unlimited = req(&[&[("user", "a")], &[("bot", "x")]]);
+    assert_eq!(codes(&engine, &unlimited).await.0, over);
+    // A descriptor without a limit is a quota descriptor that always passes.
+    let no_rule = req(&[&[("user", "a")], &[("user", "b")], &[("user", "trusted")]]);
+    let (overall, verdicts) = codes(&engine, &no_rule).await;
+    assert_eq!(overall, ok);
+    assert_eq!(
+        verdicts,
+        [
+            (over, Outcome::QuotaExhausted),
+            (over, Outcome::QuotaExhausted),
+            (ok, Outcome::NoRule)
+        ]
+    );
+}
+
+/// Global shadow mode wins over global quota mode: nothing is ever rejected.
+#[tokio::test]
+async fn global_shadow_mode_wins_over_global_quota_mode() {
+    let (engine, _) = engine_with(EngineOptions {
+        shadow_mode: true,
+        quota_mode: true,
+        ..EngineOptions::default()
+    });
+    let one = req(&[&[("user", "a")], &[("user", "b")]]);
+    for _ in 0..3 {
+        assert_eq!(codes(&engine, &one).await.0, Code::Ok);
+    }
+    let (_, verdicts) = codes(&engine, &one).await;
+    assert!(
+        verdicts
+            .iter()
+            .all(|v| *v == (Code::OverLimit, Outcome::ShadowRejected)),
+        "{verdicts:?}"
+    );
+}
+
 #[tokio::test]
 async fn one_batch_per_request_with_every_limited_descriptor() {
     let (engine, backend) = engine();
