@@ -337,8 +337,8 @@ pub struct DecisionStats {
 /// Runs `steps` through an engine over the memory backend on a virtual clock and checks:
 /// - no panic, and the memory backend never fails;
 /// - a request is refused as invalid exactly when [`validate_with`] says so;
-/// - one verdict per descriptor, overall OVER_LIMIT exactly when some verdict is, remaining never
-///   above the limit;
+/// - one verdict per descriptor, overall OVER_LIMIT exactly when some verdict is (an exhausted
+///   quota aside), remaining never above the limit;
 /// - for every key never refunded: whenever an item is admitted at `t`, the hits admitted on its
 ///   key within `(t - window, t]` (this item included) are at most that item's limit.
 pub fn decisions(config_text: &str, steps: &[Step]) -> DecisionStats {
@@ -431,7 +431,11 @@ pub fn decisions(config_text: &str, steps: &[Step]) -> DecisionStats {
 
 fn check_decision(request: &Request, decision: &Decision) {
     assert_eq!(decision.verdicts.len(), request.descriptors.len());
-    let any_over = decision.verdicts.iter().any(|v| v.code == Code::OverLimit);
+    // An exhausted quota says OVER_LIMIT in its status on an admitted request.
+    let any_over = decision
+        .verdicts
+        .iter()
+        .any(|v| v.code == Code::OverLimit && v.outcome != Outcome::QuotaExhausted);
     assert_eq!(decision.overall == Code::OverLimit, any_over);
     for verdict in &decision.verdicts {
         if let Some(limit) = &verdict.limit {
