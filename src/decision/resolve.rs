@@ -130,6 +130,7 @@ fn resolve_descriptor<'c>(
                 } else {
                     0
                 },
+                hold_ms: 0,
             };
             (limit, hit)
         });

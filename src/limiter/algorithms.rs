@@ -306,7 +306,8 @@ impl State {
     }
 
     /// Records `hits` hits at `now` (after [`State::settle`]): for the sliding log one entry of
-    /// that weight, for leases the lease of the item's token.
+    /// that weight (dated [`Item::hold_ms`] after `now`), for leases the lease of the item's
+    /// token.
     pub fn record(&mut self, hit: &Item, now: u64, hits: u64) {
         let w = hit.window_ms.max(1);
         match (self, hit.algorithm) {
@@ -314,7 +315,7 @@ impl State {
                 let q = quantum_ms.max(1);
                 log.add_to_bucket(now / q * q, hits)
             }
-            (State::Log(log), _) => log.record(now, hits),
+            (State::Log(log), _) => log.record(now.saturating_add(hit.hold_ms), hits),
             (State::Leases(leases), _) => leases.record(now, hit.lease),
             (State::Fixed { count, .. }, _) => *count = count.saturating_add(hits),
             (State::Counter { cur, .. }, _) => *cur = cur.saturating_add(hits),

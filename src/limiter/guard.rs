@@ -179,6 +179,7 @@ mod tests {
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,
+            hold_ms: 0,
         }]
     }
 

@@ -312,6 +312,7 @@ impl Limiter for MemoryLimiter {
         batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
+        super::check_holds(batch)?;
         let now_ms = now_ms.unwrap_or_else(|| self.clock.now_ms());
         Ok(self.decide_sync(batch, now_ms))
     }
@@ -340,6 +341,7 @@ mod tests {
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,
+            hold_ms: 0,
         }
     }
 

@@ -53,6 +53,15 @@
 //!   other (token 0 releases nothing), and a lease counts for `window_ms` at most. Its items
 //!   record only what is admitted: [`OverLimit`] takes are 0 for them (a refused request holds
 //!   no lease, since nothing will ever release it).
+//! - A held item ([`Item::hold_ms`] > 0, the sliding log only) is checked like any other; what
+//!   it records is one entry dated `max(now + hold_ms, newest)` instead of `max(now, newest)`,
+//!   so it counts from the decision until `hold_ms + window_ms` later. That is a reservation:
+//!   tokens handed out at `now` that may be spent at any moment until `now + hold_ms` stay
+//!   counted a whole window after the last moment they can be spent (the Rate Limit Quota
+//!   Service's allotments, docs/algorithms.md). Entries recorded after it on the key are dated
+//!   at its time or later (timestamps never decrease), and a refund takes from the newest
+//!   entries whatever they are. Every backend refuses a batch that holds an item of another
+//!   algorithm ([`check_holds`], [`LimiterError::Refused`]) before touching any key.
 //! - The clock: Redis uses its own `TIME` (instances with skewed clocks agree); the memory backend
 //!   uses the [`Clock`] it was built with. Both also accept an explicit `now` for tests.
 
@@ -128,6 +137,10 @@ pub struct Item {
     /// [`Algorithm::InFlight`] only: the token naming the lease this item records or, for a
     /// refund, releases (0: none; a refund of token 0 releases nothing). Ignored otherwise.
     pub lease: u64,
+    /// [`Algorithm::SlidingLog`] only: what the item records is dated this many ms after
+    /// `now`, so it counts from `now` until `now + hold_ms + window_ms` (a reservation of
+    /// tokens that may be spent until `now + hold_ms`; see the module doc). 0 for every request.
+    pub hold_ms: u64,
 }
 
 impl Item {
@@ -139,6 +152,23 @@ impl Item {
     /// The hits this item counts with ([`Algorithm::counted_hits`]).
     pub fn counted_hits(&self) -> u64 {
         self.algorithm.counted_hits(self.hits)
+    }
+}
+
+/// Refuses a batch with a held item ([`Item::hold_ms`]) of an algorithm other than the sliding
+/// log: only a log can date an entry after `now`. Every backend calls it before deciding.
+pub fn check_holds(batch: &[Item]) -> Result<(), LimiterError> {
+    match batch
+        .iter()
+        .find(|item| item.hold_ms > 0 && item.algorithm != Algorithm::SlidingLog)
+    {
+        Some(item) => Err(LimiterError::Refused(format!(
+            "a hold of {} ms on key {} counted by {}: only sliding_log keys take holds",
+            item.hold_ms,
+            item.key,
+            item.algorithm.name()
+        ))),
+        None => Ok(()),
     }
 }
 

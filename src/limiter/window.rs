@@ -257,6 +257,7 @@ mod tests {
             over_limit: OverLimit::Refuse,
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,
+            hold_ms: 0,
         }
     }
 

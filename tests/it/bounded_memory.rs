@@ -52,6 +52,7 @@ async fn push_keys(limiter: &dyn Limiter) {
             over_limit: sluice::limiter::OverLimit::default(),
             algorithm: Algorithm::SlidingLog,
             lease: 0,
+            hold_ms: 0,
         }];
         // Time moves 1 ms per key: the least recently recorded key is the one evicted.
         let outcome = limiter
@@ -103,6 +104,7 @@ async fn a_million_keys_stay_under_the_memory_bound() {
         over_limit: sluice::limiter::OverLimit::default(),
         algorithm: Algorithm::SlidingLog,
         lease: 0,
+        hold_ms: 0,
     }];
     let outcome = limiter
         .decide(&probe, Some(1_000_000 + KEYS))

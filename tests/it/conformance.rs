@@ -378,6 +378,59 @@ async fn clock_step_back_does_not_shorten_entries(l: Arc<dyn Limiter>) {
     assert_eq!(count_at(&l, "k", 1000, T + 2000).await, 0);
 }
 
+/// A held item (`hold_ms`, the Rate Limit Quota Service's reservations): checked like any item,
+/// its entry dated `hold_ms` after `now`, so it counts from the decision until `hold_ms +
+/// window` later; entries after it are dated at its time; a hold on another algorithm is
+/// refused with nothing recorded.
+async fn held_items_count_until_hold_plus_window(l: Arc<dyn Limiter>) {
+    let held = |hits, hold_ms| Item {
+        hold_ms,
+        over_limit: OverLimit::Refuse,
+        ..log_item("r", 10, 1000, hits, ItemKind::Consume)
+    };
+    // Counted at once, until T + 500 + 1000.
+    let out = decide_at(&l, &[held(6, 500)], T).await;
+    assert_eq!(
+        (out.admitted, out.items[0]),
+        (true, key_outcome(true, 6, 1500))
+    );
+    // A reservation that does not fit records nothing.
+    let out = decide_at(&l, &[held(5, 500)], T + 5).await;
+    assert_eq!(
+        (out.admitted, out.items[0]),
+        (false, key_outcome(false, 6, 1495))
+    );
+    // A request after it is dated at its time (timestamps never decrease).
+    let plain = |hits| log_item("r", 10, 1000, hits, ItemKind::Consume);
+    assert!(decide_at(&l, &[plain(4)], T + 10).await.admitted);
+    let out = decide_at(&l, &[plain(1)], T + 1400).await;
+    assert_eq!(
+        (out.admitted, out.items[0]),
+        (false, key_outcome(false, 10, 100))
+    );
+    // An earlier clock sees them too.
+    assert_eq!(count_at(&l, "r", 1000, T + 200).await, 10);
+    assert_eq!(count_at(&l, "r", 1000, T + 1499).await, 10);
+    assert_eq!(count_at(&l, "r", 1000, T + 1500).await, 0);
+    // A hold on another algorithm refuses the whole batch before any key is touched.
+    let gcra = Item {
+        hold_ms: 5,
+        ..with(
+            Algorithm::Gcra { burst: 5 },
+            log_item("g", 5, 1000, 1, ItemKind::Consume),
+        )
+    };
+    let err = l
+        .decide(&[plain(1), gcra], Some(T + 2000))
+        .await
+        .expect_err("a hold on gcra is refused");
+    assert!(
+        err.to_string().contains("only sliding_log keys take holds"),
+        "{err}"
+    );
+    assert_eq!(count_at(&l, "r", 1000, T + 2000).await, 0);
+}
+
 /// The backend's own clock: two admitted in a 300 ms window, the third refused, and a window
 /// later one admitted again. The three calls must fall within one window; an attempt a loaded
 /// machine stretched past it proves nothing and is repeated on a fresh key (5 times at most).
@@ -944,6 +997,7 @@ macro_rules! conformance {
                 refund_removes_newest,
                 reset_ms_tracks_oldest_entry,
                 clock_step_back_does_not_shorten_entries,
+                held_items_count_until_hold_plus_window,
                 real_clock,
                 concurrent_single_key,
                 algorithms_mix_all_or_nothing,

@@ -61,6 +61,9 @@ fn arb_hit() -> impl Strategy<Value = Item> {
     ];
     // Few lease tokens, so that refunds name live leases and recordings renew them; 0 too.
     let lease = 0u64..5;
+    // Held items (reservations) on the sliding-log keys, dated up to 1.5 windows ahead; the
+    // other algorithms refuse a hold, so their items get none.
+    let hold = prop_oneof![3 => Just(0u64), 1 => 1u64..1500];
     (
         prop::sample::select(KEYS.to_vec()),
         limit,
@@ -68,14 +71,24 @@ fn arb_hit() -> impl Strategy<Value = Item> {
         kind,
         0u64..6,
         over_limit,
-        lease,
+        (lease, hold),
     )
-        .prop_map(|(key, limit, hits, kind, burst, over_limit, lease)| Item {
-            algorithm: algorithm_of(key, burst),
-            over_limit,
-            lease,
-            ..log_item(key, limit, window_of(key), hits, kind)
-        })
+        .prop_map(
+            |(key, limit, hits, kind, burst, over_limit, (lease, hold))| {
+                let algorithm = algorithm_of(key, burst);
+                Item {
+                    algorithm,
+                    over_limit,
+                    lease,
+                    hold_ms: if algorithm == Algorithm::SlidingLog {
+                        hold
+                    } else {
+                        0
+                    },
+                    ..log_item(key, limit, window_of(key), hits, kind)
+                }
+            },
+        )
 }
 
 /// (time step in ms, may be negative: clocks of other instances lag; batch)
@@ -120,6 +133,14 @@ type Steps = Vec<(i64, Vec<Item>)>;
 ///    the lease where it was. The engine gives every request a fresh token, so here every
 ///    recording `in_flight` item gets a token of its own (refunds keep the generated ones,
 ///    which name those tokens or none).
+/// 6. A held item (`hold_ms`) in a batch spanning slots that another slot rejects, on a key that
+///    an item of the batch records on whatever the verdict (`record`, or `fill` over its limit).
+///    The admitted slot dated that entry after the held one's (entries never go back in time),
+///    and compensation takes only the held entry back, where one script, rejecting, dates it at
+///    `now`; or the held entry stays and the entry compensation removed was the key's oldest, of
+///    which the slot's reply still reports the reset. The Rate Limit Quota Service's
+///    reservations, the only held items, are `refuse` and alone on their keys; here every item
+///    of a held item's key in such a batch becomes `refuse`.
 fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
     arb_steps().prop_map(|steps| {
         let o1 = |h: &Item| {
@@ -158,6 +179,15 @@ fn arb_steps_cluster() -> impl Strategy<Value = Steps> {
             if spans_slots {
                 // Rule 1. Stable: the order among refunds and among the rest is kept.
                 batch.sort_by_key(|h| h.kind == ItemKind::Refund);
+                // Rule 6.
+                let held: Vec<String> = batch
+                    .iter()
+                    .filter(|h| h.hold_ms > 0)
+                    .map(|h| h.key.clone())
+                    .collect();
+                for h in batch.iter_mut().filter(|h| held.contains(&h.key)) {
+                    h.over_limit = OverLimit::Refuse;
+                }
                 // Rule 4.
                 for i in 0..batch.len() {
                     let after_a_record = batch[..i].iter().any(|e| {

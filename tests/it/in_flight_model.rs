@@ -68,6 +68,7 @@ fn item(kind: ItemKind, lease: u64) -> Item {
         over_limit: OverLimit::Record,
         algorithm: Algorithm::InFlight,
         lease,
+        hold_ms: 0,
     }
 }
 

@@ -49,6 +49,7 @@ mod redis_sentinel;
 mod redis_sentinel_bounds;
 mod redis_tls_auth;
 mod reload;
+mod reservation_model;
 mod soak;
 mod token_budget;
 mod tracing;

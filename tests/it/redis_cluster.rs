@@ -104,6 +104,7 @@ async fn cross_slot_reports_match_one_script() {
         over_limit: sluice::limiter::OverLimit::default(),
         algorithm,
         lease: 0,
+        hold_ms: 0,
     };
     let log = Algorithm::SlidingLog;
     let quantized = Algorithm::QuantizedLog { quantum_ms: 100 };

@@ -351,6 +351,7 @@ async fn wait_replicas_needs_the_replicas_it_names() {
         algorithm: Algorithm::SlidingLog,
         over_limit: OverLimit::default(),
         lease: 0,
+        hold_ms: 0,
     };
     let alone = RedisLimiter::connect(&options(1)).await.expect("connect");
     match alone.decide(&[hit("sluice:{alone}")], None).await {

@@ -68,6 +68,7 @@ fn one_hit() -> Vec<Item> {
         over_limit: sluice::limiter::OverLimit::default(),
         algorithm: sluice::limiter::Algorithm::SlidingLog,
         lease: 0,
+        hold_ms: 0,
     }]
 }
 

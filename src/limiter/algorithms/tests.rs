@@ -14,6 +14,7 @@ fn hit(algorithm: Algorithm, limit: u64, window_ms: u64) -> Item {
         over_limit: crate::limiter::OverLimit::default(),
         algorithm,
         lease: 0,
+        hold_ms: 0,
     }
 }
 

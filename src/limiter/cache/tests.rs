@@ -42,6 +42,7 @@ fn hit(key: &str, limit: u64, hits: u64, kind: ItemKind) -> Item {
         over_limit: crate::limiter::OverLimit::default(),
         algorithm: crate::limiter::Algorithm::SlidingLog,
         lease: 0,
+        hold_ms: 0,
     }
 }
 

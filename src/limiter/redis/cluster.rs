@@ -454,6 +454,7 @@ impl Limiter for ClusterLimiter {
         batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
+        crate::limiter::check_holds(batch)?;
         self.run(batch, now_ms).await
     }
 
@@ -504,6 +505,7 @@ mod tests {
             over_limit: crate::limiter::OverLimit::default(),
             algorithm: crate::limiter::Algorithm::SlidingLog,
             lease: 0,
+            hold_ms: 0,
         };
         let batch = [hit("sluice:{a}"), hit("sluice:{b}"), hit("sluice:{a}")];
         let mut groups = slot_groups(&batch);

@@ -316,6 +316,7 @@ impl Limiter for RedisLimiter {
         batch: &[Item],
         now_ms: Option<u64>,
     ) -> Result<BatchOutcome, LimiterError> {
+        crate::limiter::check_holds(batch)?;
         self.run(batch, now_ms).await
     }
 

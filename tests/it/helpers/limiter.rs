@@ -24,6 +24,7 @@ pub fn log_item(key: &str, limit: u64, window_ms: u64, hits: u64, kind: ItemKind
         over_limit: OverLimit::default(),
         algorithm: Algorithm::SlidingLog,
         lease: 0,
+        hold_ms: 0,
     }
 }
 

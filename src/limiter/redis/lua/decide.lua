@@ -69,8 +69,9 @@ local function log_span(key, state)
   return (newest - log_entry(key, state, OLDEST)) % LOG_MEMBERS + 1
 end
 
--- The score and number of an entry added after the newest entry `newest_member` at
--- `newest_score` (nil on an empty key). An entry's undo token is (score mod TOKEN_SCORE) *
+-- The score and number of an entry recorded at `at` (now_ms, or later for a held item: the
+-- `hold` of log_add) after the newest entry `newest_member` at `newest_score` (nil on an empty
+-- key). An entry's undo token is (score mod TOKEN_SCORE) *
 -- TOKEN_MEMBER + (number - LOG_MEMBER_FIRST) + 1 (entry_token; compensate.lua's undo_log finds
 -- the entry from it).
 --
@@ -78,7 +79,7 @@ end
 -- LOG_MEMBER_FIRST..LOG_MEMBER_LAST (7 digits) in 5 bytes where a UUID costs 37. So a member is
 -- a number, the newest entry's + 1 (LOG_MEMBER_FIRST on a new key, wrapping from the last to the
 -- first), followed by the entry's weight unless that is 1 (log_member in shared.lua: `1000041`
--- weighs 1, `10000412000` 2000). The score is max(now, newest score), never back in time (as
+-- weighs 1, `10000412000` 2000). The score is max(at, newest score), never back in time (as
 -- the memory backend records), so that entries of equal score sort by number and the newest is
 -- the last (refunds take from there). This is safe across instances and clock steps because:
 -- - at a wrap the new number would sort below the newest at an equal score, so the entry goes
@@ -86,8 +87,8 @@ end
 -- - entries leave from the bottom (expiry) and the top (refunds), so the live numbers are one
 --   cyclic range, and write checks before writing anything that the request's new entries do
 --   not reach a live number (log_span; it takes 7.4 million live entries in one window).
-local function next_entry(newest_member, newest_score)
-  local score, member = now_ms, LOG_MEMBER_FIRST
+local function next_entry(at, newest_member, newest_score)
+  local score, member = at, LOG_MEMBER_FIRST
   if newest_member then
     if newest_score > score then
       score = newest_score
@@ -108,10 +109,11 @@ local function entry_token(score, member)
   return (score % TOKEN_SCORE) * TOKEN_MEMBER + (member - LOG_MEMBER_FIRST) + 1
 end
 
--- Adds one entry of `weight` to a log key (next_entry), with the key's new total; returns its
+-- Adds one entry of `weight` to a log key (next_entry), dated `hold` ms after now (a held item,
+-- `hold_ms` in src/limiter/mod.rs; 0 for every request), with the key's new total; returns its
 -- undo token.
-local function log_add(key, state, weight)
-  local score, member = next_entry(log_entry(key, state, NEWEST))
+local function log_add(key, state, weight, hold)
+  local score, member = next_entry(now_ms + hold, log_entry(key, state, NEWEST))
   if state.total == 0 then
     state.oldest_member, state.oldest_score = member, score
   end
@@ -244,7 +246,7 @@ local function log_write(item, state)
   if item.kind == KIND_REFUND then
     return log_refund(item.key, state, item.take), 0
   end
-  return true, log_add(item.key, state, item.take)
+  return true, log_add(item.key, state, item.take, item.param)
 end
 
 -- Sets a log key's TTL: until its newest entry, at `newest_score`, leaves `window`.
@@ -297,7 +299,7 @@ end
 local function read_item(items, i, key, limit, window, hits, kind, algorithm, param, over_limit)
   -- Whole windows and hits: times and weights are printed as integers.
   if not (limit and window and hits and param) or window % 1 ~= 0 or hits % 1 ~= 0
-      or hits < 0 or param % 1 ~= 0 then
+      or hits < 0 or param % 1 ~= 0 or param < 0 then
     return 'sluice: bad number in item ' .. i
   end
   if kind ~= KIND_CONSUME and kind ~= KIND_SHADOW and kind ~= KIND_REFUND
@@ -587,7 +589,7 @@ local function decide_one(key, limit, window, hits, over_limit)
     return nil
   end
   read_ahead_key = false
-  local score, member = next_entry(newest_member, newest_score)
+  local score, member = next_entry(now_ms, newest_member, newest_score)
   total = total + hits
   redis.call('ZADD', key, format_integer(-total), LOG_TOTAL_MEMBER, format_integer(score),
     log_member(member, hits))

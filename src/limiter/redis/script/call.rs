@@ -47,7 +47,7 @@ pub struct ItemArgs {
     /// `ARG_ALGORITHM`: an `ALGORITHM_*` code ([`algorithm_code`](super::algorithm_code)).
     pub algorithm: &'static str,
     /// `ARG_PARAM`: the algorithm's parameter: the quantized log's quantum in ms, GCRA's burst,
-    /// `in_flight`'s lease token; 0 for the others.
+    /// `in_flight`'s lease token, the sliding log's hold ([`Item::hold_ms`]); 0 for the others.
     pub param: u64,
     /// `ARG_OVER_LIMIT`: an `OVER_LIMIT_*` code ([`over_limit_code`](super::over_limit_code)).
     pub over_limit: &'static str,
@@ -60,7 +60,8 @@ impl ItemArgs {
             Algorithm::QuantizedLog { quantum_ms } => quantum_ms,
             Algorithm::Gcra { burst } => burst,
             Algorithm::InFlight => item.lease,
-            Algorithm::SlidingLog | Algorithm::SlidingCounter | Algorithm::FixedWindow => 0,
+            Algorithm::SlidingLog => item.hold_ms,
+            Algorithm::SlidingCounter | Algorithm::FixedWindow => 0,
         };
         // Limits cap one below hits, so that a clamped huge `hits` still fails like the
         // original, and still counts as at least any limit for later items on the key.

@@ -75,6 +75,7 @@ fn gcra_quota() -> Item {
         over_limit: OverLimit::Record,
         algorithm: Algorithm::Gcra { burst: 3 },
         lease: 9,
+        hold_ms: 0,
     }
 }
 

@@ -96,6 +96,7 @@ fn call(key: &str, now: Option<u64>, limit: u64, algorithm: Algorithm) -> redis:
         over_limit: OverLimit::default(),
         algorithm,
         lease: 0,
+        hold_ms: 0,
     };
     DecideCall::single(&[hit], now).fcall()
 }
