@@ -103,6 +103,7 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 hit,
                 headers,
                 stacked,
+                ..
             } => limited(&mut out, *rule, limit, hit, *headers, stacked),
         }
     }

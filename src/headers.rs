@@ -215,6 +215,7 @@ mod tests {
             window_count: 0,
             detailed_metric: false,
             key: None,
+            stat: None,
             headers: HeaderPolicy {
                 format,
                 hide_remaining: hide,
@@ -233,6 +234,7 @@ mod tests {
             verdicts,
             hits: 1,
             known_domain: true,
+            answered_by: crate::limiter::AnsweredBy::Backend,
             backend_failed: None,
         }
     }

@@ -334,6 +334,7 @@ mod tests {
             hits: 1,
             known_domain: true,
             backend_failed: None,
+            answered_by: crate::limiter::AnsweredBy::Backend,
             lease,
         };
         let names = LegacyNames::default();

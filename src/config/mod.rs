@@ -30,12 +30,14 @@ mod listing;
 mod locate;
 mod raw;
 mod read;
+mod stat_path;
 mod tree;
 mod validate;
 mod xds;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use limits::{ALIAS_RATIO_FROM, ConfigLimits};
+pub use stat_path::{StatPath, StatSegment, StatValue};
 pub use tree::{
     HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind,
     OverLimitSetting, Rule,

@@ -6,6 +6,7 @@
 //! config order, then falls back to the key-only node. Nothing is allocated per lookup.
 
 use super::Unit;
+use super::stat_path::StatPath;
 use std::collections::HashMap;
 
 /// The limit a rule sets.
@@ -165,6 +166,9 @@ pub struct Rule {
     /// value matching it shares one counter, so the limiter key uses the wildcard, not the value.
     pub shared_values: Vec<(usize, String)>,
     pub headers: HeaderPolicy,
+    /// How envoyproxy/ratelimit names this rule's stats (`detailed_metric`, `value_to_metric`
+    /// and wildcards included).
+    pub stat: StatPath,
 }
 
 /// How the node of a request's last entry was matched.

@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, HeaderPolicy, Rule};
-use crate::limiter::{Algorithm, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
+use crate::limiter::{Algorithm, AnsweredBy, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
 
 use super::limits::{InvalidRequest, validate_with};
 use super::resolve::{Resolution, resolve};
 use super::types::{
-    Code, CurrentLimit, Decision, EngineOptions, FailurePolicy, Outcome, Request, Verdict,
+    Code, CurrentLimit, Decision, EngineOptions, FailurePolicy, Outcome, Request, StatKey, Verdict,
     wants_detailed_metric,
 };
 
@@ -208,6 +208,7 @@ impl Engine {
                     hit,
                     headers,
                     stacked,
+                    stat,
                 } => {
                     let mut best: Option<Verdict> = None;
                     for (limit, mut hit) in std::iter::once((limit, hit)).chain(stacked) {
@@ -215,7 +216,8 @@ impl Engine {
                             LimiterError::Protocol("fewer outcomes than batch items".into())
                         })?;
                         hit.key = keys.next().unwrap_or_default();
-                        let verdict = self.verdict(rule, limit, hit, headers, item, admitted);
+                        let verdict =
+                            self.verdict(rule, (limit, hit), headers, item, admitted, &stat);
                         if best.as_ref().is_none_or(|b| tighter(&verdict, b)) {
                             best = Some(verdict);
                         }
@@ -236,6 +238,7 @@ impl Engine {
             hits,
             known_domain,
             backend_failed: None,
+            answered_by: outcome.map_or(AnsweredBy::Backend, |o| o.answered_by),
             lease: lease.filter(|_| leased),
         })
     }
@@ -244,11 +247,11 @@ impl Engine {
     fn verdict(
         &self,
         rule: Option<&Rule>,
-        limit: CurrentLimit,
-        hit: Item,
+        (limit, hit): (CurrentLimit, Item),
         headers: HeaderPolicy,
         item: &KeyOutcome,
         admitted: bool,
+        stat: &StatKey,
     ) -> Verdict {
         let (code, outcome) = match (hit.kind, item.passed, admitted) {
             (ItemKind::Refund, _, true) => (Code::Ok, Outcome::Refunded),
@@ -274,6 +277,7 @@ impl Engine {
             window_count: item.count,
             detailed_metric: wants_detailed_metric(rule),
             key: Some(hit.key),
+            stat: Some(stat.clone()),
             limit: Some(limit),
             headers,
         }
@@ -331,7 +335,11 @@ fn fallback(
         .map(|p| match p {
             Resolution::Done(v) => v,
             Resolution::Limited {
-                rule, limit, hit, ..
+                rule,
+                limit,
+                hit,
+                stat,
+                ..
             } => {
                 let (code, outcome) = match (policy, hit.kind) {
                     (FailurePolicy::Deny, ItemKind::Consume) => {
@@ -345,6 +353,7 @@ fn fallback(
                 Verdict {
                     code,
                     limit: Some(limit),
+                    stat: Some(stat),
                     ..Verdict::unlimited_or_none(outcome, rule)
                 }
             }
@@ -356,6 +365,7 @@ fn fallback(
         hits,
         known_domain,
         backend_failed: Some(policy),
+        answered_by: AnsweredBy::Backend,
         lease: None,
     }
 }

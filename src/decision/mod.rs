@@ -27,7 +27,7 @@ pub use limits::{InvalidRequest, validate, validate_with};
 pub use resolve::{Resolution, resolve, split_lease};
 pub use types::{
     Code, CurrentLimit, Decision, Descriptor, EngineOptions, FailurePolicy, InputLimits, LEASE_KEY,
-    LimitOverride, Outcome, Request, Verdict,
+    LimitOverride, Outcome, Request, StatKey, Verdict,
 };
 
 #[cfg(test)]

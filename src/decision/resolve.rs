@@ -15,7 +15,9 @@ use crate::config::{
 use crate::descriptor::{Entry, limiter_key_tagged};
 use crate::limiter::{Algorithm, Item, ItemKind, OverLimit};
 
-use super::types::{CurrentLimit, Descriptor, EngineOptions, LEASE_KEY, Outcome, Request, Verdict};
+use super::types::{
+    CurrentLimit, Descriptor, EngineOptions, LEASE_KEY, Outcome, Request, StatKey, Verdict,
+};
 
 /// The rule-driven part of one descriptor, before the backend is asked: either settled without
 /// the backend, or the limit and the limiter item it needs.
@@ -29,6 +31,8 @@ pub enum Resolution<'c> {
         /// Stacked limits after the first (`rate_limits`): each its own key; the descriptor is
         /// admitted only if all admit, and its verdict reports the tightest.
         stacked: Vec<(CurrentLimit, Item)>,
+        /// What names the descriptor's stats.
+        stat: StatKey,
     },
 }
 
@@ -137,12 +141,17 @@ fn resolve_descriptor<'c>(
     let Some((limit, hit)) = parts.next() else {
         return Resolution::Done(Verdict::unlimited_or_none(Outcome::NoRule, rule));
     };
+    let stat = match (descriptor.limit_override, rule) {
+        (None, Some(rule)) => StatKey::Rule(rule.stat.clone()),
+        _ => StatKey::Override,
+    };
     Resolution::Limited {
         rule,
         headers,
         limit,
         hit,
         stacked: parts.collect(),
+        stat,
     }
 }
 

@@ -6,8 +6,9 @@
 //! speak these types; keeping them apart from the logic lets each of those depend on the types
 //! without depending on one another. Plain data: no I/O, no metrics, no tonic.
 
-use crate::config::{HeaderPolicy, Rule, Unit};
+use crate::config::{HeaderPolicy, Rule, StatPath, Unit};
 use crate::descriptor::{Entry, KEY_PREFIX};
+use crate::limiter::AnsweredBy;
 
 /// The name of a request's lease, both ways (`in_flight` limits): the key of the dynamic
 /// metadata an admitted request's response carries (its value the lease token, a decimal
@@ -215,6 +216,17 @@ impl Outcome {
     }
 }
 
+/// What names a verdict's stats under envoyproxy/ratelimit's names
+/// (`ratelimit.service.rate_limit.<domain>.<key>.<stat>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatKey {
+    /// The matched rule's stat path, rendered with the request's entries where it takes them.
+    Rule(StatPath),
+    /// A `limit` the request carried: named after the request's own entries (`key_value`, or
+    /// `key` for an empty value), whatever the config says.
+    Override,
+}
+
 /// The limit reported back to Envoy as `current_limit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CurrentLimit {
@@ -244,6 +256,9 @@ pub struct Verdict {
     pub detailed_metric: bool,
     /// The limiter key the backend was asked about, when one was.
     pub key: Option<String>,
+    /// What names the verdict's envoyproxy/ratelimit stats, for a descriptor counted against a
+    /// limit (`None` otherwise: no rule, `unlimited`, a whitelist).
+    pub stat: Option<StatKey>,
     /// Response headers this verdict asks for (the default, none, for shadow-mode limits,
     /// refunds and descriptors without a limit: they never reject, so they advertise nothing).
     pub headers: HeaderPolicy,
@@ -268,6 +283,7 @@ impl Verdict {
             window_count: 0,
             detailed_metric: wants_detailed_metric(rule),
             key: None,
+            stat: None,
             headers: HeaderPolicy::default(),
         }
     }
@@ -290,6 +306,9 @@ pub struct Decision {
     /// `Some(policy)` when the backend could not decide and the failure policy answered
     /// (`allow` or `deny`; under `error` the engine returns the error instead).
     pub backend_failed: Option<FailurePolicy>,
+    /// Who answered the limiter call: the backend, or the local rejection cache without
+    /// calling it (also the backend when there was no call).
+    pub answered_by: AnsweredBy,
     /// The token of the leases this request holds on its `in_flight` limits, when it holds any
     /// (an admitted request with an `in_flight` item that recorded): what its refunds name.
     pub lease: Option<u64>,

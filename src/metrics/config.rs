@@ -27,12 +27,14 @@ pub fn record_config_loaded(source: &Path, config: &Config, unix_now: Duration) 
 /// Counts a config load that failed; a reload keeps serving the previous config. The caller
 /// logs each error (file, line, rule) itself.
 pub fn record_config_failed() {
+    super::upstream::count_config_load(false);
     metrics::counter!(CONFIG_LOADS_TOTAL, "result" => ConfigLoad::Failure.as_str()).increment(1);
 }
 
 /// Records a config that started serving, whatever its source (files or xDS): the load
 /// counted as a success, the config's size, the time.
 pub(super) fn record_config_served(config: &Config, unix_now: Duration) {
+    super::upstream::count_config_load(true);
     metrics::counter!(CONFIG_LOADS_TOTAL, "result" => ConfigLoad::Success.as_str()).increment(1);
     metrics::gauge!(CONFIG_RULES).set(config.rule_count() as f64);
     metrics::gauge!(CONFIG_DOMAINS).set(config.domains().count() as f64);

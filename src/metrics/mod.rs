@@ -30,6 +30,7 @@ mod labels;
 mod names;
 mod observer;
 mod tracker;
+pub mod upstream;
 mod windows;
 mod xds;
 

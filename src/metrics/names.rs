@@ -37,6 +37,8 @@ pub const CONFIG_LAST_SUCCESS_TIMESTAMP_SECONDS: &str =
 pub const XDS_CONNECTED: &str = "sluice_xds_connected";
 pub const XDS_RESPONSES_TOTAL: &str = "sluice_xds_responses_total";
 pub const XDS_STREAM_FAILURES_TOTAL: &str = "sluice_xds_stream_failures_total";
+pub const STATSD_DROPPED_LINES_TOTAL: &str = "sluice_statsd_dropped_lines_total";
+pub const RATELIMIT_STATS_FOLDED_TOTAL: &str = "sluice_ratelimit_stats_folded_total";
 /// Rendered at each scrape with the version as a label (one series), see `xds.rs`.
 pub const XDS_CONFIG_VERSION_INFO: &str = "sluice_xds_config_version_info";
 
@@ -144,6 +146,14 @@ pub fn describe() {
     describe_counter!(
         XDS_RESPONSES_TOTAL,
         "xDS responses by result: applied (ACKed), or NACKed as invalid_resource / invalid_config"
+    );
+    describe_counter!(
+        STATSD_DROPPED_LINES_TOTAL,
+        "envoyproxy/ratelimit statsd lines dropped: the daemon unreachable with the queue full, or too many distinct response times pending"
+    );
+    describe_counter!(
+        RATELIMIT_STATS_FOLDED_TOTAL,
+        "envoyproxy/ratelimit stats whose client-chosen key was folded into its rule's key (or _overflow) past the bound on such keys"
     );
     describe_counter!(
         XDS_STREAM_FAILURES_TOTAL,

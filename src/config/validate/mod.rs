@@ -18,6 +18,7 @@ use super::raw::{
     self, DESCRIPTOR_FIELDS, Extra, HEADERS_FIELDS, ROOT_FIELDS, RawDescriptor, RawHeaders,
     RawRoot, Source, UNSUPPORTED_DESCRIPTOR_FIELDS, line_of,
 };
+use super::stat_path::{self, StatSegment};
 use super::tree::{
     HeaderFormat, HeaderPolicy, Level, Limit, LimitAlgorithm, Node, OverLimitSetting, Rule,
 };
@@ -143,7 +144,7 @@ impl Checker<'_> {
             DOMAIN_RULE,
             default_headers,
         );
-        let root = self.level(descriptors, "", 0, &[], headers);
+        let root = self.level(descriptors, "", 0, &[], &[], headers);
         CompiledFile {
             domain,
             root,
@@ -232,13 +233,14 @@ impl Checker<'_> {
     }
 
     /// `depth` is this level's entry index in a request; `shared` lists the ancestors'
-    /// `share_threshold` wildcards by depth.
+    /// `share_threshold` wildcards by depth, `stat` their stat-key segments.
     fn level<S: Source>(
         &mut self,
         descriptors: impl IntoIterator<Item = S>,
         parent: &str,
         depth: usize,
         shared: &[(usize, String)],
+        stat: &[StatSegment],
         inherited: HeaderPolicy,
     ) -> Level {
         let mut level = Level::default();
@@ -250,8 +252,13 @@ impl Checker<'_> {
             let d = spanned.value;
             let place = Place::of(&d, parent);
             let key_line = d.key.as_ref().and_then(|k| line_of(&k.referenced)).or(line);
+            let ancestry = Ancestry {
+                depth,
+                shared,
+                stat,
+            };
             let (rule, children) =
-                self.descriptor::<S>((d, nested), line, &place, depth, shared, inherited);
+                self.descriptor::<S>((d, nested), line, &place, &ancestry, inherited);
 
             let Some(key) = place.key else { continue };
             let id = (key, place.value);
@@ -285,10 +292,14 @@ impl Checker<'_> {
         (d, nested): (RawDescriptor, S::Nested),
         line: Option<usize>,
         place: &Place,
-        depth: usize,
-        shared: &[(usize, String)],
+        ancestry: &Ancestry<'_>,
         inherited: HeaderPolicy,
     ) -> (Rule, Level) {
+        let Ancestry {
+            depth,
+            shared,
+            stat,
+        } = *ancestry;
         let path = place.path.as_str();
         self.key(d.key.as_ref(), line, path);
         self.extras(
@@ -307,6 +318,7 @@ impl Checker<'_> {
             path,
         );
         let over_limit = self.over_limit(d.over_limit.as_ref(), &limits.limits, path);
+        let shares_threshold = d.share_threshold.as_ref().is_some_and(|s| s.value);
         let shared_values = self.shared_values(
             d.share_threshold.as_ref(),
             place.value.as_deref(),
@@ -314,8 +326,17 @@ impl Checker<'_> {
             shared,
             path,
         );
+        let value_to_metric = d.value_to_metric.unwrap_or(false);
+        let detailed_metric = d.detailed_metric.unwrap_or(false);
+        let mut stat = stat.to_vec();
+        stat.push(stat_path::segment(
+            place.key.as_deref().unwrap_or_default(),
+            place.value.as_deref(),
+            value_to_metric,
+            shares_threshold,
+        ));
         let headers = self.headers(d.response_headers, d.response_headers_line, path, inherited);
-        let children = self.level(nested, path, depth + 1, &shared_values, headers);
+        let children = self.level(nested, path, depth + 1, &shared_values, &stat, headers);
         let rule = Rule {
             path: place.path.clone(),
             limit: limits.limit,
@@ -324,9 +345,10 @@ impl Checker<'_> {
             replaces: limits.replaces,
             shadow_mode: d.shadow_mode.unwrap_or(false),
             quota_mode: d.quota_mode.unwrap_or(false),
-            detailed_metric: d.detailed_metric.unwrap_or(false),
-            value_to_metric: d.value_to_metric.unwrap_or(false),
+            detailed_metric,
+            value_to_metric,
             over_limit,
+            stat: stat_path::rule_path(&stat, detailed_metric, &shared_values),
             shared_values,
             headers,
         };
@@ -371,6 +393,15 @@ impl Checker<'_> {
         }
         shared_here
     }
+}
+
+/// What a descriptor inherits from the levels above it: its depth (its entry's index in a
+/// request), their `share_threshold` wildcards by depth and their stat-key segments.
+#[derive(Clone, Copy)]
+struct Ancestry<'a> {
+    depth: usize,
+    shared: &'a [(usize, String)],
+    stat: &'a [StatSegment],
 }
 
 /// Where a descriptor sits: its key and value (an empty one counts as none, as in
