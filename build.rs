@@ -37,9 +37,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&served),
     )?;
     let all = protox::compile(SERVED.iter().chain(&XDS), ["proto"])?;
-    // Messages that do not decode are answered INVALID_ARGUMENT, not INTERNAL (src/codec.rs).
+    // Messages that do not decode are answered INVALID_ARGUMENT, not INTERNAL (src/grpc/codec.rs).
     tonic_prost_build::configure()
-        .codec_path("crate::codec::StrictCodec")
+        .codec_path("crate::grpc::codec::StrictCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds(all)?;

@@ -1,5 +1,5 @@
 //! The command line: every subcommand and flag of `sluice`, each flag also read from a
-//! `SLUICE_*` variable, and how `serve`'s flags become [`sluice::app::Settings`]. A module of the
+//! `SLUICE_*` variable, and how `serve`'s flags become [`sluice::Settings`]. A module of the
 //! binary (not of the library): only `main.rs` uses it.
 
 use std::net::SocketAddr;
@@ -7,16 +7,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use sluice::app::{self, BackendSettings, ConfigSource, Settings};
+use sluice::app;
 use sluice::config::{ConfigLimits, HeaderFormat, HeaderPolicy, LoadOptions};
 use sluice::decision::{EngineOptions, FailurePolicy, InputLimits};
 use sluice::headers::{self, LegacyNames};
 use sluice::limiter::cache;
 use sluice::limiter::guard;
 use sluice::limiter::redis::{DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE, RedisOptions};
-use sluice::listen::PortLimits;
 use sluice::metrics::MetricsSettings;
-use sluice::tls::TlsSettings;
+use sluice::server::listen::PortLimits;
+use sluice::server::tls::TlsSettings;
+use sluice::server::{self, BackendSettings, ConfigSource, Settings, StartError};
 use sluice::xds::{ClientTls, XdsLimits, XdsSettings};
 
 mod given;
@@ -265,7 +266,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SLUICE_LOCAL_CACHE_SIZE", default_value_t = cache::DEFAULT_CAPACITY)]
     pub(crate) local_cache_size: usize,
     /// Seconds between backend readiness probes.
-    #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = app::DEFAULT_PROBE_INTERVAL.as_secs())]
+    #[arg(long, env = "SLUICE_PROBE_INTERVAL_SECS", default_value_t = server::DEFAULT_PROBE_INTERVAL.as_secs())]
     pub(crate) probe_interval_secs: u64,
     /// Merge config files that name the same domain (a top-level descriptor repeated across
     /// them is still an error) instead of rejecting the duplicate domain.
@@ -316,7 +317,7 @@ pub(crate) struct ServeArgs {
     )]
     pub(crate) watch_config: bool,
     /// Milliseconds between checks of the config for changes.
-    #[arg(long, env = "SLUICE_WATCH_INTERVAL_MS", default_value_t = app::DEFAULT_WATCH_INTERVAL.as_millis() as u64)]
+    #[arg(long, env = "SLUICE_WATCH_INTERVAL_MS", default_value_t = server::DEFAULT_WATCH_INTERVAL.as_millis() as u64)]
     pub(crate) watch_interval_ms: u64,
     /// Longest `domain` accepted, in bytes; longer requests get INVALID_ARGUMENT.
     #[arg(long, env = "SLUICE_MAX_DOMAIN_BYTES", default_value_t = InputLimits::DEFAULT_MAX_DOMAIN_BYTES)]
@@ -338,7 +339,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = InputLimits::DEFAULT_MAX_HITS_ADDEND)]
     pub(crate) max_hits_addend: u64,
     /// Largest encoded gRPC request accepted, in bytes (refused before decoding).
-    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = InputLimits::DEFAULT_MAX_MESSAGE_BYTES)]
+    #[arg(long, env = "SLUICE_MAX_MESSAGE_BYTES", default_value_t = PortLimits::DEFAULT_MAX_MESSAGE_BYTES)]
     pub(crate) max_message_bytes: usize,
     /// Connections open at once on the gRPC port; one more is closed at once.
     #[arg(long, env = "SLUICE_GRPC_MAX_CONNECTIONS", default_value_t = PortLimits::DEFAULT_GRPC_MAX_CONNECTIONS)]
@@ -365,8 +366,8 @@ pub(crate) struct ServeArgs {
 
 impl ServeArgs {
     /// Where the limits come from: `--config` or `--config-xds` (exactly one).
-    fn config_source(&self) -> Result<ConfigSource, app::StartError> {
-        let usage = |text: &str| Err(app::StartError::Usage(text.to_owned()));
+    fn config_source(&self) -> Result<ConfigSource, StartError> {
+        let usage = |text: &str| Err(StartError::Usage(text.to_owned()));
         let path = match (&self.config, &self.config_xds) {
             (Some(_), Some(_)) => {
                 return usage(
@@ -433,7 +434,7 @@ impl ServeArgs {
         &self,
         redis_given: &[String],
         variable: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Settings, app::StartError> {
+    ) -> Result<Settings, StartError> {
         let load = load_options(
             self.merge_domain_config,
             self.response_headers,
@@ -461,9 +462,7 @@ impl ServeArgs {
                 ..RedisOptions::new(url)
             }),
             None if !redis_given.is_empty() => {
-                return Err(app::StartError::RedisSettingWithoutUrl(
-                    redis_given.join(", "),
-                ));
+                return Err(StartError::RedisSettingWithoutUrl(redis_given.join(", ")));
             }
             None => None,
         };
@@ -477,6 +476,7 @@ impl ServeArgs {
                 local_cache_size: self.local_cache_size,
             },
             engine: EngineOptions {
+                on_backend_error: self.on_backend_error.into(),
                 shadow_mode: self.shadow_mode,
                 quota_mode: self.quota_mode,
                 key_prefix: self.key_prefix.clone(),
@@ -487,10 +487,8 @@ impl ServeArgs {
                     max_key_bytes: self.max_key_bytes,
                     max_value_bytes: self.max_value_bytes,
                     max_hits_addend: self.max_hits_addend,
-                    max_message_bytes: self.max_message_bytes,
                 },
             },
-            on_backend_error: self.on_backend_error.into(),
             metrics: MetricsSettings {
                 near_limit_ratio: self.near_limit_ratio,
                 hot_keys: self.hot_keys,
@@ -502,6 +500,7 @@ impl ServeArgs {
             ports: PortLimits {
                 grpc_max_connections: self.grpc_max_connections,
                 grpc_max_concurrent_streams: self.grpc_max_concurrent_streams,
+                max_message_bytes: self.max_message_bytes,
                 admin_max_connections: self.admin_max_connections,
                 request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
                 idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
@@ -513,7 +512,7 @@ impl ServeArgs {
                 &self.legacy_remaining_header,
                 &self.legacy_reset_header,
             )
-            .map_err(app::StartError::LegacyHeaders)?,
+            .map_err(StartError::LegacyHeaders)?,
         })
     }
 }

@@ -14,50 +14,46 @@
 //! - [`otel`]: OpenTelemetry traces: a span per decision under the caller's `traceparent`, a
 //!   child per backend call (the tracer the faces hold and the backend decorator), OTLP export.
 //! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
-//! - [`service`]: the gRPC face (tonic adapter only), [`codec`] its message decoding (a request
-//!   that does not decode is `INVALID_ARGUMENT`); [`http_api`]: envoyproxy/ratelimit's HTTP
-//!   face on the admin port (POST /json, GET /rlconfig); [`admin`]: /healthz, /readyz, /metrics.
+//! - [`grpc`]: the gRPC face: the RLS service (a tonic adapter only), health, reflection, and
+//!   the strict message codec (a request that does not decode is `INVALID_ARGUMENT`).
+//! - [`http`]: the HTTP face on the admin port: /healthz, /readyz, /healthcheck, /metrics, and
+//!   envoyproxy/ratelimit's POST /json and GET /rlconfig.
+//! - [`readiness`]: what the probes report (backend reachable, config served, not draining).
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
-//! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
-//! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`xds`]: the xDS config source: subscribes to a management server and swaps in each
 //!   valid config it pushes (ACK), keeping the previous one on an invalid push (NACK).
-//! - [`app`]: the production stack from plain settings: config, backend (memory, Redis,
-//!   Redis Cluster) with its guard and rejection cache, metrics recorder.
-//! - [`listen`]: accepting on both ports within limits (connections, first bytes, idle time,
-//!   no spin when file descriptors run out).
+//! - [`server`]: serving: one [`Settings`] value in; the limiter stack (backend, guard,
+//!   rejection cache, tracing, metrics) built in one place; `run(settings, listeners,
+//!   shutdown)` in named steps over owned tasks; accepting within limits (`listen`), the gRPC
+//!   port's TLS (`tls`), two-step shutdown.
+//! - [`app`]: the library side of `check-config`, `explain` and the settings read from files.
+//! - [`compat`]: envoyproxy/ratelimit's environment variables -> `SLUICE_*` settings.
+//! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`logging`]: the log subscriber `sluice serve` installs, with per-connection warnings of
 //!   the HTTP/2 stack rate-limited.
-//! - [`tls`]: the gRPC server's TLS: certificates and client CAs from files, reloaded when they
-//!   change, client certificates verified.
-//! - [`server`]: wiring: `run(settings, listeners, shutdown)`.
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
-pub mod admin;
 pub mod app;
-pub mod codec;
 pub mod compat;
 pub mod config;
 pub mod decision;
 pub mod descriptor;
 pub mod explain;
+pub mod grpc;
 pub mod headers;
-pub mod http_api;
+pub mod http;
 pub mod limiter;
-pub mod listen;
 pub mod logging;
 pub mod metrics;
 pub mod otel;
 pub mod proto;
+pub mod readiness;
 pub mod reload;
 pub mod rls;
 pub mod server;
-pub mod service;
 pub mod sync;
-pub mod tls;
 pub mod xds;
 
-pub use app::Settings;
-pub use server::{Listeners, ServerSettings, run};
+pub use server::{Listeners, Server, Settings, run};

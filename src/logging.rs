@@ -4,10 +4,9 @@
 //! Why a rate limit: the HTTP/2 stack logs some connection errors at `warn` once per connection
 //! (h2's "remotely-reset pending-accept streams reached limit" when a client floods resets), so
 //! a client opening connections in a loop wrote log lines at its own pace. Events of the
-//! connection-handling targets (h2, hyper, tonic's transport, [`crate::listen`], refused TLS
-//! handshakes) pass at most
-//! once per [`WINDOW`] per call site; the rest are counted, and one line per window says how
-//! many were dropped. Every other event passes untouched.
+//! connection-handling targets (h2, hyper, tonic's transport, [`crate::server::listen`],
+//! refused TLS handshakes) pass at most once per [`WINDOW`] per call site; the rest are
+//! counted, and one line per window says how many were dropped. Every other event passes untouched.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,8 +28,8 @@ const LIMITED_TARGETS: &[&str] = &[
     "h2",
     "hyper",
     "tonic::transport",
-    "sluice::listen",
-    crate::tls::HANDSHAKE_TARGET,
+    "sluice::server::listen",
+    crate::server::tls::HANDSHAKE_TARGET,
 ];
 
 fn limited(target: &str) -> bool {
@@ -157,7 +156,7 @@ pub(crate) mod tests {
     fn limited_targets_pass_once_per_window_and_the_rest_is_counted() {
         assert!(limited("h2::proto::streams::recv"));
         assert!(limited("hyper"));
-        assert!(limited("sluice::listen"));
+        assert!(limited("sluice::server::listen"));
         assert!(!limited("h2o"));
         assert!(!limited("sluice::server"));
 

@@ -1,9 +1,8 @@
 //! The `sluice` command: translates envoyproxy/ratelimit's variables into the options'
-//! defaults, parses the flags (`cli`,
-//! each also read from a `SLUICE_*` variable) into [`sluice::app::Settings`], and wires the
-//! result: logging, the metrics recorder, the stack
-//! [`sluice::app::assemble`] builds, the listeners, SIGTERM, [`sluice::run`]. What the commands
-//! do lives in the library ([`sluice::app`]), where tests run it in process.
+//! defaults, parses the flags (`cli`, each also read from a `SLUICE_*` variable) into
+//! [`sluice::Settings`], and hands them over: logging, [`sluice::Server::build`], the
+//! listeners, SIGTERM, [`sluice::Server::run`]. What the commands do lives in the library
+//! ([`sluice::server`], [`sluice::app`]), where tests run it in process.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,7 +14,7 @@ use clap::{CommandFactory, FromArgMatches};
 use cli::{Cli, Command, LogFormat, ServeArgs, load_options, redis_settings_given};
 use sluice::app;
 use sluice::config::HeaderFormat;
-use sluice::{Listeners, run};
+use sluice::{Listeners, Server};
 
 /// Per-request allocations (h2 frames, prost messages, Redis commands) are many and short-lived;
 /// mimalloc serves them from thread-local pages where glibc malloc spent ~16% of the CPU.
@@ -133,13 +132,13 @@ async fn serve(
     variable: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<()> {
     let settings = args.settings(redis_given, variable)?;
-    let server = app::assemble(settings, Some(app::install_metrics()?))?;
+    let server = Server::build(settings)?;
     let shutdown = shutdown_signal()?;
     let mut listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
     if let Some(addr) = args.metrics_addr {
         listeners = listeners.with_metrics(addr).await?;
     }
-    run(server, listeners, shutdown).await?;
+    server.run(listeners, shutdown).await?;
     Ok(())
 }
 

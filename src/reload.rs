@@ -7,8 +7,8 @@
 //! changes, and inotify on bind mounts and overlay filesystems misses events in some runtimes.
 //! Reading a few small files once a second costs nothing next to the decisions, sees every
 //! way a file can change (symlink swap, rename, in-place edit, editors' replace-on-save), and
-//! needs no extra dependency. The polls run on one thread of their own ([`spawn`]), which
-//! nothing waits for at shutdown; files are read as the loader reads them (regular files only,
+//! needs no extra dependency. The polls run on one thread of their own ([`watch`]), which
+//! shutdown waits for only briefly; files are read as the loader reads them (regular files only,
 //! non-blocking, within `--max-config-bytes`), so a FIFO or a device at the path is an error at
 //! once, never a hung or endless read.
 //!
@@ -22,10 +22,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigErrors, LoadOptions};
 use crate::decision::Engine;
@@ -175,7 +176,7 @@ impl Reloader {
             .ok()
     }
 
-    /// One poll: blocking file I/O, never on a runtime's thread (see [`spawn`]).
+    /// One poll: blocking file I/O, never on a runtime's thread (see [`watch`]).
     pub fn poll(&mut self) -> Poll {
         let source = match snapshot_source(&self.path) {
             Ok(source) => source,
@@ -223,24 +224,46 @@ impl Reloader {
     }
 }
 
-/// Runs [`Reloader::poll`] every `interval` on a thread of its own until `stop` turns true,
-/// logging and counting each reload or rejection; returns at once.
+/// How long [`watch`] waits, once stopped, for a poll under way to return.
+pub const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// Runs [`Reloader::poll`] every `interval` on a thread of its own until `stop` is cancelled,
+/// logging and counting each reload or rejection; resolves once the thread has ended.
 ///
 /// Why a plain thread and not a task: a poll is blocking file I/O, and a runtime waits for its
-/// blocking tasks when it shuts down. Nothing waits for this thread: it sees `stop` after its
-/// current sleep or poll and ends, and the process exits without it, so whatever the file
-/// system does to a read can never hold up shutdown.
-pub fn spawn(settings: ReloadSettings, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
+/// blocking tasks when it shuts down. The thread wakes at once when `stop` is cancelled; a poll
+/// still stuck in the file system after [`EXIT_GRACE`] is left behind (the process exits
+/// without it), so whatever the file system does to a read can never hold up shutdown.
+pub async fn watch(settings: ReloadSettings, engine: Arc<Engine>, stop: CancellationToken) {
+    // Dropping `wake` (on cancellation, or when this future is dropped) ends the thread's wait.
+    let (wake, woken) = std::sync::mpsc::channel::<()>();
+    let (ended, thread_ended) = tokio::sync::oneshot::channel::<()>();
     let started = std::thread::Builder::new()
         .name("sluice-reload".into())
-        .spawn(move || watch_loop(settings, engine, stop));
+        .spawn(move || {
+            watch_loop(settings, engine, &woken);
+            let _ = ended.send(());
+        });
     if let Err(err) = started {
         metrics::record_config_failed();
         tracing::error!(error = %err, "cannot start the config watcher; reloads are off");
+        return;
+    }
+    let mut thread_ended = std::pin::pin!(thread_ended);
+    tokio::select! {
+        _ = thread_ended.as_mut() => return,
+        () = stop.cancelled() => {}
+    }
+    drop(wake);
+    if tokio::time::timeout(EXIT_GRACE, thread_ended)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the config watcher is still reading the config; not waiting for it");
     }
 }
 
-fn watch_loop(settings: ReloadSettings, engine: Arc<Engine>, stop: watch::Receiver<bool>) {
+fn watch_loop(settings: ReloadSettings, engine: Arc<Engine>, woken: &Receiver<()>) {
     let mut reloader =
         Reloader::new(settings.path.clone(), engine).with_options(settings.load_options);
     if let Some(loaded) = settings.loaded {
@@ -251,12 +274,8 @@ fn watch_loop(settings: ReloadSettings, engine: Arc<Engine>, stop: watch::Receiv
         interval_ms = settings.interval.as_millis() as u64,
         "watching the config for changes"
     );
-    loop {
-        std::thread::sleep(settings.interval);
-        // A closed channel (the server is gone) stops the watcher too.
-        if *stop.borrow() || stop.has_changed().is_err() {
-            return;
-        }
+    // Nothing is ever sent: the wait ends by the interval (poll) or a disconnect (stop).
+    while let Err(RecvTimeoutError::Timeout) = woken.recv_timeout(settings.interval) {
         report(&settings.path, reloader.poll());
     }
 }

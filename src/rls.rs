@@ -3,8 +3,8 @@
 //! codes, durations, response headers), the ONE map from errors to statuses, and the observer's
 //! record of every call.
 //!
-//! Why one module: the gRPC service ([`crate::service`]) and envoyproxy/ratelimit's HTTP face
-//! ([`crate::http_api`], which parses JSON into the same proto types) must mean the same thing
+//! Why one module: the gRPC service ([`crate::grpc::service`]) and envoyproxy/ratelimit's HTTP
+//! face ([`crate::http::api`], which parses JSON into the same proto types) must mean the same thing
 //! by a request, answer it the same way and show on the same metrics and traces. Both call
 //! [`Handler::should_rate_limit`]; neither maps, decides or records on its own.
 

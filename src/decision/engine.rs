@@ -41,7 +41,6 @@ pub struct Engine {
     configured: AtomicBool,
     limiter: Arc<dyn Limiter>,
     options: EngineOptions,
-    on_backend_error: FailurePolicy,
     leases: LeaseTokens,
 }
 
@@ -92,7 +91,6 @@ impl Engine {
             configured: AtomicBool::new(true),
             limiter,
             options,
-            on_backend_error: FailurePolicy::Error,
             leases: LeaseTokens::new(),
         }
     }
@@ -108,12 +106,6 @@ impl Engine {
     /// Whether a config has been loaded (always, unless built by [`Engine::awaiting_config`]).
     pub fn is_configured(&self) -> bool {
         self.configured.load(Ordering::Acquire)
-    }
-
-    /// Sets what a request gets when the backend fails.
-    pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.on_backend_error = policy;
-        self
     }
 
     pub fn config(&self) -> Arc<Config> {
@@ -176,9 +168,11 @@ impl Engine {
         } else {
             match self.limiter.decide(&batch, None).await {
                 Ok(outcome) => Some(outcome),
-                Err(err) if self.on_backend_error == FailurePolicy::Error => return Err(err.into()),
+                Err(err) if self.options.on_backend_error == FailurePolicy::Error => {
+                    return Err(err.into());
+                }
                 Err(err) => {
-                    let policy = self.on_backend_error;
+                    let policy = self.options.on_backend_error;
                     tracing::debug!(error = %err, policy = policy.as_str(), "backend failed");
                     return Ok(fallback(plans, policy, hits, known_domain));
                 }

@@ -65,7 +65,6 @@ pub fn validate_with(request: &Request, limits: &InputLimits) -> Result<(), Inva
         key_flag,
         value_flag,
         hits_flag,
-        _,
     ] = InputLimits::FLAGS;
     // usize -> u64 never truncates on the platforms Rust supports.
     let n = |len: usize| len as u64;

@@ -77,21 +77,17 @@ pub struct InputLimits {
     /// carrying them as its weight on every backend, so this bounds a claim on a limit, not the
     /// work a decision costs.
     pub max_hits_addend: u64,
-    /// Bytes of one encoded gRPC message (tonic's decoding limit: larger messages are refused
-    /// before they are decoded, with the transport's own status).
-    pub max_message_bytes: usize,
 }
 
 impl InputLimits {
     /// Flag names, as `sluice serve` spells them, in field order.
-    pub const FLAGS: [&'static str; 7] = [
+    pub const FLAGS: [&'static str; 6] = [
         "--max-domain-bytes",
         "--max-descriptors",
         "--max-entries",
         "--max-key-bytes",
         "--max-value-bytes",
         "--max-hits-addend",
-        "--max-message-bytes",
     ];
     pub const DEFAULT_MAX_DOMAIN_BYTES: usize = 1024;
     pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
@@ -99,7 +95,6 @@ impl InputLimits {
     pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
     pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024;
     pub const DEFAULT_MAX_HITS_ADDEND: u64 = 100_000;
-    pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 }
 
 impl Default for InputLimits {
@@ -111,7 +106,6 @@ impl Default for InputLimits {
             max_key_bytes: Self::DEFAULT_MAX_KEY_BYTES,
             max_value_bytes: Self::DEFAULT_MAX_VALUE_BYTES,
             max_hits_addend: Self::DEFAULT_MAX_HITS_ADDEND,
-            max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -119,6 +113,8 @@ impl Default for InputLimits {
 /// Process-wide switches of the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineOptions {
+    /// What a request gets when the backend fails (`--on-backend-error`).
+    pub on_backend_error: FailurePolicy,
     /// Global shadow mode (envoyproxy/ratelimit's `SHADOW_MODE`): every limit is evaluated and its
     /// status reported as usual, but the overall code is always OK, and each limit records the
     /// hits it would have admitted on its own.
@@ -136,6 +132,7 @@ pub struct EngineOptions {
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
+            on_backend_error: FailurePolicy::default(),
             shadow_mode: false,
             quota_mode: false,
             key_prefix: KEY_PREFIX.to_owned(),

@@ -34,6 +34,10 @@ pub mod upstream;
 mod windows;
 mod xds;
 
+use std::sync::Mutex;
+
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder, PrometheusHandle};
+
 pub use backend::{ObservedLimiter, record_backend_up};
 pub use config::{record_config_failed, record_config_loaded};
 pub use labels::{backend_error_label, code_label};
@@ -62,4 +66,21 @@ impl Default for MetricsSettings {
             hot_keys: 10,
         }
     }
+}
+
+/// The process's Prometheus recorder, installed by the first call (with every family
+/// described, [`describe`]) and shared by later ones: a process has one recorder, so servers
+/// started in one process (tests) render the same one.
+pub fn prometheus() -> Result<PrometheusHandle, BuildError> {
+    static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+    let mut handle = crate::sync::lock(&HANDLE);
+    if let Some(installed) = &*handle {
+        return Ok(installed.clone());
+    }
+    let installed = PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS)?
+        .install_recorder()?;
+    describe();
+    *handle = Some(installed.clone());
+    Ok(installed)
 }

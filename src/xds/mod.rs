@@ -38,11 +38,12 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::admin::Readiness;
 use crate::config::LoadOptions;
 use crate::decision::Engine;
 use crate::metrics;
+use crate::readiness::Readiness;
 
 pub use bounds::XdsLimits;
 pub use endpoint::XdsError;
@@ -143,9 +144,9 @@ impl Context {
     }
 }
 
-/// Subscribes, applies every response and reconnects after every failure, until `stop` turns
-/// true.
-pub async fn run(ctx: Context, mut stop: watch::Receiver<bool>) {
+/// Subscribes, applies every response and reconnects after every failure, until `stop` is
+/// cancelled.
+pub async fn run(ctx: Context, stop: CancellationToken) {
     let settings = &ctx.source.settings;
     let new_backoff = || {
         ExponentialBuilder::default()
@@ -164,7 +165,7 @@ pub async fn run(ctx: Context, mut stop: watch::Receiver<bool>) {
     let mut served_version = String::new();
     let mut backoff = new_backoff();
     loop {
-        let ended = session::run(&ctx, &mut served_version, &mut stop).await;
+        let ended = session::run(&ctx, &mut served_version, &stop).await;
         metrics::record_xds_connected(false);
         let session::Ended::Broken { reason, delivered } = ended else {
             return;
@@ -184,14 +185,9 @@ pub async fn run(ctx: Context, mut stop: watch::Receiver<bool>) {
         ctx.pending(&reason);
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = stopped(&mut stop) => return,
+            () = stop.cancelled() => return,
         }
     }
-}
-
-/// Resolves once `stop` is (or has been) set.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stopped| *stopped).await;
 }
 
 /// Characters of a server-chosen string (a version, one config error) shown in a log line, a

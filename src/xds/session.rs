@@ -10,8 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 
 use prost::Message;
 
@@ -19,9 +20,9 @@ use prost::Message;
 use super::MAX_SHOWN_CHARS;
 use super::resources::{self, MAX_LOGGED_ERRORS, Rejection};
 use super::shown;
-use super::{Context, RATE_LIMIT_CONFIG_TYPE, bounds, endpoint, error_chain, stopped, stream};
-use crate::codec::decode_error;
+use super::{Context, RATE_LIMIT_CONFIG_TYPE, bounds, endpoint, error_chain, stream};
 use crate::config::Config;
+use crate::grpc::codec::decode_error;
 use crate::metrics;
 use crate::proto::envoy::config::core::v3::{Node, node::UserAgentVersionType};
 use crate::proto::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
@@ -44,7 +45,7 @@ const INVALID_ARGUMENT: i32 = 3;
 pub(super) async fn run(
     ctx: &Context,
     served_version: &mut String,
-    stop: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
 ) -> Ended {
     let broken = |reason: String, delivered| Ended::Broken { reason, delivered };
     let endpoint = match endpoint::endpoint(&ctx.source.settings) {
@@ -53,7 +54,7 @@ pub(super) async fn run(
     };
     let channel = tokio::select! {
         connected = endpoint.connect() => connected,
-        _ = stopped(stop) => return Ended::Stopped,
+        () = stop.cancelled() => return Ended::Stopped,
     };
     let channel = match channel {
         Ok(channel) => channel,
@@ -74,7 +75,7 @@ pub(super) async fn run(
     }
     let call = tokio::select! {
         call = stream::open(channel, ReceiverStream::new(outbound)) => call,
-        _ = stopped(stop) => return Ended::Stopped,
+        () = stop.cancelled() => return Ended::Stopped,
     };
     let mut inbound = match call {
         Ok(inbound) => inbound,
@@ -84,7 +85,7 @@ pub(super) async fn run(
     loop {
         let next = tokio::select! {
             next = inbound.message() => next,
-            _ = stopped(stop) => return Ended::Stopped,
+            () = stop.cancelled() => return Ended::Stopped,
         };
         let bytes = match next {
             Ok(Some(bytes)) => bytes,

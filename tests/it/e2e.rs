@@ -1,5 +1,5 @@
-//! End-to-end: sluice in process (the production stack from `sluice::app`, served by
-//! `sluice::run` on port 0) over real gRPC and HTTP on loopback, against both backends
+//! End-to-end: sluice in process (the production server `sluice::Server` builds, served on
+//! port 0) over real gRPC and HTTP on loopback, against both backends
 //! (embedded memory, and a real `redis-server` the test starts). The binary itself is tested in
 //! `cli.rs`.
 

@@ -173,7 +173,7 @@ async fn tight_limit_trips_on_the_fourth(addr: SocketAddr, case: &str) {
 fn policy_sluice(dir: &std::path::Path, redis: &RedisServer, policy: FailurePolicy) -> TestServer {
     let mut settings = test_settings(dir, Some(&redis.url()));
     settings.backend.deadline = BACKEND_DEADLINE;
-    settings.on_backend_error = policy;
+    settings.engine.on_backend_error = policy;
     TestServer::start(settings)
 }
 

@@ -20,7 +20,7 @@ use helpers::envoy_config::{bootstrap, cluster};
 use helpers::gateway::{self, GatewayPki, Pem};
 use helpers::secret::SecretVolume;
 use helpers::{Envoy, Req, TestServer, Upstream, test_settings};
-use sluice::tls::TlsSettings;
+use sluice::server::tls::TlsSettings;
 
 const TIMEOUT_MS: u64 = 1000;
 /// Bound of the wait for a rotated Secret to be served (the watcher polls every 100 ms):

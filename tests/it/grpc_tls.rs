@@ -21,7 +21,7 @@ use helpers::secret::SecretVolume;
 use helpers::{TestServer, descriptor, request, test_settings};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::tls::TlsSettings;
+use sluice::server::tls::TlsSettings;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;

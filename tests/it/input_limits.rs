@@ -143,7 +143,9 @@ async fn every_limit_names_field_and_flag_and_records_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_message_is_refused_and_the_server_survives() {
-    let sluice = TestServer::start(settings(None, |l| l.max_message_bytes = 4096));
+    let mut settings = settings(None, |_| {});
+    settings.ports.max_message_bytes = 4096;
+    let sluice = TestServer::start(settings);
     let mut client = sluice.client().await;
     // 8 KB of entries: over the transport limit, though every field is within its own limit.
     let big: Vec<_> = (0..16)

@@ -32,7 +32,7 @@ const DEADLINE_MS: u64 = 10;
 fn start(redis: &RedisServer, policy: FailurePolicy) -> TestServer {
     let mut settings = test_settings(&fixture("e2e/limits"), Some(&redis.url()));
     settings.backend.deadline = Duration::from_millis(DEADLINE_MS);
-    settings.on_backend_error = policy;
+    settings.engine.on_backend_error = policy;
     TestServer::start(settings)
 }
 

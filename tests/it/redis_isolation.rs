@@ -314,7 +314,7 @@ async fn out_of_memory_is_answered_by_the_failure_policy() {
     let config = dir.path().join("p.yaml");
     std::fs::write(&config, CONFIG).expect("write config");
     let mut settings = test_settings(&config, Some(&server.url()));
-    settings.on_backend_error = FailurePolicy::Deny;
+    settings.engine.on_backend_error = FailurePolicy::Deny;
     let sluice = TestServer::start(settings);
     let mut client = sluice.client().await;
     let reply = client

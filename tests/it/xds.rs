@@ -15,11 +15,11 @@ use helpers::prometheus::{samples, scrape, value};
 use helpers::xds_server::{Handshake, ServerTls, XdsServer};
 use helpers::{Sluice, TestServer, descriptor, http_get, request};
 use sluice::Settings;
-use sluice::app::ConfigSource;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use sluice::server::ConfigSource;
 use sluice::xds::{RATE_LIMIT_CONFIG_TYPE, XdsSettings};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;

@@ -301,7 +301,13 @@ impl Limiter for Down {
 #[tokio::test]
 async fn a_failed_backend_is_answered_by_the_policy_and_the_decision_says_which() {
     let request = req(&[&[("user", "a")], &[("shadow", "s")], &[("bot", "b")]]);
-    let failing = |policy| Engine::new(config(YAML), Arc::new(Down)).with_failure_policy(policy);
+    let failing = |on_backend_error| {
+        let options = EngineOptions {
+            on_backend_error,
+            ..EngineOptions::default()
+        };
+        Engine::with_options(config(YAML), Arc::new(Down), options)
+    };
     let err = failing(FailurePolicy::Error).decide(&request).await;
     assert!(matches!(
         err,

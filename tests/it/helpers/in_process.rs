@@ -1,6 +1,6 @@
-//! sluice in the test process: the stack `sluice::app` builds from [`Settings`], served by
-//! `sluice::run` on ephemeral loopback ports and stopped through its shutdown future, the way
-//! mini-redis's tests run its server.
+//! sluice in the test process: the [`Server`] built from [`Settings`], served on ephemeral
+//! loopback ports and stopped through its shutdown future, the way mini-redis's tests run its
+//! server.
 //!
 //! Each [`TestServer`] runs on a runtime of its own (two worker threads, as on a small pod),
 //! not on the test's: a test that floods it, or blocks a thread on a child process, measures
@@ -14,14 +14,13 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use sluice::app::{self, StartError};
 use sluice::limiter::redis::RedisOptions;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::{Listeners, Settings};
+use sluice::server::StartError;
+use sluice::{Listeners, Server, Settings};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -39,12 +38,9 @@ pub fn test_settings(config: &Path, redis_url: Option<&str>) -> Settings {
     settings
 }
 
-/// The test process's one metrics recorder.
+/// The test process's one metrics recorder (the one every in-process server renders).
 pub fn metrics() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| app::install_metrics().expect("install the metrics recorder"))
-        .clone()
+    sluice::metrics::prometheus().expect("install the metrics recorder")
 }
 
 pub struct TestServer {
@@ -61,10 +57,10 @@ impl TestServer {
         Self::try_start(settings).unwrap_or_else(|e| panic!("sluice did not start: {e}"))
     }
 
-    /// Builds the stack, binds 127.0.0.1:0 for both servers and serves on a runtime of its
-    /// own; returns once both listeners are bound.
+    /// Builds the server (on its runtime: a tracer's exporter runs there), binds 127.0.0.1:0
+    /// for both servers and serves; returns once both listeners are bound, or with what
+    /// stopped the build.
     pub fn try_start(settings: Settings) -> Result<TestServer, StartError> {
-        let server = app::assemble(settings, Some(metrics()))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let (done_tx, done) = oneshot::channel();
         let (bound_tx, bound) = std::sync::mpsc::channel();
@@ -75,17 +71,25 @@ impl TestServer {
                 .build()
                 .expect("server runtime");
             let result = runtime.block_on(async move {
+                let server = match Server::build(settings) {
+                    Ok(server) => server,
+                    Err(err) => {
+                        let _ = bound_tx.send(Err(err));
+                        return Ok(());
+                    }
+                };
                 let listeners = Listeners::loopback().await.map_err(|e| e.to_string())?;
                 let addrs = (
                     listeners.grpc_addr().expect("gRPC address"),
                     listeners.admin_addr().expect("admin address"),
                 );
-                let _ = bound_tx.send(addrs);
+                let _ = bound_tx.send(Ok(addrs));
                 let shutdown = async {
                     // A dropped sender (the test ended) stops the server too.
                     let _ = stopped.await;
                 };
-                sluice::run(server, listeners, shutdown)
+                server
+                    .run(listeners, shutdown)
                     .await
                     .map_err(|e| e.to_string())
             });
@@ -95,7 +99,7 @@ impl TestServer {
         });
         let (grpc_addr, admin_addr) = bound
             .recv_timeout(Duration::from_secs(20))
-            .expect("sluice bound its listeners");
+            .expect("sluice bound its listeners")?;
         Ok(TestServer {
             grpc_addr,
             admin_addr,

@@ -5,7 +5,8 @@
 //! - [`redis_server`]: throwaway `redis-server` processes and 3-primary clusters.
 //! - [`sentinel`]: a primary, its replicas and three sentinels, for failover tests.
 //! - [`in_process`]: sluice itself, in the test process, on port 0 ([`TestServer`]): the
-//!   production stack built by `sluice::app`, served by `sluice::run`. Most suites use this.
+//!   production server built by `sluice::Server::build`, served by its `run`. Most suites use
+//!   this.
 //! - [`process`]: the built `sluice` binary as a child process ([`Sluice`]), for the black-box
 //!   tests of the binary itself: flags and environment, start-up errors, SIGTERM, its log.
 //! - [`rpc`] and [`http`]: clients for the gRPC and HTTP ports (the admin's, and Envoy's as a

@@ -12,7 +12,7 @@
 //! the gRPC port, a first byte on the admin port) must arrive within `first_bytes_within` of the
 //! accept, and afterwards a connection on which the client sends nothing for `idle` is closed.
 //! Per-request limits (HTTP/2 streams per connection, the time to send a request) are set on the
-//! servers themselves (src/server.rs, src/admin.rs).
+//! servers themselves (the gRPC one in `run`, the HTTP ones in `http.rs`).
 //!
 //! Logs: refusals and accept errors are logged at `warn` under this module's target, which the
 //! log filter rate-limits like the HTTP/2 library's per-connection warnings (src/logging.rs), so
@@ -55,6 +55,9 @@ pub struct PortLimits {
     /// HTTP/2 streams (calls) open at once on one gRPC connection, advertised as
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` (`--grpc-max-concurrent-streams`).
     pub grpc_max_concurrent_streams: u32,
+    /// Bytes of one encoded gRPC message (tonic's decoding limit: larger messages are refused
+    /// before they are decoded, with the transport's own status; `--max-message-bytes`).
+    pub max_message_bytes: usize,
     /// Connections open at once on the admin port (`--admin-max-connections`).
     pub admin_max_connections: usize,
     /// Time a client has to send a request: the HTTP/2 preface after connecting, and each gRPC
@@ -70,6 +73,7 @@ impl PortLimits {
     /// As many calls as the backend may have in flight ([`crate::limiter::guard`]): more
     /// streams on one connection could only wait.
     pub const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS: u32 = 1024;
+    pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024;
     pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 256;
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
     pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -100,6 +104,7 @@ impl Default for PortLimits {
         PortLimits {
             grpc_max_connections: Self::DEFAULT_GRPC_MAX_CONNECTIONS,
             grpc_max_concurrent_streams: Self::DEFAULT_GRPC_MAX_CONCURRENT_STREAMS,
+            max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
             admin_max_connections: Self::DEFAULT_ADMIN_MAX_CONNECTIONS,
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
             idle_timeout: Self::DEFAULT_IDLE_TIMEOUT,

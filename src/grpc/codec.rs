@@ -6,7 +6,7 @@
 //! is a bad request like one over an input limit; `INTERNAL` tells the operator that sluice is
 //! broken and the caller that retrying might help. build.rs points the generated code at
 //! [`StrictCodec`] (tonic-prost-build's `codec_path`), so the transport decodes with it before
-//! [`crate::service`] sees the request. prost names the field in its error
+//! [`super::service`] sees the request. prost names the field in its error
 //! (`Entry.value: RateLimitDescriptor.entries: RateLimitRequest.descriptors: invalid string
 //! value: data is not UTF-8 encoded`, innermost first). The generated clients decode responses
 //! with it too (the xDS client, tests and benchmarks): a response that does not decode is

@@ -43,10 +43,10 @@ use rustls::{
 };
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
 
 /// Where the certificates are and how they are checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -382,9 +382,9 @@ impl ServerTls {
     }
 }
 
-/// Polls the files every `reload_interval` until `stop` turns true, logging each reload and
+/// Polls the files every `reload_interval` until `stop` is cancelled, logging each reload and
 /// each rejected change.
-pub async fn watch(tls: Arc<ServerTls>, mut stop: watch::Receiver<bool>) {
+pub async fn watch(tls: Arc<ServerTls>, stop: CancellationToken) {
     // The caller sets the floor (the config watch's); a zero period would panic.
     let interval = tls.settings.reload_interval.max(Duration::from_millis(1));
     let mut ticker = tokio::time::interval(interval);
@@ -393,11 +393,15 @@ pub async fn watch(tls: Arc<ServerTls>, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
-            _ = stop.changed() => return,
+            () = stop.cancelled() => return,
         }
+        // A read the file system holds up must not hold up shutdown.
         let poll = {
             let tls = tls.clone();
-            tokio::task::spawn_blocking(move || tls.poll()).await
+            tokio::select! {
+                poll = tokio::task::spawn_blocking(move || tls.poll()) => poll,
+                () = stop.cancelled() => return,
+            }
         };
         match poll {
             Ok(Poll::Unchanged) => {}
