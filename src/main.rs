@@ -134,8 +134,8 @@ async fn serve(
     let settings = args.settings(redis_given, variable)?;
     let server = Server::build(settings)?;
     let shutdown = shutdown_signal()?;
-    let mut listeners = Listeners::bind(args.grpc_addr, args.admin_addr).await?;
-    if let Some(addr) = args.metrics_addr {
+    let mut listeners = Listeners::bind(args.ports.grpc_addr, args.ports.admin_addr).await?;
+    if let Some(addr) = args.ports.metrics_addr {
         listeners = listeners.with_metrics(addr).await?;
     }
     server.run(listeners, shutdown).await?;

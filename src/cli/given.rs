@@ -192,14 +192,15 @@ mod tests {
             panic!("not serve");
         };
         assert_eq!(
-            args.config.as_deref(),
+            args.config.config.as_deref(),
             Some(std::path::Path::new("/data/ratelimit/config"))
         );
-        assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
-        assert_eq!(args.admin_addr.to_string(), "127.0.0.1:9");
-        assert!(args.shadow_mode && args.merge_domain_config && !args.watch_config);
+        assert_eq!(args.ports.grpc_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(args.ports.admin_addr.to_string(), "127.0.0.1:9");
+        let config = &args.config;
+        assert!(args.engine.shadow_mode && config.merge_domain_config && !config.watch_config);
         assert_eq!(
-            args.grpc_client_ca,
+            args.grpc_tls.grpc_client_ca,
             [PathBuf::from("/tls/a.pem"), PathBuf::from("/tls/b.pem")]
         );
         let cli = parse(&translated, &["sluice", "check-config", "/etc/limits"]);
@@ -215,7 +216,8 @@ mod tests {
         let Command::Serve(args) = parse(&[], &["sluice", "serve"]).command else {
             panic!("not serve");
         };
-        assert_eq!(args.grpc_addr.to_string(), "127.0.0.1:8081");
-        assert!(!args.shadow_mode && args.watch_config && args.config.is_none());
+        assert_eq!(args.ports.grpc_addr.to_string(), "127.0.0.1:8081");
+        let config = &args.config;
+        assert!(!args.engine.shadow_mode && config.watch_config && config.config.is_none());
     }
 }
