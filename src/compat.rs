@@ -199,11 +199,16 @@ fn addresses(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     }
 }
 
-/// Shadow and quota modes, domain merging and the near-limit ratio.
+/// Shadow and quota modes, the response's dynamic metadata, domain merging and the near-limit
+/// ratio.
 fn switches(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     for (legacy, sluice) in [
         ("SHADOW_MODE", "SLUICE_SHADOW_MODE"),
         ("QUOTA_MODE", "SLUICE_QUOTA_MODE"),
+        (
+            "RESPONSE_DYNAMIC_METADATA",
+            "SLUICE_RESPONSE_DYNAMIC_METADATA",
+        ),
         ("MERGE_DOMAIN_CONFIG", "SLUICE_MERGE_DOMAIN_CONFIG"),
     ] {
         if let Some(on) = flag_var(get, legacy, out) {
@@ -288,6 +293,7 @@ mod tests {
             ("PORT", "8080"),
             ("SHADOW_MODE", "true"),
             ("QUOTA_MODE", "true"),
+            ("RESPONSE_DYNAMIC_METADATA", "true"),
             ("NEAR_LIMIT_RATIO", "0.9"),
             ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
             ("CACHE_KEY_PREFIX", "rl_"),
@@ -304,6 +310,7 @@ mod tests {
             ("SLUICE_ADMIN_ADDR", "0.0.0.0:8080"),
             ("SLUICE_SHADOW_MODE", "true"),
             ("SLUICE_QUOTA_MODE", "true"),
+            ("SLUICE_RESPONSE_DYNAMIC_METADATA", "true"),
             ("SLUICE_NEAR_LIMIT_RATIO", "0.9"),
             ("SLUICE_LOCAL_CACHE_SIZE", "8192"),
             ("SLUICE_KEY_PREFIX", "rl_"),

@@ -220,6 +220,7 @@ mod tests {
                 format,
                 hide_remaining: hide,
             },
+            metadata: None,
         }
     }
 

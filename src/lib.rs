@@ -10,6 +10,8 @@
 //! - [`decision`]: one request's descriptors -> rules -> a limiter batch -> per-descriptor
 //!   verdicts (types, input limits, rule resolution, engine).
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
+//! - [`metadata`]: a descriptor's `metadata` as a protobuf `Struct` (from YAML or xDS, to
+//!   JSON), and the merge envoyproxy/ratelimit applies to a response's.
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
 //! - [`otel`]: OpenTelemetry traces: a span per decision under the caller's `traceparent`, a
 //!   child per backend call (the tracer the faces hold and the backend decorator), OTLP export.
@@ -46,6 +48,7 @@ pub mod headers;
 pub mod http;
 pub mod limiter;
 pub mod logging;
+pub mod metadata;
 pub mod metrics;
 pub mod otel;
 pub mod proto;

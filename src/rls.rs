@@ -8,6 +8,7 @@
 //! by a request, answer it the same way and show on the same metrics and traces. Both call
 //! [`Handler::should_rate_limit`]; neither maps, decides or records on its own.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +21,7 @@ use crate::decision::{self, Code, Decision, DecisionError, Engine, InvalidReques
 use crate::descriptor::Entry;
 use crate::headers::{self, LegacyNames};
 use crate::limiter::LimiterError;
+use crate::metadata;
 use crate::metrics::Observer;
 use crate::otel::{Face, Tracer};
 use crate::proto::envoy::config::core::v3::HeaderValue;
@@ -29,14 +31,17 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use crate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use crate::proto::envoy::r#type::v3::RateLimitUnit;
+use prost_types::value::Kind;
 
 /// What both faces answer a call with: the engine, the metrics observer, the tracer (off by
-/// default) and the names of the `legacy` response headers.
+/// default), the names of the `legacy` response headers and whether responses describe the
+/// request in their dynamic metadata (off by default).
 pub struct Handler {
     engine: Arc<Engine>,
     observer: Arc<Observer>,
     tracer: Tracer,
     legacy_names: LegacyNames,
+    dynamic_metadata: bool,
 }
 
 impl Handler {
@@ -47,6 +52,7 @@ impl Handler {
             observer,
             tracer: Tracer::off(),
             legacy_names: LegacyNames::default(),
+            dynamic_metadata: false,
         }
     }
 
@@ -57,6 +63,12 @@ impl Handler {
 
     pub fn with_legacy_names(mut self, names: LegacyNames) -> Self {
         self.legacy_names = names;
+        self
+    }
+
+    /// Responses carry envoyproxy/ratelimit's dynamic metadata ([`request_metadata`]).
+    pub fn with_dynamic_metadata(mut self, on: bool) -> Self {
+        self.dynamic_metadata = on;
         self
     }
 
@@ -109,7 +121,8 @@ impl Handler {
             };
             span.end(known_domain, &request, answer.as_ref());
         }
-        answer.map(|decision| to_proto(decision, &self.legacy_names))
+        let described = self.dynamic_metadata.then_some(&request);
+        answer.map(|decision| to_proto(decision, &self.legacy_names, described))
     }
 }
 
@@ -188,6 +201,19 @@ fn unit_from_proto(unit: i32) -> Option<Unit> {
     })
 }
 
+/// [`unit_from_proto`] back (an override is never in weeks: no such unit there).
+fn unit_to_override_proto(unit: Unit) -> RateLimitUnit {
+    match unit {
+        Unit::Second => RateLimitUnit::Second,
+        Unit::Minute => RateLimitUnit::Minute,
+        Unit::Hour => RateLimitUnit::Hour,
+        Unit::Day => RateLimitUnit::Day,
+        Unit::Week => RateLimitUnit::Unknown,
+        Unit::Month => RateLimitUnit::Month,
+        Unit::Year => RateLimitUnit::Year,
+    }
+}
+
 fn unit_to_proto(unit: Unit) -> ProtoUnit {
     match unit {
         Unit::Second => ProtoUnit::Second,
@@ -216,8 +242,18 @@ fn reset_duration(reset_ms: u64) -> prost_types::Duration {
     }
 }
 
-/// Domain decision -> proto response; `legacy` headers take the names in `names`.
-pub fn to_proto(decision: Decision, names: &LegacyNames) -> RateLimitResponse {
+/// Domain decision -> proto response; `legacy` headers take the names in `names`. With
+/// `described`, the request it answers, the dynamic metadata describes it as
+/// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA` does ([`request_metadata`]).
+pub fn to_proto(
+    decision: Decision,
+    names: &LegacyNames,
+    described: Option<&decision::Request>,
+) -> RateLimitResponse {
+    let mut dynamic_metadata = described.map(|request| request_metadata(request, &decision));
+    if let Some(token) = decision.lease {
+        lease_metadata(dynamic_metadata.get_or_insert_default(), token);
+    }
     let response_headers_to_add = headers::response_headers(&decision, names)
         .into_iter()
         .map(|(key, value)| HeaderValue {
@@ -245,21 +281,113 @@ pub fn to_proto(decision: Decision, names: &LegacyNames) -> RateLimitResponse {
         overall_code: code_to_proto(decision.overall) as i32,
         statuses,
         response_headers_to_add,
-        dynamic_metadata: decision.lease.map(lease_metadata),
+        dynamic_metadata,
         ..Default::default()
     }
 }
 
-/// The dynamic metadata of a request that holds leases: `{sluice_lease: "<token>"}`. Envoy puts
+/// The dynamic metadata of a request that holds leases: `sluice_lease: "<token>"`. Envoy puts
 /// it under `envoy.filters.http.ratelimit`, where the refund's `metadata` action reads it when
 /// the stream is done (a request refused, or never answered, has none, so it sends no refund).
 /// A string: Envoy's `metadata` action takes string values only.
-fn lease_metadata(token: u64) -> prost_types::Struct {
-    let value = prost_types::Value {
-        kind: Some(prost_types::value::Kind::StringValue(token.to_string())),
-    };
-    prost_types::Struct {
-        fields: [(decision::LEASE_KEY.to_owned(), value)].into(),
+fn lease_metadata(metadata: &mut prost_types::Struct, token: u64) {
+    metadata.fields.insert(
+        decision::LEASE_KEY.to_owned(),
+        string_value(token.to_string()),
+    );
+}
+
+fn string_value(s: String) -> prost_types::Value {
+    prost_types::Value {
+        kind: Some(Kind::StringValue(s)),
+    }
+}
+
+fn number_value(n: f64) -> prost_types::Value {
+    prost_types::Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+/// envoyproxy/ratelimit's dynamic metadata (`RESPONSE_DYNAMIC_METADATA`), field for field:
+/// `domain`; `descriptors`, each with its `entries` as `key=value` strings, its `limit` override
+/// in protobuf text (`requests_per_unit:10 unit:SECOND`) and its `hitsAddend` when set; the
+/// request's `hitsAddend` when not 0; and `metadata`, the config `metadata` of every descriptor
+/// that passed its own limit (an OK status from a configured limit, not an override),
+/// merged in request order (the first value of a key wins), when there is any.
+pub fn request_metadata(request: &decision::Request, decision: &Decision) -> prost_types::Struct {
+    let descriptors = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string_value(format!("{}={}", e.key, e.value)))
+                .collect();
+            let mut fields = BTreeMap::from([(
+                "entries".to_owned(),
+                prost_types::Value {
+                    kind: Some(Kind::ListValue(prost_types::ListValue { values: entries })),
+                },
+            )]);
+            if let Some(o) = &d.limit_override {
+                fields.insert("limit".into(), string_value(override_text(o)));
+            }
+            if let Some(hits) = d.hits_addend {
+                // A double, as every number in a Struct; hits are bounded by --max-hits-addend.
+                #[allow(clippy::cast_precision_loss)]
+                fields.insert("hitsAddend".into(), number_value(hits as f64));
+            }
+            prost_types::Value {
+                kind: Some(Kind::StructValue(prost_types::Struct { fields })),
+            }
+        })
+        .collect();
+    let mut fields = BTreeMap::from([
+        ("domain".to_owned(), string_value(request.domain.clone())),
+        (
+            "descriptors".to_owned(),
+            prost_types::Value {
+                kind: Some(Kind::ListValue(prost_types::ListValue {
+                    values: descriptors,
+                })),
+            },
+        ),
+    ]);
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".into(),
+            number_value(f64::from(request.hits_addend)),
+        );
+    }
+    let mut passed = prost_types::Struct::default();
+    for (verdict, descriptor) in decision.verdicts.iter().zip(&request.descriptors) {
+        if let Some(m) = &verdict.metadata
+            && verdict.code == Code::Ok
+            && descriptor.limit_override.is_none()
+        {
+            metadata::merge(&mut passed, &m.0);
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert(
+            "metadata".into(),
+            prost_types::Value {
+                kind: Some(Kind::StructValue(passed)),
+            },
+        );
+    }
+    prost_types::Struct { fields }
+}
+
+/// A `limit` override as Go's protobuf text prints it (fields at their zero value omitted).
+fn override_text(o: &LimitOverride) -> String {
+    let unit = unit_to_override_proto(o.unit).as_str_name();
+    if o.requests_per_unit == 0 {
+        format!("unit:{unit}")
+    } else {
+        format!("requests_per_unit:{} unit:{unit}", o.requests_per_unit)
     }
 }
 
@@ -338,13 +466,90 @@ mod tests {
             lease,
         };
         let names = LegacyNames::default();
-        let response = to_proto(decision(Some(42)), &names);
+        let response = to_proto(decision(Some(42)), &names, None);
         let metadata = response.dynamic_metadata.expect("metadata");
         assert_eq!(
             metadata.fields[decision::LEASE_KEY].kind,
             Some(prost_types::value::Kind::StringValue("42".into()))
         );
-        assert_eq!(to_proto(decision(None), &names).dynamic_metadata, None);
+        assert_eq!(
+            to_proto(decision(None), &names, None).dynamic_metadata,
+            None
+        );
+    }
+
+    fn verdict(code: Code, metadata: Option<serde_json::Value>) -> crate::decision::Verdict {
+        crate::decision::Verdict {
+            code,
+            outcome: crate::decision::Outcome::Admitted,
+            limit: None,
+            remaining: 0,
+            reset_ms: 0,
+            rule: None,
+            window_count: 0,
+            detailed_metric: false,
+            key: None,
+            stat: None,
+            headers: crate::config::HeaderPolicy::default(),
+            metadata: metadata.and_then(|m| match m {
+                serde_json::Value::Object(map) => metadata::Metadata::from_json(map),
+                _ => None,
+            }),
+        }
+    }
+
+    /// envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`: the request, and the merged config
+    /// metadata of the descriptors that passed (not over, not an override's); with a lease,
+    /// sluice's token beside them.
+    #[test]
+    fn dynamic_metadata_describes_the_request_and_what_passed() {
+        use serde_json::json;
+        let mut request = decision::Request {
+            domain: "quota-domain".into(),
+            descriptors: vec![
+                decision::Descriptor::new(vec![Entry::new("regular", "limit")]),
+                decision::Descriptor::new(vec![Entry::new("quota", "limit")]),
+                decision::Descriptor::new(vec![Entry::new("k", "v"), Entry::new("k2", "")]),
+                decision::Descriptor::new(vec![Entry::new("other", "x")]),
+            ],
+            hits_addend: 3,
+        };
+        request.descriptors[1].hits_addend = Some(0);
+        request.descriptors[2].limit_override = Some(LimitOverride {
+            requests_per_unit: 10,
+            unit: Unit::Second,
+        });
+        let decision = Decision {
+            overall: Code::Ok,
+            verdicts: vec![
+                verdict(Code::Ok, Some(json!({"name": "service_1", "n": {"a": 1}}))),
+                verdict(Code::OverLimit, Some(json!({"over": true}))),
+                verdict(Code::Ok, Some(json!({"override": true}))),
+                verdict(Code::Ok, Some(json!({"name": "service_2", "n": {"b": 2}}))),
+            ],
+            hits: 3,
+            known_domain: true,
+            backend_failed: None,
+            answered_by: crate::limiter::AnsweredBy::Backend,
+            lease: Some(7),
+        };
+        let response = to_proto(decision, &LegacyNames::default(), Some(&request));
+        let shown = metadata::struct_to_json(&response.dynamic_metadata.expect("metadata"));
+        assert_eq!(
+            serde_json::Value::Object(shown),
+            json!({
+                "domain": "quota-domain",
+                "hitsAddend": 3,
+                "descriptors": [
+                    {"entries": ["regular=limit"]},
+                    {"entries": ["quota=limit"], "hitsAddend": 0},
+                    {"entries": ["k=v", "k2="], "limit": "requests_per_unit:10 unit:SECOND"},
+                    {"entries": ["other=x"]}
+                ],
+                "metadata": {"name": "service_1", "n": {"a": 1, "b": 2}},
+                "sluice_lease": "7"
+            })
+        );
     }
 
     #[test]

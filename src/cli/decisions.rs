@@ -20,6 +20,10 @@ pub(crate) struct EngineArgs {
     /// limit only when all of its limited descriptors are.
     #[arg(long, env = "SLUICE_QUOTA_MODE")]
     pub(super) quota_mode: bool,
+    /// Responses describe the request in their dynamic metadata (domain, descriptors, hits),
+    /// with the config `metadata` of the descriptors that passed their limit.
+    #[arg(long, env = "SLUICE_RESPONSE_DYNAMIC_METADATA")]
+    pub(super) response_dynamic_metadata: bool,
     /// Prefix of every limiter key (no braces, at most 64 bytes).
     #[arg(long, env = "SLUICE_KEY_PREFIX", default_value = sluice::descriptor::KEY_PREFIX)]
     pub(super) key_prefix: String,

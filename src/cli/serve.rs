@@ -77,6 +77,7 @@ impl ServeArgs {
                 .settings(Duration::from_millis(self.config.watch_interval_ms)),
             tracing: self.tracing.settings(),
             legacy_names: self.headers.legacy_names()?,
+            response_dynamic_metadata: self.engine.response_dynamic_metadata,
         })
     }
 }

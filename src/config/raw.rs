@@ -65,6 +65,9 @@ pub(crate) struct RawDescriptor {
     /// sluice extension: response headers for this descriptor and its children.
     pub response_headers: Option<Spanned<RawHeaders>>,
     pub response_headers_line: Option<usize>,
+    /// Any mapping: returned in the dynamic metadata of responses this descriptor's limit
+    /// admits, when that is asked for (`crate::metadata`).
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     pub extra: Vec<Extra>,
 }
 
@@ -230,11 +233,7 @@ impl Fields for RawDescriptor {
             "value_to_metric" => self.value_to_metric = map.next_value()?,
             "share_threshold" => self.share_threshold = map.next_value()?,
             "over_limit" => self.over_limit = map.next_value()?,
-            // Accepted for compatibility with configs that annotate descriptors; sluice keys
-            // and limits do not depend on it.
-            "metadata" => {
-                map.next_value::<IgnoredAny>()?;
-            }
+            "metadata" => self.metadata = map.next_value()?,
             "response_headers" => {
                 self.response_headers = map.next_value()?;
                 self.response_headers_line = line;

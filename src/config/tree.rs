@@ -7,6 +7,7 @@
 
 use super::Unit;
 use super::stat_path::StatPath;
+use crate::metadata::Metadata;
 use std::collections::HashMap;
 
 /// The limit a rule sets.
@@ -169,6 +170,9 @@ pub struct Rule {
     /// How envoyproxy/ratelimit names this rule's stats (`detailed_metric`, `value_to_metric`
     /// and wildcards included).
     pub stat: StatPath,
+    /// `metadata`: what responses this rule's limit admits carry in their dynamic metadata
+    /// when `--response-dynamic-metadata` is on; `None` when absent or empty.
+    pub metadata: Option<Metadata>,
 }
 
 /// How the node of a request's last entry was matched.

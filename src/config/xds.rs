@@ -9,7 +9,7 @@
 //! unset field from its zero value; the zero values map to what an absent YAML key means:
 //! `value: ""` is no value (any value matches, each counted on its own), unit `UNKNOWN` is no
 //! unit, a `requests_per_unit` of 0 is absent (deny all, unless `unlimited`), an empty `name`
-//! is no name. `metadata` is accepted and ignored, as in files.
+//! is no name. `metadata` is kept, as in files (a number that is not finite becomes null).
 
 use std::path::PathBuf;
 
@@ -18,6 +18,7 @@ use serde_saphyr::{Location, Spanned};
 use super::Document;
 use super::raw::{RawDescriptor, RawRateLimit, RawReplace, RawRoot, Source};
 use super::{Config, ConfigErrors, LoadOptions};
+use crate::metadata;
 use crate::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
@@ -99,6 +100,7 @@ impl Source for XdsDescriptor {
             shadow_mode: Some(d.shadow_mode),
             quota_mode: Some(d.quota_mode),
             detailed_metric: Some(d.detailed_metric),
+            metadata: d.metadata.as_ref().map(metadata::struct_to_json),
             ..RawDescriptor::default()
         };
         let nested: Nested = d

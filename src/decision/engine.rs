@@ -274,6 +274,7 @@ impl Engine {
             stat: Some(stat.clone()),
             limit: Some(limit),
             headers,
+            metadata: rule.and_then(|r| r.metadata.clone()),
         }
     }
 }

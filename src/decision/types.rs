@@ -9,6 +9,7 @@
 use crate::config::{HeaderPolicy, Rule, StatPath, Unit};
 use crate::descriptor::{Entry, KEY_PREFIX};
 use crate::limiter::AnsweredBy;
+use crate::metadata::Metadata;
 
 /// The name of a request's lease, both ways (`in_flight` limits): the key of the dynamic
 /// metadata an admitted request's response carries (its value the lease token, a decimal
@@ -259,6 +260,8 @@ pub struct Verdict {
     /// Response headers this verdict asks for (the default, none, for shadow-mode limits,
     /// refunds and descriptors without a limit: they never reject, so they advertise nothing).
     pub headers: HeaderPolicy,
+    /// The matched rule's `metadata`, when the descriptor was decided against the rule's limits.
+    pub metadata: Option<Metadata>,
 }
 
 impl Verdict {
@@ -282,6 +285,7 @@ impl Verdict {
             key: None,
             stat: None,
             headers: HeaderPolicy::default(),
+            metadata: None,
         }
     }
 }

@@ -310,16 +310,10 @@ fn response_json(response: &RateLimitResponse) -> Value {
         out.insert("responseHeadersToAdd".into(), Value::Array(headers));
     }
     if let Some(metadata) = &response.dynamic_metadata {
-        // Only string values are ever set (the lease token).
-        let fields: serde_json::Map<String, Value> = metadata
-            .fields
-            .iter()
-            .filter_map(|(k, v)| match &v.kind {
-                Some(prost_types::value::Kind::StringValue(s)) => Some((k.clone(), json!(s))),
-                _ => None,
-            })
-            .collect();
-        out.insert("dynamicMetadata".into(), Value::Object(fields));
+        out.insert(
+            "dynamicMetadata".into(),
+            Value::Object(crate::metadata::struct_to_json(metadata)),
+        );
     }
     Value::Object(out)
 }

@@ -65,12 +65,14 @@ impl Server {
         }
     }
 
-    /// What both faces answer a call with: the engine, the observer, the tracer.
+    /// What both faces answer a call with: the engine, the observer, the tracer, what the
+    /// responses carry.
     fn handler(&self) -> Arc<Handler> {
         Arc::new(
             Handler::new(self.engine.clone(), self.stack.observer.clone())
                 .with_tracer(self.stack.tracer.clone())
-                .with_legacy_names(self.settings.legacy_names.clone()),
+                .with_legacy_names(self.settings.legacy_names.clone())
+                .with_dynamic_metadata(self.settings.response_dynamic_metadata),
         )
     }
 

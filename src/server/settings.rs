@@ -55,6 +55,9 @@ pub struct Settings {
     pub tracing: Option<TracingSettings>,
     /// Names of the `legacy` style's response headers.
     pub legacy_names: LegacyNames,
+    /// Responses describe the request in their dynamic metadata, with the config `metadata` of
+    /// what passed (envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`).
+    pub response_dynamic_metadata: bool,
 }
 
 /// Where the limits come from: `--config` or `--config-xds`.
@@ -87,6 +90,7 @@ impl Settings {
             grpc_tls: None,
             tracing: None,
             legacy_names: LegacyNames::default(),
+            response_dynamic_metadata: false,
         }
     }
 }

@@ -166,3 +166,24 @@ proptest! {
         }
     }
 }
+
+/// `metadata` is any mapping; anything else is malformed, at its line (envoyproxy/ratelimit
+/// refuses it too: "error parsing metadata").
+#[test]
+fn metadata_must_be_a_mapping() {
+    let yaml = "\
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1}
+    metadata: [1, 2]
+";
+    let errors = errors_of(yaml);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].line, Some(5), "{}", errors[0]);
+    assert!(
+        errors[0].message.starts_with("malformed YAML"),
+        "{}",
+        errors[0]
+    );
+}

@@ -22,6 +22,7 @@ use super::stat_path::{self, StatSegment};
 use super::tree::{
     HeaderFormat, HeaderPolicy, Level, Limit, LimitAlgorithm, Node, OverLimitSetting, Rule,
 };
+use crate::metadata::Metadata;
 use serde_saphyr::Spanned;
 use std::collections::HashMap;
 use std::path::Path;
@@ -351,6 +352,7 @@ impl Checker<'_> {
             stat: stat_path::rule_path(&stat, detailed_metric, &shared_values),
             shared_values,
             headers,
+            metadata: d.metadata.and_then(Metadata::from_json),
         };
         (rule, children)
     }

@@ -269,3 +269,53 @@ fn bad_resources_are_named_with_the_rule_and_every_problem() {
         lines[0]
     );
 }
+
+/// A descriptor's `metadata` compiles to the same rule metadata from a resource as from YAML
+/// (envoyproxy/ratelimit's `metadata.yaml`, nested mapping included); an empty one is none.
+#[test]
+fn metadata_compiles_from_a_resource_as_from_yaml() {
+    let object = |v: serde_json::Value| match v {
+        serde_json::Value::Object(map) => crate::metadata::struct_from_json(map),
+        _ => unreachable!(),
+    };
+    let mut quota = desc("key2", "");
+    quota.rate_limit = limit(RateLimitUnit::Minute, 20);
+    quota.metadata = Some(object(
+        serde_json::json!({"service_with_quota": {"name": "service_2"}, "n": 1}),
+    ));
+    let mut empty = desc("key3", "");
+    empty.rate_limit = limit(RateLimitUnit::Minute, 20);
+    empty.metadata = Some(prost_types::Struct::default());
+    let resource = RateLimitConfig {
+        name: "d".into(),
+        domain: "d".into(),
+        descriptors: vec![quota, empty],
+    };
+    let yaml = "
+domain: d
+descriptors:
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+    metadata:
+      service_with_quota:
+        name: service_2
+      n: 1
+  - key: key3
+    rate_limit: {unit: minute, requests_per_unit: 20}
+    metadata: {}
+";
+    let from_xds = Config::from_xds(vec![resource], LoadOptions::default()).unwrap();
+    let from_yaml = Config::from_yaml_str(Path::new("d.yaml"), yaml).unwrap();
+    for config in [&from_xds, &from_yaml] {
+        let lookup = |key: &str| match config.lookup("d", &[Entry::new(key, "x")]) {
+            Lookup::Rule { rule, .. } => rule.metadata.clone(),
+            other => panic!("no rule for {key}: {other:?}"),
+        };
+        let m = lookup("key2").expect("metadata");
+        assert_eq!(
+            serde_json::Value::Object(crate::metadata::struct_to_json(&m.0)),
+            serde_json::json!({"service_with_quota": {"name": "service_2"}, "n": 1})
+        );
+        assert_eq!(lookup("key3"), None, "an empty mapping is no metadata");
+    }
+}
