@@ -159,8 +159,11 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     out
 }
 
-/// The config directory (`RUNTIME_ROOT`, its sub- and app directories) and its watching, unless
-/// the limits come from xDS (then noted as ignored).
+/// The config directory (`RUNTIME_ROOT`, its sub- and app directories), unless the limits come
+/// from xDS (then noted as ignored). `RUNTIME_WATCH_ROOT` chooses what envoyproxy/ratelimit
+/// watches (a swap of the root's symlink, or the files of the config directory), and either
+/// way it reloads; sluice's watcher sees both, so the variable asks for nothing more (a value
+/// that is not a boolean is noted). It never turns reloading off.
 fn runtime(get: &dyn Fn(&str) -> Option<String>, from_xds: bool, out: &mut Translation) {
     if from_xds {
         for name in ["RUNTIME_ROOT", "RUNTIME_WATCH_ROOT"] {
@@ -179,9 +182,8 @@ fn runtime(get: &dyn Fn(&str) -> Option<String>, from_xds: bool, out: &mut Trans
         let path = path.to_string_lossy().into_owned();
         map_var(get, "RUNTIME_ROOT", "SLUICE_CONFIG", path, out);
     }
-    if let Some(watch) = flag_var(get, "RUNTIME_WATCH_ROOT", out).filter(|_| !from_xds) {
-        let watch = watch.to_string();
-        map_var(get, "RUNTIME_WATCH_ROOT", "SLUICE_WATCH_CONFIG", watch, out);
+    if !from_xds {
+        flag_var(get, "RUNTIME_WATCH_ROOT", out);
     }
 }
 
@@ -305,7 +307,6 @@ mod tests {
             ("SLUICE_REDIS_POOL_SIZE", "20"),
             ("SLUICE_REDIS_BATCH_MAX", "8"),
             ("SLUICE_CONFIG", "/data/ratelimit/config"),
-            ("SLUICE_WATCH_CONFIG", "false"),
             ("SLUICE_GRPC_ADDR", "0.0.0.0:8081"),
             ("SLUICE_ADMIN_ADDR", "0.0.0.0:8080"),
             ("SLUICE_SHADOW_MODE", "true"),
@@ -320,7 +321,8 @@ mod tests {
             assert_eq!(t.set.get(k).map(String::as_str), Some(v), "{k}: {t:#?}");
         }
         assert_eq!(t.set.len(), expect.len(), "{t:#?}");
-        // USE_STATSD=false asks for nothing sluice does.
+        // USE_STATSD=false asks for nothing sluice does; RUNTIME_WATCH_ROOT=false reloads a
+        // changed file there as here (it does not turn reloading off).
         assert!(t.notes.is_empty(), "{t:#?}");
         assert!(t.errors.is_empty(), "{t:#?}");
     }
