@@ -17,6 +17,13 @@ const SERVED: [&str; 4] = [
     "proto/envoy/type/v3/ratelimit_unit.proto",
 ];
 
+/// The Rate Limit Quota Service, not served yet.
+const QUOTA: [&str; 3] = [
+    "proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
+    "proto/envoy/type/v3/ratelimit_strategy.proto",
+    "proto/envoy/type/v3/token_bucket.proto",
+];
+
 /// Spoken by the xDS client (`--config-xds`); not served.
 const XDS: [&str; 5] = [
     "proto/envoy/service/discovery/v3/ads.proto",
@@ -27,7 +34,7 @@ const XDS: [&str; 5] = [
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for file in SERVED.iter().chain(&XDS) {
+    for file in SERVED.iter().chain(&QUOTA).chain(&XDS) {
         println!("cargo:rerun-if-changed={file}");
     }
     let served = protox::compile(SERVED, ["proto"])?;
@@ -36,10 +43,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("sluice_descriptor.bin"),
         prost::Message::encode_to_vec(&served),
     )?;
-    let all = protox::compile(SERVED.iter().chain(&XDS), ["proto"])?;
+    let all = protox::compile(SERVED.iter().chain(&QUOTA).chain(&XDS), ["proto"])?;
     // Messages that do not decode are answered INVALID_ARGUMENT, not INTERNAL (src/grpc/codec.rs).
     tonic_prost_build::configure()
         .codec_path("crate::grpc::codec::StrictCodec")
+        // A bucket id's entries in key order: the same bucket always reads the same.
+        .btree_map(".envoy.service.rate_limit_quota.v3.BucketId.bucket")
         .build_client(true)
         .build_server(true)
         .compile_fds(all)?;

@@ -87,17 +87,31 @@ pub fn check_config(path: &Path, options: LoadOptions) -> Result<String, ConfigE
 
 /// `sluice explain`: the report of [`crate::explain::explain`] for `descriptors` given as
 /// `key=value[,key=value...]`, or what stopped it.
-pub fn explain(path: &Path, domain: &str, descriptors: &[String]) -> Result<String, String> {
+pub fn explain(
+    path: &Path,
+    domain: &str,
+    descriptors: &[String],
+    buckets: &[String],
+) -> Result<String, String> {
     let config = Config::load(path).map_err(|errors| errors.to_string())?;
-    let parsed = descriptors
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            crate::explain::parse_descriptor(text)
-                .map_err(|err| format!("descriptor {i} `{text}`: {err}"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(crate::explain::explain(&config, domain, &parsed))
+    let parse = |what: &str, texts: &[String]| {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                crate::explain::parse_descriptor(text)
+                    .map_err(|err| format!("{what} {i} `{text}`: {err}"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let descriptors = parse("descriptor", descriptors)?;
+    let buckets = parse("bucket", buckets)?;
+    let mut out = String::new();
+    if !descriptors.is_empty() {
+        out.push_str(&crate::explain::explain(&config, domain, &descriptors));
+    }
+    out.push_str(&crate::explain::explain_buckets(&config, domain, &buckets));
+    Ok(out)
 }
 
 #[cfg(test)]

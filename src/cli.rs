@@ -48,8 +48,8 @@ pub(crate) enum Command {
         #[command(flatten)]
         limits: ConfigLimitArgs,
     },
-    /// Show which rule governs each descriptor of a request and why, and the limiter key it
-    /// would use, without touching any backend.
+    /// Show which rule governs each descriptor of a request (or quota service bucket) and why,
+    /// and the limiter key it would use, without touching any backend.
     Explain {
         /// A limits YAML file or a directory of *.yaml files.
         #[arg(long, env = "SLUICE_CONFIG")]
@@ -58,8 +58,12 @@ pub(crate) enum Command {
         #[arg(long)]
         domain: String,
         /// One descriptor per argument, as key=value[,key=value...].
-        #[arg(required = true)]
+        #[arg(required_unless_present = "bucket")]
         descriptors: Vec<String>,
+        /// A Rate Limit Quota Service bucket id, as key=value[,key=value...] (any order): what
+        /// the quota service gives it. Repeatable.
+        #[arg(long = "bucket")]
+        bucket: Vec<String>,
     },
 }
 

@@ -14,6 +14,7 @@ use crate::config::{
 use crate::decision::{self, CurrentLimit, Descriptor, Outcome, Request, Resolution};
 use crate::descriptor::Entry;
 use crate::limiter::{Algorithm, Item, OverLimit};
+use crate::quota;
 
 /// A limit as people say it: `3 per minute`, or `3 in flight (lease 60000 ms)`.
 fn limit_text(requests_per_unit: u32, unit: crate::config::Unit, hit: &Item) -> String {
@@ -105,6 +106,77 @@ pub fn explain(config: &Config, domain: &str, descriptors: &[Vec<Entry>]) -> Str
                 stacked,
                 ..
             } => limited(&mut out, *rule, limit, hit, *headers, stacked),
+        }
+    }
+    out
+}
+
+/// Renders what the Rate Limit Quota Service gives each of `buckets` (their entries, in no
+/// order) on a stream of `domain`: the descriptor the bucket reads as, the walk, and the
+/// answer: allotments reserved on the rule's limits, or a blanket rule and why.
+pub fn explain_buckets(config: &Config, domain: &str, buckets: &[Vec<Entry>]) -> String {
+    let mut out = String::new();
+    let options = decision::EngineOptions::default();
+    for (i, entries) in buckets.iter().enumerate() {
+        let bucket: quota::BucketId = entries
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect();
+        let plan = quota::plan(config, domain, &bucket, &options);
+        let sorted: Vec<Entry> = bucket.iter().map(|(k, v)| Entry::new(k, v)).collect();
+        let _ = writeln!(out, "bucket {i}: {}", entries_text(&sorted));
+        let _ = writeln!(out, "  read as descriptor: {}", entries_text(&plan.entries));
+        let trace = config.trace(domain, &plan.entries);
+        steps(&mut out, &plan.entries, &trace);
+        match &plan.kind {
+            quota::PlanKind::Blanket(answer) => {
+                let rule = match answer.blanket() {
+                    Some(quota::Assignment::AllowAll) => "ALLOW_ALL",
+                    _ => "DENY_ALL",
+                };
+                let why = match answer {
+                    quota::Answer::Unlimited => {
+                        "unlimited: always allowed, never counted".to_owned()
+                    }
+                    quota::Answer::Whitelisted => {
+                        "the descriptor it reaches has no rate_limit (a whitelist)".to_owned()
+                    }
+                    quota::Answer::Shadow => "shadow mode: never enforced".to_owned(),
+                    quota::Answer::Unsupported => "a limit of its rule counts with an algorithm \
+                                                  other than sliding_log, which cannot hold a \
+                                                  reservation"
+                        .to_owned(),
+                    quota::Answer::UnknownDomain => {
+                        format!("domain `{domain}` is not in the config")
+                    }
+                    _ => format!("no rule: {}", unmatched(&plan.entries, &trace)),
+                };
+                let _ = writeln!(
+                    out,
+                    "  quota service: {rule} at every report, for {} s each ({why})",
+                    quota::ASSIGNMENT_TTL_S
+                );
+            }
+            quota::PlanKind::Reserve { rule, items, cap } => {
+                let tokens = if *cap == 1 { "token" } else { "tokens" };
+                let _ = writeln!(
+                    out,
+                    "  quota service: allotments from rule `{rule}` of at most {cap} {tokens} \
+                     per assignment (each lives {} s), each counted on every key below from its \
+                     grant until {} ms + the key's window later",
+                    quota::ASSIGNMENT_TTL_S,
+                    quota::HOLD_MS
+                );
+                for item in items {
+                    let _ = writeln!(
+                        out,
+                        "  reserves on key {} {}, limit {}",
+                        item.key,
+                        counting_text(item),
+                        item.limit
+                    );
+                }
+            }
         }
     }
     out
@@ -353,6 +425,50 @@ descriptors:
             text.contains("and stacked limit 10 per second: key sluice:{edge|client=a|1000|s1} (sliding_log, window 1000 ms)"),
             "{text}"
         );
+    }
+
+    fn buckets(buckets: &[&str]) -> String {
+        let config = Config::from_yaml_str(Path::new("edge.yaml"), YAML).unwrap();
+        let parsed: Vec<Vec<Entry>> = buckets
+            .iter()
+            .map(|b| parse_descriptor(b).unwrap())
+            .collect();
+        explain_buckets(&config, "edge", &parsed)
+    }
+
+    #[test]
+    fn a_bucket_is_read_in_the_trees_order_and_reserves_on_its_rules_keys() {
+        let text = buckets(&["user=alice,tier=gold"]);
+        assert!(text.contains("bucket 0: tier=gold,user=alice\n"), "{text}");
+        assert!(
+            text.contains("  read as descriptor: tier=gold,user=alice\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("quota service: allotments from rule `tier_gold.user` of at most 1 token per assignment (each lives 6 s)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("reserves on key sluice:{edge|tier=gold|user=alice|3600000} (sliding_log, window 3600000 ms), limit 100"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_bucket_without_a_limit_is_told_a_blanket_rule_and_why() {
+        let text = buckets(&["bot=b", "user=ops", "color=red", "user=a,color=red"]);
+        let blocks: Vec<&str> = text.split("bucket ").skip(1).collect();
+        assert!(
+            blocks[0].contains("ALLOW_ALL at every report, for 6 s each (unlimited"),
+            "{text}"
+        );
+        assert!(blocks[1].contains("ALLOW_ALL at every report, for 6 s each (the descriptor it reaches has no rate_limit"), "{text}");
+        assert!(blocks[2].contains("DENY_ALL at every report, for 6 s each (no rule: entry 0 (color=red) matches no descriptor"), "{text}");
+        assert!(
+            blocks[3].contains("read as descriptor: user=a,color=red"),
+            "{text}"
+        );
+        assert!(blocks[3].contains("DENY_ALL"), "{text}");
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //! - [`headers`]: verdicts -> rate-limit response headers (one pure function).
 //! - [`metadata`]: a descriptor's `metadata` as a protobuf `Struct` (from YAML or xDS, to
 //!   JSON), and the merge envoyproxy/ratelimit applies to a response's.
+//! - [`quota`]: the Rate Limit Quota Service without the wire: usage reports -> a bucket's rule
+//!   -> allotments reserved in the rule's window through the limiter (held items) -> assignments.
 //! - [`metrics`]: every metric family, recorded from what the layers below return.
 //! - [`otel`]: OpenTelemetry traces: a span per decision under the caller's `traceparent`, a
 //!   child per backend call (the tracer the faces hold and the backend decorator), OTLP export.
@@ -52,6 +54,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod otel;
 pub mod proto;
+pub mod quota;
 pub mod readiness;
 pub mod reload;
 pub mod rls;

@@ -82,7 +82,8 @@ fn main() -> ExitCode {
             config,
             domain,
             descriptors,
-        } => match app::explain(&config, &domain, &descriptors) {
+            bucket,
+        } => match app::explain(&config, &domain, &descriptors, &bucket) {
             Ok(report) => {
                 print!("{report}");
                 ExitCode::SUCCESS

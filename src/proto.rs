@@ -1,7 +1,8 @@
-//! Generated types (from proto/ via build.rs): Envoy's RLS v3, which the gRPC server serves;
+//! Generated types (from proto/ via build.rs): Envoy's RLS v3 and Rate Limit Quota Service v3,
+//! which the gRPC server serves;
 //! the discovery service, `google.rpc.Status` and envoyproxy/ratelimit's `RateLimitConfig`,
 //! which the xDS client speaks; and the encoded descriptor set that gRPC reflection serves (the
-//! RLS files only), so `grpcurl` works without proto files.
+//! served files only), so `grpcurl` works without proto files.
 #![allow(clippy::all, missing_docs)]
 
 pub mod envoy {
@@ -27,6 +28,11 @@ pub mod envoy {
         }
     }
     pub mod service {
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
+            }
+        }
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");

@@ -24,6 +24,7 @@
 //! in a value matches any run of characters, which agrees with upstream for every trailing-`*`
 //! value.
 
+mod bucket;
 mod error;
 mod limits;
 mod listing;
@@ -44,6 +45,7 @@ pub use tree::{
 };
 
 use crate::descriptor::Entry;
+pub use bucket::BUCKET_SEARCH_STEPS;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};

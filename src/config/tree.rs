@@ -268,6 +268,28 @@ impl Level {
         self.nodes.get(index).map(|node| (node, kind))
     }
 
+    /// For a bucket's `entries` (key, value): the nodes of this level that govern one of them,
+    /// in config order of each key's first node, one per key (the node [`Level::find`] gives
+    /// for that entry's value: exact, wildcard, key-only), each with the entry's index.
+    pub fn governing(&self, entries: &[(&str, &str)]) -> Vec<(usize, &Node)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(index, node)| {
+                let i = entries.iter().position(|&(key, _)| key == node.key)?;
+                // Each key once: at the first of its nodes.
+                if self.nodes[..index]
+                    .iter()
+                    .any(|earlier| earlier.key == node.key)
+                {
+                    return None;
+                }
+                let (found, _) = self.find(entries[i].0, entries[i].1)?;
+                Some((i, found))
+            })
+            .collect()
+    }
+
     /// Whether a node with this key and value is already at this level.
     pub fn contains(&self, key: &str, value: Option<&str>) -> bool {
         self.by_key.get(key).is_some_and(|slot| match value {

@@ -127,6 +127,15 @@ impl Engine {
         &self.limiter
     }
 
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// What a request gets when the backend fails.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.on_backend_error
+    }
+
     pub async fn decide(&self, request: &Request) -> Result<Decision, DecisionError> {
         validate_with(request, &self.options.limits)?;
         if !self.is_configured() {

@@ -386,3 +386,37 @@ fn redis_settings_that_cannot_be_honoured_stop_start_up() {
         );
     }
 }
+
+/// `sluice explain --bucket`: the session docs/cli.md shows is what the binary prints, on the
+/// example limits.
+#[test]
+fn explain_of_a_bucket_is_what_the_manual_shows() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manual = std::fs::read_to_string(root.join("docs/cli.md")).unwrap();
+    let prompt =
+        "$ sluice explain --config examples/limits --domain edge --bucket generic_key=demo\n";
+    let start = manual
+        .find(prompt)
+        .expect("docs/cli.md shows the bucket session")
+        + prompt.len();
+    let shown = &manual[start..start + manual[start..].find("```").unwrap()];
+    let config = root.join("examples/limits");
+    let out = run_sluice(
+        [
+            OsStr::new("explain"),
+            OsStr::new("--config"),
+            config.as_os_str(),
+            OsStr::new("--domain"),
+            OsStr::new("edge"),
+            OsStr::new("--bucket"),
+            OsStr::new("generic_key=demo"),
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), shown);
+}

@@ -6,10 +6,12 @@
 //!
 //! This file: matching (precedence, depth, flags, whitelists). `errors`: every problem
 //! collected with its line, and malformed input never panics. `rate_limits`: units, windows,
-//! algorithms, stacked limits and response headers.
+//! algorithms, stacked limits and response headers. `buckets`: a Rate Limit Quota Service bucket
+//! read as a descriptor in the rule tree's order.
 
 use super::*;
 
+mod buckets;
 mod errors;
 mod rate_limits;
 
