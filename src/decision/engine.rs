@@ -131,11 +131,6 @@ impl Engine {
         &self.options
     }
 
-    /// What a request gets when the backend fails.
-    pub fn failure_policy(&self) -> FailurePolicy {
-        self.on_backend_error
-    }
-
     pub async fn decide(&self, request: &Request) -> Result<Decision, DecisionError> {
         validate_with(request, &self.options.limits)?;
         if !self.is_configured() {

@@ -132,7 +132,7 @@ pub async fn allot(engine: &Engine, stream: &mut Stream, usages: &[Usage]) -> Ve
                 };
             }
             Err(err) => {
-                let policy = engine.failure_policy();
+                let policy = engine.options().on_backend_error;
                 tracing::debug!(error = %err, policy = policy.as_str(), "quota reservation failed");
                 answer.answer = match policy {
                     FailurePolicy::Error => Answer::BackendFailed,

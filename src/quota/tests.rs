@@ -127,7 +127,11 @@ fn buckets_without_a_limit_get_a_blanket_answer() {
 fn engine_at(policy: FailurePolicy) -> (Arc<Engine>, Arc<TestClock>) {
     let clock = Arc::new(TestClock(AtomicU64::new(T0)));
     let limiter = Arc::new(MemoryLimiter::new(clock.clone()));
-    let engine = Engine::new(config(), limiter).with_failure_policy(policy);
+    let options = EngineOptions {
+        on_backend_error: policy,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::with_options(config(), limiter, options);
     (Arc::new(engine), clock)
 }
 
@@ -325,7 +329,11 @@ async fn a_failed_backend_is_answered_by_the_failure_policy() {
             Some(Assignment::DenyAll),
         ),
     ] {
-        let engine = Engine::new(config(), Arc::new(Failing)).with_failure_policy(policy);
+        let options = EngineOptions {
+            on_backend_error: policy,
+            ..EngineOptions::default()
+        };
+        let engine = Engine::with_options(config(), Arc::new(Failing), options);
         let got = allot(
             &engine,
             &mut stream(),
