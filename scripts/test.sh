@@ -24,7 +24,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy (workspace)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== architecture: no import cycle between modules, no file under src/ over 600 lines"
+echo "== architecture: no import cycle between modules (long functions: clippy above)"
 python3 scripts/ci/check-architecture.py src
 echo "== Lua lint"
 bash scripts/ci/lua-lint.sh

@@ -5,6 +5,9 @@
 //! ([`sluice::server`], [`sluice::app`]), where tests run it in process.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
+// Long functions (threshold and why: clippy.toml). Tests tell one scenario top to bottom and
+// are left out.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
 mod cli;
 

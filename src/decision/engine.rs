@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::config::{Config, HeaderPolicy, Rule};
-use crate::limiter::{Algorithm, AnsweredBy, Item, ItemKind, KeyOutcome, Limiter, LimiterError};
+use crate::limiter::{
+    Algorithm, AnsweredBy, BatchOutcome, Item, ItemKind, KeyOutcome, Limiter, LimiterError,
+};
 
 use super::limits::{InvalidRequest, validate_with};
 use super::resolve::{Resolution, resolve};
@@ -139,30 +141,7 @@ impl Engine {
         let config = self.config.load_full();
         let known_domain = config.has_domain(&request.domain);
         let mut plans = resolve(&config, request, &self.options);
-        let quota_passes = self.options.quota_mode && a_quota_always_passes(&plans);
-
-        // The keys move into the batch (no copy); each verdict takes its key back from it, in
-        // the same order (a descriptor's limit, then its stacked limits).
-        let mut batch: Vec<Item> = Vec::with_capacity(plans.len());
-        let mut lease = None;
-        for plan in &mut plans {
-            if let Resolution::Limited { hit, stacked, .. } = plan {
-                for hit in std::iter::once(hit).chain(stacked.iter_mut().map(|(_, h)| h)) {
-                    if hit.algorithm == Algorithm::InFlight && hit.kind != ItemKind::Refund {
-                        // One token per request, on every key it leases.
-                        hit.lease = *lease.get_or_insert_with(|| self.leases.next());
-                    }
-                    batch.push(Item {
-                        key: std::mem::take(&mut hit.key),
-                        kind: match hit.kind {
-                            ItemKind::Quota if quota_passes => ItemKind::Shadow,
-                            kind => kind,
-                        },
-                        ..*hit
-                    });
-                }
-            }
-        }
+        let (batch, lease) = self.batch(&mut plans);
         let hits = batch
             .iter()
             .filter(|h| h.kind != ItemKind::Refund)
@@ -182,18 +161,62 @@ impl Engine {
                 }
             }
         };
-
         let admitted = outcome.as_ref().is_none_or(|o| o.admitted);
-        // The request holds leases when an item of its admitted batch recorded one.
-        let leased = admitted
-            && outcome.iter().any(|o| {
-                batch.iter().zip(&o.items).any(|(hit, item)| {
-                    hit.algorithm == Algorithm::InFlight
-                        && hit.kind != ItemKind::Refund
-                        && hit.hits > 0
-                        && item.passed
-                })
-            });
+        let leased = admitted && outcome.as_ref().is_some_and(|o| holds_leases(&batch, o));
+        let verdicts = self.verdicts(plans, batch, outcome.as_ref(), admitted)?;
+        let overall = if self.options.shadow_mode {
+            Code::Ok
+        } else {
+            overall_code(&verdicts)
+        };
+        Ok(Decision {
+            overall,
+            verdicts,
+            hits,
+            known_domain,
+            backend_failed: None,
+            answered_by: outcome.map_or(AnsweredBy::Backend, |o| o.answered_by),
+            lease: lease.filter(|_| leased),
+        })
+    }
+
+    /// The request's one batch: the items of every limited descriptor, a descriptor's limit
+    /// then its stacked limits, and the lease token its `in_flight` items carry (one per
+    /// request, on every key it leases). The keys move into the batch (no copy); each verdict
+    /// takes its key back from it, in the same order.
+    fn batch(&self, plans: &mut [Resolution<'_>]) -> (Vec<Item>, Option<u64>) {
+        let quota_passes = self.options.quota_mode && a_quota_always_passes(plans);
+        let mut batch: Vec<Item> = Vec::with_capacity(plans.len());
+        let mut lease = None;
+        for plan in plans {
+            if let Resolution::Limited { hit, stacked, .. } = plan {
+                for hit in std::iter::once(hit).chain(stacked.iter_mut().map(|(_, h)| h)) {
+                    if hit.algorithm == Algorithm::InFlight && hit.kind != ItemKind::Refund {
+                        hit.lease = *lease.get_or_insert_with(|| self.leases.next());
+                    }
+                    batch.push(Item {
+                        key: std::mem::take(&mut hit.key),
+                        kind: match hit.kind {
+                            ItemKind::Quota if quota_passes => ItemKind::Shadow,
+                            kind => kind,
+                        },
+                        ..*hit
+                    });
+                }
+            }
+        }
+        (batch, lease)
+    }
+
+    /// A verdict per descriptor: the ones settled without the backend as they are, a limited
+    /// one from its items' outcomes (the tightest of its stacked limits).
+    fn verdicts(
+        &self,
+        plans: Vec<Resolution<'_>>,
+        batch: Vec<Item>,
+        outcome: Option<&BatchOutcome>,
+        admitted: bool,
+    ) -> Result<Vec<Verdict>, DecisionError> {
         let mut items = outcome.iter().flat_map(|o| o.items.iter());
         let mut keys = batch.into_iter().map(|h| h.key);
         let mut verdicts = Vec::with_capacity(plans.len());
@@ -225,20 +248,7 @@ impl Engine {
             };
             verdicts.push(verdict);
         }
-        let overall = if self.options.shadow_mode {
-            Code::Ok
-        } else {
-            overall_code(&verdicts)
-        };
-        Ok(Decision {
-            overall,
-            verdicts,
-            hits,
-            known_domain,
-            backend_failed: None,
-            answered_by: outcome.map_or(AnsweredBy::Backend, |o| o.answered_by),
-            lease: lease.filter(|_| leased),
-        })
+        Ok(verdicts)
     }
 
     /// One limit's verdict from its item's outcome.
@@ -281,6 +291,16 @@ impl Engine {
             metadata: rule.and_then(|r| r.metadata.clone()),
         }
     }
+}
+
+/// Whether the request holds leases: an `in_flight` item of its admitted batch recorded one.
+fn holds_leases(batch: &[Item], outcome: &BatchOutcome) -> bool {
+    batch.iter().zip(&outcome.items).any(|(hit, item)| {
+        hit.algorithm == Algorithm::InFlight
+            && hit.kind != ItemKind::Refund
+            && hit.hits > 0
+            && item.passed
+    })
 }
 
 /// OVER_LIMIT when any verdict is, but for an exhausted quota that another quota descriptor

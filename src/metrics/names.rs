@@ -47,10 +47,20 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1,
 ];
 
-/// Help text (and unit) of every registered family. `sluice_hot_key_entries` is rendered by
-/// hand at each scrape (see `windows.rs`) and carries its own help line.
+/// Help text (and unit) of every registered family, a function per group of families.
+/// `sluice_hot_key_entries` is rendered by hand at each scrape (see `windows.rs`) and carries
+/// its own help line.
 pub fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_requests();
+    describe_windows();
+    describe_backend();
+    describe_config();
+    describe_upstream();
+}
+
+/// Families of the calls and their verdicts.
+fn describe_requests() {
+    use metrics::{Unit, describe_counter, describe_histogram};
     describe_counter!(
         REQUESTS_TOTAL,
         "ShouldRateLimit calls (gRPC and POST /json) by domain and overall code"
@@ -73,6 +83,11 @@ pub fn describe() {
         Unit::Seconds,
         "ShouldRateLimit handling time"
     );
+}
+
+/// Families of the windows of the keys this instance tracks.
+fn describe_windows() {
+    use metrics::{Unit, describe_counter, describe_gauge};
     describe_gauge!(
         WINDOW_ENTRIES_MAX,
         "Largest window (entries) returned by a decision in the last 10 to 20 s, by rule"
@@ -91,6 +106,11 @@ pub fn describe() {
         Unit::Bytes,
         "Estimated Redis memory of the live windows this instance tracks"
     );
+}
+
+/// Families of the backend: its probe, its calls and their failures, its connections.
+fn describe_backend() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(BACKEND_UP, "1 when the last backend probe succeeded");
     describe_histogram!(
         BACKEND_CALL_DURATION_SECONDS,
@@ -131,6 +151,11 @@ pub fn describe() {
         BACKEND_SCRIPT_DECISIONS_TOTAL,
         "Decisions carried by Redis script calls; divided by the calls: the mean batch"
     );
+}
+
+/// Families of the config served and the xDS client that delivers it.
+fn describe_config() {
+    use metrics::{Unit, describe_counter, describe_gauge};
     describe_counter!(CONFIG_LOADS_TOTAL, "Config loads by result");
     describe_gauge!(CONFIG_RULES, "Limits in the config being served");
     describe_gauge!(CONFIG_DOMAINS, "Domains in the config being served");
@@ -148,15 +173,20 @@ pub fn describe() {
         "xDS responses by result: applied (ACKed), or NACKed as invalid_resource / invalid_config"
     );
     describe_counter!(
+        XDS_STREAM_FAILURES_TOTAL,
+        "xDS connection attempts that failed and streams that broke (each followed by a reconnect)"
+    );
+}
+
+/// Families of envoyproxy/ratelimit's stats: statsd lines dropped, keys folded.
+fn describe_upstream() {
+    use metrics::describe_counter;
+    describe_counter!(
         STATSD_DROPPED_LINES_TOTAL,
         "envoyproxy/ratelimit statsd lines dropped: the daemon unreachable with the queue full, or too many distinct response times pending"
     );
     describe_counter!(
         RATELIMIT_STATS_FOLDED_TOTAL,
         "envoyproxy/ratelimit stats whose client-chosen key was folded into its rule's key (or _overflow) past the bound on such keys"
-    );
-    describe_counter!(
-        XDS_STREAM_FAILURES_TOTAL,
-        "xDS connection attempts that failed and streams that broke (each followed by a reconnect)"
     );
 }

@@ -318,128 +318,49 @@ const UNSUPPORTED_FIELDS: &[&str] = &[
     "ttl",
 ];
 
+/// A mapping's error: the line it is on, and the message.
+type Refused = (usize, String);
+
+/// Every field a mapping may have.
+const KNOWN_FIELDS: [&str; 11] = [
+    "match",
+    "name",
+    "labels",
+    "match_type",
+    "match_metric_type",
+    "timer_type",
+    "observer_type",
+    "scale",
+    "help",
+    "honor_labels",
+    "action",
+];
+
 /// One mapping, `line` its first line; errors are (line, message).
-fn compile(fields: &Fields, line: usize) -> Result<Mapping, (usize, String)> {
-    let at = |key: &str| fields.get(key).map_or(line, |v| line_number(&v.referenced));
-    let text = |key: &str| -> Result<Option<String>, (usize, String)> {
-        match fields.get(key).map(|v| &v.value) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err((at(key), format!("`{key}` must be a string"))),
-        }
-    };
-    for (key, value) in fields {
-        let known = [
-            "match",
-            "name",
-            "labels",
-            "match_type",
-            "match_metric_type",
-            "timer_type",
-            "observer_type",
-            "scale",
-            "help",
-            "honor_labels",
-            "action",
-        ];
-        if UNSUPPORTED_FIELDS.contains(&key.as_str()) || !known.contains(&key.as_str()) {
-            return Err((
-                line_number(&value.referenced),
-                format!(
-                    "`{key}` is not supported by sluice's mapper (supported: {})",
-                    known.join(", ")
-                ),
-            ));
-        }
-    }
-    let pattern = text("match")?.ok_or((line, "a mapping needs `match`".to_owned()))?;
-    let name = text("name")?.unwrap_or_default();
+fn compile(fields: &Fields, line: usize) -> Result<Mapping, Refused> {
+    let entry = Entry { fields, line };
+    entry.known_fields_only()?;
+    let pattern = entry
+        .text("match")?
+        .ok_or((line, "a mapping needs `match`".to_owned()))?;
+    let name = entry.text("name")?.unwrap_or_default();
     if name.is_empty() {
         return Err((line, "metric mapping didn't set a metric name".into()));
     }
     if !metric_name_ok(&name) {
-        return Err((at("name"), format!("metric name {name:?} is not valid")));
+        return Err((
+            entry.at("name"),
+            format!("metric name {name:?} is not valid"),
+        ));
     }
-    let matcher = match text("match_type")?.as_deref() {
-        None | Some("") | Some("glob") => {
-            if !glob_ok(&pattern) {
-                return Err((at("match"), format!("invalid match: {pattern}")));
-            }
-            Matcher::Glob(
-                pattern
-                    .split('.')
-                    .map(|p| (p != "*").then(|| p.to_owned()))
-                    .collect(),
-            )
-        }
-        Some("regex") => Matcher::Regex(
-            Regex::new(&pattern)
-                .map_err(|e| (at("match"), format!("invalid regex {pattern}: {e}")))?,
-        ),
-        Some(other) => return Err((at("match_type"), format!("invalid match_type {other:?}"))),
-    };
-    let metric_type = match text("match_metric_type")? {
-        None => None,
-        Some(t) => Some(MetricType::parse(&t).ok_or((
-            at("match_metric_type"),
-            format!("invalid match_metric_type {t:?}"),
-        ))?),
-    };
-    let observer_key = if fields.contains_key("observer_type") {
-        "observer_type"
-    } else {
-        "timer_type"
-    };
-    let observer = match text(observer_key)?.as_deref() {
-        None | Some("") => None,
-        Some("histogram") => Some(ObserverKind::Histogram),
-        Some("summary") => Some(ObserverKind::Summary),
-        Some(other) => {
-            return Err((
-                at(observer_key),
-                format!("invalid {observer_key} {other:?}"),
-            ));
-        }
-    };
-    let mut labels = Vec::new();
-    match fields.get("labels").map(|v| &v.value) {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(map)) => {
-            for (k, v) in map {
-                if !label_name_ok(k) {
-                    return Err((at("labels"), format!("invalid label key: {k}")));
-                }
-                let v = match v {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    _ => return Err((at("labels"), format!("label {k} must be a string"))),
-                };
-                labels.push((k.clone(), v));
-            }
-        }
-        Some(_) => return Err((at("labels"), "`labels` must be a mapping".into())),
-    }
-    labels.sort();
-    let scale = match fields.get("scale").map(|v| &v.value) {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => n.as_f64(),
-        Some(_) => return Err((at("scale"), "`scale` must be a number".into())),
-    };
-    let drop = match text("action")?.as_deref() {
-        None | Some("") | Some("map") => false,
-        Some("drop") => true,
-        Some(other) => return Err((at("action"), format!("invalid action {other:?}"))),
-    };
-    match fields.get("honor_labels").map(|v| &v.value) {
-        None | Some(Value::Null) | Some(Value::Bool(_)) => {}
-        Some(_) => {
-            return Err((
-                at("honor_labels"),
-                "`honor_labels` must be a boolean".into(),
-            ));
-        }
-    }
+    // One field after the other: a mapping's first error, in this order, is the one named.
+    let matcher = entry.matcher(&pattern)?;
+    let metric_type = entry.metric_type()?;
+    let observer = entry.observer()?;
+    let labels = entry.labels()?;
+    let scale = entry.scale()?;
+    let drop = entry.drop()?;
+    entry.honor_labels()?;
     Ok(Mapping {
         matcher,
         metric_type,
@@ -447,9 +368,157 @@ fn compile(fields: &Fields, line: usize) -> Result<Mapping, (usize, String)> {
         labels,
         observer,
         scale,
-        help: text("help")?,
+        help: entry.text("help")?,
         drop,
     })
+}
+
+/// One mapping's fields, read one at a time, each error on the line of its field.
+struct Entry<'a> {
+    fields: &'a Fields,
+    /// The mapping's first line.
+    line: usize,
+}
+
+impl Entry<'_> {
+    /// The line of `key`'s value (the mapping's when absent).
+    fn at(&self, key: &str) -> usize {
+        self.fields
+            .get(key)
+            .map_or(self.line, |v| line_number(&v.referenced))
+    }
+
+    fn value(&self, key: &str) -> Option<&Value> {
+        self.fields.get(key).map(|v| &v.value)
+    }
+
+    fn text(&self, key: &str) -> Result<Option<String>, Refused> {
+        match self.value(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err((self.at(key), format!("`{key}` must be a string"))),
+        }
+    }
+
+    fn known_fields_only(&self) -> Result<(), Refused> {
+        for (key, value) in self.fields {
+            if UNSUPPORTED_FIELDS.contains(&key.as_str()) || !KNOWN_FIELDS.contains(&key.as_str()) {
+                return Err((
+                    line_number(&value.referenced),
+                    format!(
+                        "`{key}` is not supported by sluice's mapper (supported: {})",
+                        KNOWN_FIELDS.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn matcher(&self, pattern: &str) -> Result<Matcher, Refused> {
+        match self.text("match_type")?.as_deref() {
+            None | Some("") | Some("glob") => {
+                if !glob_ok(pattern) {
+                    return Err((self.at("match"), format!("invalid match: {pattern}")));
+                }
+                Ok(Matcher::Glob(
+                    pattern
+                        .split('.')
+                        .map(|p| (p != "*").then(|| p.to_owned()))
+                        .collect(),
+                ))
+            }
+            Some("regex") => {
+                Ok(Matcher::Regex(Regex::new(pattern).map_err(|e| {
+                    (self.at("match"), format!("invalid regex {pattern}: {e}"))
+                })?))
+            }
+            Some(other) => Err((
+                self.at("match_type"),
+                format!("invalid match_type {other:?}"),
+            )),
+        }
+    }
+
+    fn metric_type(&self) -> Result<Option<MetricType>, Refused> {
+        let Some(t) = self.text("match_metric_type")? else {
+            return Ok(None);
+        };
+        let parsed = MetricType::parse(&t).ok_or((
+            self.at("match_metric_type"),
+            format!("invalid match_metric_type {t:?}"),
+        ))?;
+        Ok(Some(parsed))
+    }
+
+    fn observer(&self) -> Result<Option<ObserverKind>, Refused> {
+        let key = if self.fields.contains_key("observer_type") {
+            "observer_type"
+        } else {
+            "timer_type"
+        };
+        match self.text(key)?.as_deref() {
+            None | Some("") => Ok(None),
+            Some("histogram") => Ok(Some(ObserverKind::Histogram)),
+            Some("summary") => Ok(Some(ObserverKind::Summary)),
+            Some(other) => Err((self.at(key), format!("invalid {key} {other:?}"))),
+        }
+    }
+
+    /// The labels, sorted by name.
+    fn labels(&self) -> Result<Vec<(String, String)>, Refused> {
+        let mut labels = Vec::new();
+        match self.value("labels") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(map)) => {
+                for (k, v) in map {
+                    if !label_name_ok(k) {
+                        return Err((self.at("labels"), format!("invalid label key: {k}")));
+                    }
+                    let v = match v {
+                        Value::String(s) => s.clone(),
+                        Value::Number(n) => n.to_string(),
+                        Value::Bool(b) => b.to_string(),
+                        _ => {
+                            return Err((self.at("labels"), format!("label {k} must be a string")));
+                        }
+                    };
+                    labels.push((k.clone(), v));
+                }
+            }
+            Some(_) => return Err((self.at("labels"), "`labels` must be a mapping".into())),
+        }
+        labels.sort();
+        Ok(labels)
+    }
+
+    fn scale(&self) -> Result<Option<f64>, Refused> {
+        match self.value("scale") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(_) => Err((self.at("scale"), "`scale` must be a number".into())),
+        }
+    }
+
+    /// Whether `action` drops the metric.
+    fn drop(&self) -> Result<bool, Refused> {
+        match self.text("action")?.as_deref() {
+            None | Some("") | Some("map") => Ok(false),
+            Some("drop") => Ok(true),
+            Some(other) => Err((self.at("action"), format!("invalid action {other:?}"))),
+        }
+    }
+
+    /// `honor_labels` is accepted (a boolean) and changes nothing here.
+    fn honor_labels(&self) -> Result<(), Refused> {
+        match self.value("honor_labels") {
+            None | Some(Value::Null) | Some(Value::Bool(_)) => Ok(()),
+            Some(_) => Err((
+                self.at("honor_labels"),
+                "`honor_labels` must be a boolean".into(),
+            )),
+        }
+    }
 }
 
 /// statsd_exporter's `EscapeMetricName`: every character outside `[a-zA-Z0-9_]` becomes `_`
