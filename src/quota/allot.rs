@@ -16,7 +16,7 @@ use crate::limiter::{Item, Limiter, LimiterError};
 
 use super::sizing::{token_bucket_for, want};
 use super::stream::{Observed, Stream};
-use super::{Answer, Assignment, BucketId, PlanKind, Usage, plan};
+use super::{Answer, Assignment, BucketId, PlanKind, TokenBucket, Usage, plan};
 
 /// Reservations of one report in flight at once: enough to keep a backend busy, few enough to
 /// stay well inside its bound on calls in flight (`--max-backend-in-flight`).
@@ -113,40 +113,52 @@ pub async fn allot(engine: &Engine, stream: &mut Stream, usages: &[Usage]) -> Ve
         .buffered(CONCURRENT_RESERVATIONS)
         .collect()
         .await;
+    let policy = engine.options().on_backend_error;
     for (index, wanted, result) in results {
         let answer = &mut answers[index];
-        match result {
-            Ok(tokens) => {
-                let last = stream.last(&answer.bucket);
-                answer.tokens = tokens;
-                answer.answer = if tokens == 0 {
-                    Answer::Exhausted
-                } else if tokens < wanted {
-                    Answer::Squeezed
-                } else {
-                    Answer::Granted
-                };
-                answer.assignment = match token_bucket_for(tokens, last) {
-                    Some(bucket) => Some(Assignment::Tokens(bucket)),
-                    None => Some(Assignment::DenyAll),
-                };
-            }
-            Err(err) => {
-                let policy = engine.options().on_backend_error;
-                tracing::debug!(error = %err, policy = policy.as_str(), "quota reservation failed");
-                answer.answer = match policy {
-                    FailurePolicy::Error => Answer::BackendFailed,
-                    FailurePolicy::Allow => Answer::BackendAllowed,
-                    FailurePolicy::Deny => Answer::BackendDenied,
-                };
-                answer.assignment = answer.answer.blanket();
-            }
-        }
+        let last = stream.last(&answer.bucket);
+        settle(answer, wanted, result, last, policy);
     }
     for answer in &answers {
         stream.sent(&answer.bucket, answer.assignment);
     }
     answers
+}
+
+/// A granted bucket's answer once its reservation of `wanted` tokens returned: what it got
+/// (`last`: the assignment it was sent before), or what the failure policy says.
+fn settle(
+    answer: &mut Allotment,
+    wanted: u64,
+    result: Result<u64, LimiterError>,
+    last: Option<TokenBucket>,
+    policy: FailurePolicy,
+) {
+    match result {
+        Ok(tokens) => {
+            answer.tokens = tokens;
+            answer.answer = if tokens == 0 {
+                Answer::Exhausted
+            } else if tokens < wanted {
+                Answer::Squeezed
+            } else {
+                Answer::Granted
+            };
+            answer.assignment = match token_bucket_for(tokens, last) {
+                Some(bucket) => Some(Assignment::Tokens(bucket)),
+                None => Some(Assignment::DenyAll),
+            };
+        }
+        Err(err) => {
+            tracing::debug!(error = %err, policy = policy.as_str(), "quota reservation failed");
+            answer.answer = match policy {
+                FailurePolicy::Error => Answer::BackendFailed,
+                FailurePolicy::Allow => Answer::BackendAllowed,
+                FailurePolicy::Deny => Answer::BackendDenied,
+            };
+            answer.assignment = answer.answer.blanket();
+        }
+    }
 }
 
 /// Reserves `tokens` on every item's key at once (held items: each counts from now until
