@@ -13,9 +13,10 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
 use cli::{Cli, Command, LogFormat, ServeArgs, load_options, redis_settings_given};
 use sluice::app;
+use sluice::compat::Translation;
 use sluice::config::HeaderFormat;
 use sluice::{Listeners, Server};
 
@@ -70,57 +71,64 @@ fn main() -> ExitCode {
             limits,
         } => {
             let options = load_options(merge_domain_config, HeaderFormat::None, limits.limits());
-            match app::check_config(&path, options) {
-                Ok(summary) => {
-                    println!("{summary}");
-                    ExitCode::SUCCESS
-                }
-                Err(errors) => {
-                    eprintln!("{errors}");
-                    ExitCode::FAILURE
-                }
-            }
+            report(app::check_config(&path, options).map(|summary| format!("{summary}\n")))
         }
         Command::Explain {
             config,
             domain,
             descriptors,
             bucket,
-        } => match app::explain(&config, &domain, &descriptors, &bucket) {
-            Ok(report) => {
-                print!("{report}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("{err}");
-                ExitCode::FAILURE
-            }
-        },
+        } => report(app::explain(&config, &domain, &descriptors, &bucket)),
         Command::Serve(args) => {
-            init_logging(args.log_format, variable("SLUICE_LOG").as_deref());
-            for name in compat.set.keys() {
-                tracing::info!("{name} set from an envoyproxy/ratelimit variable");
-            }
-            for note in &compat.notes {
-                tracing::warn!("envoyproxy/ratelimit variable: {note}");
-            }
-            if !compat.errors.is_empty() {
-                for error in &compat.errors {
-                    tracing::error!("envoyproxy/ratelimit variable: {error}");
-                }
-                return ExitCode::FAILURE;
-            }
-            let redis_given = matches
-                .subcommand_matches("serve")
-                .map(|m| redis_settings_given(m, &compat.set, &variable))
-                .unwrap_or_default();
-            match serve(*args, &redis_given, &variable) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(err) => {
-                    tracing::error!("{err:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            let matches = matches.subcommand_matches("serve");
+            serve_command(*args, &compat, matches, &variable)
+        }
+    }
+}
+
+/// A command's output on stdout (success), or its error on stderr (failure).
+fn report(result: Result<String, impl std::fmt::Display>) -> ExitCode {
+    match result {
+        Ok(output) => {
+            print!("{output}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("{err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sluice serve`: logging first, then what the translation of envoyproxy/ratelimit's
+/// variables said (a variable that cannot be honoured stops the start), then [`serve`].
+fn serve_command(
+    args: ServeArgs,
+    compat: &Translation,
+    matches: Option<&ArgMatches>,
+    variable: &dyn Fn(&str) -> Option<String>,
+) -> ExitCode {
+    init_logging(args.log_format, variable("SLUICE_LOG").as_deref());
+    for name in compat.set.keys() {
+        tracing::info!("{name} set from an envoyproxy/ratelimit variable");
+    }
+    for note in &compat.notes {
+        tracing::warn!("envoyproxy/ratelimit variable: {note}");
+    }
+    if !compat.errors.is_empty() {
+        for error in &compat.errors {
+            tracing::error!("envoyproxy/ratelimit variable: {error}");
+        }
+        return ExitCode::FAILURE;
+    }
+    let redis_given = matches
+        .map(|m| redis_settings_given(m, &compat.set, variable))
+        .unwrap_or_default();
+    match serve(args, &redis_given, variable) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            ExitCode::FAILURE
         }
     }
 }
