@@ -82,11 +82,6 @@ const UNSUPPORTED: &[(&str, &str)] = &[
         "set per rule with `over_limit` (`refuse` records nothing for a rejected request; the \
          default, `fill`, fills the windows it did not fit)",
     ),
-    (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        "always on: readiness waits for a loaded config (files load before serving; xDS \
-         reports not ready until its first config)",
-    ),
 ];
 
 /// Sets a `SLUICE_*` variable from a legacy one, unless it is set already (then noted).

@@ -22,7 +22,8 @@
 //!   the strict message codec (a request that does not decode is `INVALID_ARGUMENT`).
 //! - [`http`]: the HTTP face on the admin port: /healthz, /readyz, /healthcheck, /metrics, and
 //!   envoyproxy/ratelimit's POST /json and GET /rlconfig.
-//! - [`readiness`]: what the probes report (backend reachable, config served, not draining).
+//! - [`readiness`]: what the probes report (backend reachable, config served, not draining),
+//!   and envoyproxy/ratelimit's health (`/healthcheck`, gRPC `ratelimit`).
 //! - [`reload`]: polls the config path and swaps in each valid new generation.
 //! - [`xds`]: the xDS config source: subscribes to a management server and swaps in each
 //!   valid config it pushes (ACK), keeping the previous one on an invalid push (NACK).

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::ValueEnum;
+use sluice::readiness::ConfigRequirement;
 use sluice::server::{self, ConfigSource, StartError};
 use sluice::xds::{ClientTls, XdsLimits, XdsSettings};
 
@@ -73,6 +75,16 @@ pub(crate) struct XdsArgs {
     /// it does, instead of waiting for it.
     #[arg(long, env = "SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG")]
     pub(super) force_start_without_initial_config: bool,
+    /// With --config-xds: what /healthcheck (and gRPC health of `ratelimit`) asks of the
+    /// config: first (fail until the first config is applied), always (fail while no config
+    /// naming a domain is served) or never.
+    #[arg(
+        long,
+        env = "SLUICE_HEALTH_REQUIRES_CONFIG",
+        value_enum,
+        default_value = "first"
+    )]
+    pub(super) health_requires_config: HealthRequires,
     /// With --config-xds: nodes (resources, descriptors, `replaces` entries, `metadata`
     /// values) one response may hold; more is NACKed before decoding.
     #[arg(long, env = "SLUICE_MAX_XDS_NODES", default_value_t = XdsLimits::DEFAULT_MAX_NODES)]
@@ -95,6 +107,7 @@ impl XdsArgs {
                 server_name: self.config_xds_server_name.clone(),
             },
             force_start: self.force_start_without_initial_config,
+            health_requires_config: self.health_requires_config.into(),
             limits: XdsLimits {
                 max_nodes: self.max_xds_nodes,
                 max_depth: self.max_xds_depth,
@@ -127,6 +140,24 @@ impl XdsArgs {
         ]
         .into_iter()
         .find_map(|(flag, given)| given.then_some(flag))
+    }
+}
+
+/// `--health-requires-config`.
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum HealthRequires {
+    Never,
+    First,
+    Always,
+}
+
+impl From<HealthRequires> for ConfigRequirement {
+    fn from(r: HealthRequires) -> Self {
+        match r {
+            HealthRequires::Never => ConfigRequirement::Never,
+            HealthRequires::First => ConfigRequirement::First,
+            HealthRequires::Always => ConfigRequirement::Always,
+        }
     }
 }
 

@@ -41,6 +41,26 @@ const TLS_VARIABLES: &[(&str, &str)] = &[
     ),
 ];
 
+/// envoyproxy/ratelimit's health and the config: with
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true` it fails while no config naming a domain is
+/// served (`always`); without it, forced to start, it answers OK before any config (`never`);
+/// not forced, nothing listens before the first config and it is OK after it, which sluice's
+/// default (`first`) is.
+fn health(get: &dyn Fn(&str) -> Option<String>, forced: bool, out: &mut Translation) {
+    let (legacy, required) = match flag_var(get, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", out) {
+        Some(true) => ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "always"),
+        _ if forced => ("FORCE_START_WITHOUT_INITIAL_CONFIG", "never"),
+        _ => return,
+    };
+    map_var(
+        get,
+        legacy,
+        "SLUICE_HEALTH_REQUIRES_CONFIG",
+        required.into(),
+        out,
+    );
+}
+
 /// Recognised xDS variables sluice does not apply, with the reason.
 const UNSUPPORTED: &[(&str, &str)] = &[
     (
@@ -128,7 +148,8 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
             ));
         }
     }
-    if let Some(force) = flag_var(get, "FORCE_START_WITHOUT_INITIAL_CONFIG", out) {
+    let force = flag_var(get, "FORCE_START_WITHOUT_INITIAL_CONFIG", out);
+    if let Some(force) = force {
         map_var(
             get,
             "FORCE_START_WITHOUT_INITIAL_CONFIG",
@@ -137,6 +158,7 @@ pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translat
             out,
         );
     }
+    health(get, force == Some(true), out);
     for (name, why) in UNSUPPORTED {
         if get(name).is_some() {
             out.notes.push(format!("{name} is not supported: {why}"));
@@ -175,6 +197,8 @@ pub(super) mod tests {
             ("SLUICE_CONFIG_XDS_CLIENT_KEY", "/certs/tls.key"),
             ("SLUICE_CONFIG_XDS_CA_FILE", "/certs/ca.crt"),
             ("SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            // Envoy Gateway leaves HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED unset.
+            ("SLUICE_HEALTH_REQUIRES_CONFIG", "never"),
         ];
         for (k, v) in expect {
             assert_eq!(t.set.get(k).map(String::as_str), Some(v), "{k}: {t:#?}");
@@ -189,6 +213,47 @@ pub(super) mod tests {
                 "{t:#?}"
             );
         }
+    }
+
+    /// envoyproxy/ratelimit's health and the config, per combination of its two variables:
+    /// `always` with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true, `never` forced without it,
+    /// sluice's default `first` otherwise (not forced, nothing listens before the first config).
+    #[test]
+    fn health_before_the_first_config_per_combination() {
+        for (force, healthy_with, requires) in [
+            (None, None, None),
+            (Some("false"), Some("false"), None),
+            (Some("true"), None, Some("never")),
+            (Some("true"), Some("false"), Some("never")),
+            (Some("true"), Some("true"), Some("always")),
+            (None, Some("true"), Some("always")),
+        ] {
+            let mut vars = vec![("CONFIG_TYPE", "GRPC_XDS_SOTW")];
+            vars.extend(force.map(|v| ("FORCE_START_WITHOUT_INITIAL_CONFIG", v)));
+            vars.extend(healthy_with.map(|v| ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", v)));
+            let t = run(&vars);
+            assert_eq!(
+                t.set
+                    .get("SLUICE_HEALTH_REQUIRES_CONFIG")
+                    .map(String::as_str),
+                requires,
+                "{vars:?}: {t:#?}"
+            );
+            assert!(t.notes.is_empty(), "{vars:?}: {t:#?}");
+        }
+        // sluice's own variable wins, and says so.
+        let t = run(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("SLUICE_HEALTH_REQUIRES_CONFIG", "true"),
+        ]);
+        assert!(!t.set.contains_key("SLUICE_HEALTH_REQUIRES_CONFIG"));
+        assert_eq!(
+            t.notes,
+            [
+                "FORCE_START_WITHOUT_INITIAL_CONFIG ignored: SLUICE_HEALTH_REQUIRES_CONFIG is set and wins"
+            ]
+        );
     }
 
     #[test]

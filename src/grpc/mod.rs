@@ -18,6 +18,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::readiness::Readiness;
 use crate::rls::Handler;
 
 pub use service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
@@ -29,6 +30,10 @@ pub const LIVENESS_SERVICE: &str = "sluice.liveness";
 /// The health service names that report readiness: the server as a whole (`""`) and the
 /// rate-limit service.
 pub const READINESS_SERVICES: [&str; 2] = ["", SERVICE_NAME];
+
+/// The health service name envoyproxy/ratelimit reports its health under: it answers as that
+/// service's `/healthcheck` does ([`Readiness::healthcheck`]), not as readiness.
+pub const RATELIMIT_HEALTH_SERVICE: &str = "ratelimit";
 
 /// The gRPC port's services, and the reporter of their health.
 pub struct Face {
@@ -79,15 +84,25 @@ impl Health {
             .await;
     }
 
-    /// Reports readiness on every name of [`READINESS_SERVICES`].
-    pub async fn set_ready(&self, ready: bool) {
-        let status = if ready {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
+    /// Reports `readiness`: readiness on every name of [`READINESS_SERVICES`],
+    /// envoyproxy/ratelimit's health on [`RATELIMIT_HEALTH_SERVICE`].
+    pub async fn publish(&self, readiness: &Readiness) {
         for name in READINESS_SERVICES {
-            self.reporter.set_service_status(name, status).await;
+            self.reporter
+                .set_service_status(name, serving(readiness.is_ready()))
+                .await;
         }
+        let healthy = readiness.healthcheck().is_ok();
+        self.reporter
+            .set_service_status(RATELIMIT_HEALTH_SERVICE, serving(healthy))
+            .await;
+    }
+}
+
+fn serving(up: bool) -> ServingStatus {
+    if up {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
     }
 }

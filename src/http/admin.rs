@@ -5,8 +5,9 @@
 //! Why `/healthcheck` ignores the backend: Envoy Gateway points its startup, readiness *and*
 //! liveness probes at it, so a Redis outage that failed it would restart every rate-limit pod
 //! (envoyproxy/ratelimit's `/healthcheck` ignores Redis too unless told otherwise). It answers
-//! `OK` (200) once a config is served (at once from files; after the first xDS push) and until
-//! draining, 500 otherwise; `/readyz` and gRPC health are the probes that follow the backend.
+//! as that service does ([`Readiness::healthcheck`]): `OK` (200) until draining, and before the
+//! first config (xDS) only when none is required (`--health-requires-config false`), 500 with
+//! the reason otherwise; `/readyz` and gRPC health are the probes that follow the backend.
 //!
 //! Why separate from gRPC: Kubernetes probes and Prometheus scrapes speak HTTP/1.1, and an SRE
 //! must be able to curl them; keeping them off the data-plane port keeps the RLS port minimal.
@@ -81,17 +82,11 @@ pub fn metrics_router(metrics: Option<PrometheusHandle>, observer: Arc<Observer>
         })
 }
 
+/// envoyproxy/ratelimit's health ([`Readiness::healthcheck`]): `OK`, or 500 with the reason.
 async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
-    let r = &state.readiness;
-    if r.draining() {
-        (StatusCode::INTERNAL_SERVER_ERROR, "draining\n".into())
-    } else if let Some(why) = r.config_pending() {
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("no config yet: {why}\n"),
-        )
-    } else {
-        (StatusCode::OK, "OK".into())
+    match state.readiness.healthcheck() {
+        Ok(()) => (StatusCode::OK, "OK".to_owned()),
+        Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
     }
 }
 

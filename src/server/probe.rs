@@ -33,10 +33,11 @@ pub async fn probe(limiter: &dyn Limiter, readiness: &Readiness, health: &Health
         }
     }
     // Not ready without a config either (xDS before its first push).
-    health.set_ready(readiness.is_ready()).await;
+    health.publish(readiness).await;
 }
 
-/// Probes every `interval` until `stop` is cancelled.
+/// Probes every `interval`, and publishes every change of readiness as it happens, until
+/// `stop` is cancelled.
 pub async fn run(
     limiter: Arc<dyn Limiter>,
     readiness: Arc<Readiness>,
@@ -46,9 +47,11 @@ pub async fn run(
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut changes = readiness.subscribe();
     loop {
         tokio::select! {
             _ = ticker.tick() => probe(&*limiter, &readiness, &health, false).await,
+            Ok(()) = changes.changed() => health.publish(&readiness).await,
             () = stop.cancelled() => return,
         }
     }

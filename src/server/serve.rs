@@ -91,6 +91,7 @@ impl Server {
                 None
             }
             Some(Updates::Xds(source)) => {
+                readiness.require_config(source.settings.health_requires_config);
                 readiness.set_config_pending(format!(
                     "waiting for the first config from the xDS server {}",
                     source.settings.url

@@ -42,7 +42,7 @@ impl Lifecycle {
         tracing::info!("shutdown requested: reporting NOT_SERVING and draining in-flight calls");
         readiness.set_draining();
         self.requested.cancel();
-        health.set_ready(false).await;
+        health.publish(readiness).await;
         self.stop.cancel();
     }
 

@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::LoadOptions;
 use crate::decision::Engine;
 use crate::metrics;
-use crate::readiness::Readiness;
+use crate::readiness::{ConfigRequirement, Readiness};
 
 pub use bounds::XdsLimits;
 pub use endpoint::XdsError;
@@ -69,6 +69,9 @@ pub struct XdsSettings {
     /// Serve before the first config arrives (answering `UNAVAILABLE` until then) instead of
     /// waiting for it.
     pub force_start: bool,
+    /// What `/healthcheck` (and gRPC health of `ratelimit`) asks of the config: by default
+    /// the first one.
+    pub health_requires_config: ConfigRequirement,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
     /// What one response may hold (`--max-xds-nodes`, `--max-xds-depth`).
@@ -96,6 +99,7 @@ impl XdsSettings {
             node_id: node_id.into(),
             tls: ClientTls::default(),
             force_start: false,
+            health_requires_config: ConfigRequirement::First,
             min_backoff: DEFAULT_MIN_BACKOFF,
             max_backoff: DEFAULT_MAX_BACKOFF,
             limits: XdsLimits::default(),

@@ -203,7 +203,7 @@ fn nack(
 fn served(ctx: &Context, version: &str, config: Config) {
     let config = Arc::new(config);
     ctx.engine.replace_config_arc(config.clone());
-    ctx.readiness.set_config_loaded();
+    ctx.readiness.set_config_loaded(config.domains().count());
     ctx.applied.send_replace(true);
     let unix_now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

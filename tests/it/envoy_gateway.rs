@@ -1,60 +1,30 @@
-//! The Envoy Gateway environment, black box: the binary started as `ratelimit` (a symlink named
-//! so) with no arguments and nothing in its environment but what Envoy Gateway's rate-limit
-//! Deployment sets (its `resource.go`, with Redis and Prometheus on), in a pod-like sandbox:
-//! user and group 65534, no capabilities, no new privileges, the root filesystem read-only.
-//! Changed for the test, and only these: the xDS server's address (the xDS test double on
-//! loopback instead of `envoy-gateway:18001`), `REDIS_URL` (a test redis-server),
-//! `PROMETHEUS_ADDR` (a free port instead of 19001), the certificate paths (a Secret-shaped
-//! directory instead of `/certs`), and `GRPC_PORT` and `PORT`, which Envoy Gateway leaves unset
-//! (envoyproxy/ratelimit's 8081 and 8080), set to free ports so parallel runs do not collide,
-//! and `SLUICE_BACKEND_TIMEOUT_MS`, sluice's own per-decision deadline, raised from its 10 ms
-//! default to the suite's test deadline: a debug build on a loaded 2-core machine misses 10 ms
-//! now and then, like Envoy's 20 ms filter timeout below (tests/it/envoy_faults.rs tests both).
+//! The Envoy Gateway environment, black box: the rate limiter run exactly as Envoy Gateway's
+//! pod runs it ([`GatewayPod`]: the binary as `ratelimit`, its environment and nothing else, a
+//! pod-like sandbox).
 //!
 //! It checks what Envoy Gateway relies on: the subscription over mutual TLS with node id
 //! `envoy-ratelimit`, health before and after the first config (`/healthcheck` on `PORT`, the
-//! path of its startup, readiness and liveness probes), limits pushed over xDS in its shapes
-//! served to a real Envoy over mutual TLS (its cluster, its route-side check of 0 hits then the
-//! response's cost on stream done), the Prometheus scrape on `PROMETHEUS_ADDR`, and a clean
-//! SIGTERM. What it saw is printed.
+//! path of its startup and readiness probes, and gRPC health) under each combination of
+//! `FORCE_START_WITHOUT_INITIAL_CONFIG` and `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`, limits
+//! pushed over xDS in its shapes served to a real Envoy over mutual TLS (its cluster, its
+//! route-side check of 0 hits then the response's cost on stream done), the Prometheus scrape
+//! on `PROMETHEUS_ADDR`, and a clean SIGTERM. What it saw is printed.
 
 use crate::helpers;
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use helpers::envoy_config::{bootstrap, cluster};
-use helpers::gateway::{self, GatewayPki};
-use helpers::in_process::TEST_BACKEND_TIMEOUT;
+use helpers::gateway;
+use helpers::gateway_pod::{GatewayPod, READINESS_PROBE, STARTUP_PROBE};
 use helpers::prometheus::{scrape, sum, value};
-use helpers::secret::SecretVolume;
-use helpers::xds_server::{ServerTls, XdsServer};
-use helpers::{Envoy, RedisServer, Req, Sluice, Upstream, free_port, http_get};
+use helpers::{Envoy, Req, Upstream, http_get};
 use sluice::proto::ratelimit::config::ratelimit::v3::RateLimitUnit;
+use tonic_health::ServingStatus;
 
 /// The rate-limit filter's timeout: Envoy Gateway's default is 20 ms; a debug build on a
 /// loaded 2-core machine misses that now and then (tests/it/envoy_faults.rs tests the budget).
 const FILTER_TIMEOUT_MS: u64 = 1000;
-
-/// `ratelimit` as Envoy Gateway's pod runs it: user and group 65534, no capabilities (none
-/// inheritable, an empty bounding set), no new privileges, and `/` remounted read-only in a
-/// private mount namespace (so `/tmp` too: sluice writes nothing). The environment is `env`
-/// and nothing else; argv[0] is the symlink's path, with no argument.
-fn pod(binary: &Path, env: &[(&str, String)]) -> Command {
-    let mut cmd = Command::new("/usr/bin/unshare");
-    cmd.args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
-        .arg(
-            "/bin/mount -o remount,bind,ro / && exec /usr/bin/setpriv --reuid 65534 \
-             --regid 65534 --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all \
-             -- \"$0\"",
-        )
-        .arg(binary)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)));
-    cmd
-}
 
 /// `field` of /proc/PID/status.
 fn proc_status(pid: u32, field: &str) -> String {
@@ -67,91 +37,22 @@ fn proc_status(pid: u32, field: &str) -> String {
 }
 
 /// GET `path` on `addr` without blocking the runtime.
-async fn get(addr: SocketAddr, path: &'static str) -> (u16, String) {
+async fn get(addr: std::net::SocketAddr, path: &'static str) -> (u16, String) {
     tokio::task::spawn_blocking(move || http_get(addr, path))
         .await
         .expect("HTTP GET")
 }
 
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tls() {
-    let dir = tempfile::tempdir().unwrap();
-    // Readable by user 65534, like the pod's mounts.
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let pki = GatewayPki::new(dir.path(), "cluster");
-    for file in std::fs::read_dir(dir.path().join("cluster")).unwrap() {
-        let path = file.unwrap().path();
-        let mode = if path.is_dir() { 0o755 } else { 0o644 };
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-            .unwrap();
-    }
-    let certs = SecretVolume::new(&dir.path().join("certs"), &pki.ratelimit_secret());
-    let redis = RedisServer::start();
-    let xds = XdsServer::start_tls(ServerTls {
-        server: &pki.gateway,
-        client_ca_pem: &pki.ca_pem,
-    })
-    .await;
-    let binary = dir.path().join("ratelimit");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &binary).unwrap();
-
-    let (grpc_port, http_port, prometheus_port) = (free_port(), free_port(), free_port());
-    let file = |name: &str| certs.path(name).display().to_string();
-    let env: Vec<(&str, String)> = vec![
-        ("RUNTIME_ROOT", "/data".into()),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
-        ("RUNTIME_IGNOREDOTFILES", "true".into()),
-        ("RUNTIME_WATCH_ROOT", "false".into()),
-        ("LOG_LEVEL", "info".into()),
-        ("USE_STATSD", "false".into()),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW".into()),
-        ("CONFIG_GRPC_XDS_SERVER_URL", xds.addr.to_string()),
-        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".into()),
-        ("GRPC_SERVER_USE_TLS", "true".into()),
-        ("GRPC_SERVER_TLS_CERT", file("tls.crt")),
-        ("GRPC_SERVER_TLS_KEY", file("tls.key")),
-        ("GRPC_SERVER_TLS_CA_CERT", file("ca.crt")),
-        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".into()),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", file("tls.crt")),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", file("tls.key")),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", file("ca.crt")),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".into()),
-        ("REDIS_SOCKET_TYPE", "tcp".into()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
-        ("USE_PROMETHEUS", "true".into()),
-        ("PROMETHEUS_ADDR", format!(":{prometheus_port}")),
-        (
-            "PROMETHEUS_MAPPER_YAML",
-            "/etc/statsd-exporter/conf.yaml".into(),
-        ),
-        ("GRPC_PORT", grpc_port.to_string()),
-        ("PORT", http_port.to_string()),
-        (
-            "SLUICE_BACKEND_TIMEOUT_MS",
-            TEST_BACKEND_TIMEOUT.as_millis().to_string(),
-        ),
-    ];
-    let mut ratelimit = Sluice::start_command(pod(&binary, &env));
-    let (grpc, http, prometheus) = (
-        loopback(grpc_port),
-        loopback(http_port),
-        loopback(prometheus_port),
-    );
-    assert_eq!(
-        ratelimit.grpc_addr,
-        format!("0.0.0.0:{grpc_port}").parse().unwrap()
-    );
-    assert_eq!(
-        ratelimit.admin_addr,
-        format!("0.0.0.0:{http_port}").parse().unwrap()
+    let mut pod = GatewayPod::start(|env| env).await;
+    let (grpc, http, prometheus) = (pod.grpc, pod.http, pod.prometheus);
+    let ratelimit = &mut pod.ratelimit;
+    let (pki, xds) = (&pod.pki, &pod.xds);
+    assert_eq!(ratelimit.grpc_addr.port(), grpc.port());
+    assert_eq!(ratelimit.admin_addr.port(), http.port());
+    assert!(
+        ratelimit.grpc_addr.ip().is_unspecified() && ratelimit.admin_addr.ip().is_unspecified()
     );
     let pid = ratelimit.pid();
     let (uid, caps) = (proc_status(pid, "Uid:"), proc_status(pid, "CapEff:"));
@@ -170,16 +71,18 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
         Some("envoy-ratelimit")
     );
 
-    // Forced start: serving, but not healthy and answering UNAVAILABLE until a config arrives.
+    // Forced start: serving and healthy (Envoy Gateway sets no
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, so envoyproxy/ratelimit answers 200 here too),
+    // answering UNAVAILABLE until a config arrives.
     let before = get(http, "/healthcheck").await;
-    let refused = gateway::check(grpc, &pki).await.expect_err("no config yet");
+    let refused = gateway::check(grpc, pki).await.expect_err("no config yet");
     println!(
         "before the first config: /healthcheck {} {:?}; RLS {:?}",
         before.0,
         before.1.trim(),
         refused.code()
     );
-    assert_eq!(before.0, 500);
+    assert_eq!(before, (200, "OK".to_owned()));
     assert_eq!(refused.code(), tonic::Code::Unavailable);
 
     // Envoy Gateway pushes its limits: 8 tokens per minute on the route's rule.
@@ -189,15 +92,15 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
     assert_eq!(ack.version_info, "1");
     assert!(ack.error_detail.is_none(), "NACK: {ack:?}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    let healthy = loop {
-        let probe = get(http, "/healthcheck").await;
-        if probe.0 == 200 || Instant::now() > deadline {
-            break probe;
+    let left = loop {
+        match gateway::check(grpc, pki).await {
+            Ok(left) => break left,
+            Err(status) if Instant::now() > deadline => panic!("no config applied: {status}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    println!("after the push: /healthcheck {} {:?}", healthy.0, healthy.1);
-    assert_eq!(healthy, (200, "OK".to_owned()));
+    assert_eq!(left, 8, "the pushed budget");
+    assert_eq!(get(http, "/healthcheck").await, (200, "OK".to_owned()));
 
     // A real Envoy, configured as Envoy Gateway configures it, over mutual TLS.
     let upstream = Upstream::start();
@@ -222,7 +125,7 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
                 ratelimit.log_text()
             );
         }
-        gateway::until_tokens_left(grpc, &pki, left_after).await;
+        gateway::until_tokens_left(grpc, pki, left_after).await;
     }
     let spent = Req::get("/v1/chat")
         .header("x-reply-x-tokens", "4")
@@ -281,4 +184,182 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
         "SIGTERM: {status:?}\n{}",
         ratelimit.log_text()
     );
+}
+
+/// What a variable of the pod is set to in a health test; `None`: left unset.
+type Var = Option<&'static str>;
+
+/// `/healthcheck` as the pod's probes see it, gRPC health of envoyproxy/ratelimit's service name
+/// (`ratelimit`) and of the server (`""`, sluice's readiness), and the RLS's answer.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    healthcheck: u16,
+    ratelimit: Option<ServingStatus>,
+    server: Option<ServingStatus>,
+    rls: Result<u32, tonic::Code>,
+}
+
+async fn seen(pod: &GatewayPod) -> Seen {
+    let (_, healthcheck, _) = STARTUP_PROBE.attempt(pod.http).await;
+    let rls = tokio::time::timeout(Duration::from_secs(1), gateway::check(pod.grpc, &pod.pki))
+        .await
+        .map_or(Err(tonic::Code::DeadlineExceeded), |r| {
+            r.map_err(|s| s.code())
+        });
+    Seen {
+        healthcheck,
+        ratelimit: pod.grpc_health("ratelimit").await,
+        server: pod.grpc_health("").await,
+        rls,
+    }
+}
+
+/// Waits (10 s at most) until `what` is seen.
+async fn until_seen(pod: &GatewayPod, what: &Seen) -> Seen {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = seen(pod).await;
+        if now == *what || Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The pod with `FORCE_START_WITHOUT_INITIAL_CONFIG` and
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` as given, checked before the first config
+/// (`before`), after it (healthy, ready, 8 tokens), and, when a config is required, after a
+/// push that names no domain and after one that does again.
+async fn health_per_combination(force: Var, healthy_with: Var, before: Seen) {
+    let pod = GatewayPod::start(|env| {
+        let env = match force {
+            Some(v) => env.set("FORCE_START_WITHOUT_INITIAL_CONFIG", v),
+            None => env.unset("FORCE_START_WITHOUT_INITIAL_CONFIG"),
+        };
+        match healthy_with {
+            Some(v) => env.set("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", v),
+            None => env.unset("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"),
+        }
+    })
+    .await;
+    let label = format!(
+        "FORCE_START_WITHOUT_INITIAL_CONFIG={force:?} HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED={healthy_with:?}"
+    );
+    let first = pod.xds.next_request().await;
+    assert!(first.client_cert, "{label}: no client certificate");
+
+    // Before the first config: what the kubelet's probes conclude, and gRPC health.
+    let now = until_seen(&pod, &before).await;
+    let startup = STARTUP_PROBE.attempt(pod.http).await;
+    let readiness = READINESS_PROBE.attempt(pod.http).await;
+    println!(
+        "{label}\n  before the first config: {now:?}; startup probe {} (a pod never configured \
+         is restarted after {:?} of failures), readiness probe {}",
+        if startup.0 { "passes" } else { "fails" },
+        STARTUP_PROBE.gives_up_after(),
+        if readiness.0 { "passes" } else { "fails" },
+    );
+    assert_eq!(now, before, "{label}: before the first config");
+    assert_eq!(startup.0, before.healthcheck == 200, "{label}");
+    assert_eq!(readiness.0, before.healthcheck == 200, "{label}");
+
+    // The first config: healthy and ready whatever the variables say.
+    pod.xds
+        .push("1", &[gateway::limits_config(8, RateLimitUnit::Minute)])
+        .await;
+    let configured = Seen {
+        healthcheck: 200,
+        ratelimit: Some(ServingStatus::Serving),
+        server: Some(ServingStatus::Serving),
+        rls: Ok(8),
+    };
+    let now = until_seen(&pod, &configured).await;
+    println!("  after the first config: {now:?}");
+    assert_eq!(now, configured, "{label}: after the first config");
+    assert!(STARTUP_PROBE.attempt(pod.http).await.0, "{label}");
+    assert!(READINESS_PROBE.attempt(pod.http).await.0, "{label}");
+
+    // A push that names no domain: envoyproxy/ratelimit's health fails again with
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true only; requests find no limit.
+    pod.xds.push("2", &[]).await;
+    let required = healthy_with == Some("true");
+    let empty = Seen {
+        healthcheck: if required { 500 } else { 200 },
+        ratelimit: Some(if required {
+            ServingStatus::NotServing
+        } else {
+            ServingStatus::Serving
+        }),
+        server: Some(ServingStatus::Serving),
+        rls: Ok(0),
+    };
+    let now = until_seen(&pod, &empty).await;
+    println!("  after a config naming no domain: {now:?}");
+    assert_eq!(now, empty, "{label}: after an empty push");
+    pod.xds
+        .push("3", &[gateway::limits_config(8, RateLimitUnit::Minute)])
+        .await;
+    assert_eq!(until_seen(&pod, &configured).await, configured, "{label}");
+    let log = pod.ratelimit.log_text();
+    assert!(
+        !log.contains("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED is not supported"),
+        "{log}"
+    );
+}
+
+/// Envoy Gateway's own environment (forced start, no HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED):
+/// healthy before the first config, as envoyproxy/ratelimit, so a gateway without a rate-limit
+/// policy keeps its rate limiter (its startup probe passes); requests are UNAVAILABLE until
+/// then, and sluice's own readiness (`""`) waits for the config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_start_is_healthy_before_the_first_config() {
+    let before = Seen {
+        healthcheck: 200,
+        ratelimit: Some(ServingStatus::Serving),
+        server: Some(ServingStatus::NotServing),
+        rls: Err(tonic::Code::Unavailable),
+    };
+    health_per_combination(Some("true"), None, before).await;
+}
+
+/// Forced start with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true: unhealthy until a config
+/// naming a domain arrives (the startup probe fails meanwhile), and again when a push names
+/// none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_start_requiring_a_config_is_unhealthy_until_one_arrives() {
+    let before = Seen {
+        healthcheck: 500,
+        ratelimit: Some(ServingStatus::NotServing),
+        server: Some(ServingStatus::NotServing),
+        rls: Err(tonic::Code::Unavailable),
+    };
+    health_per_combination(Some("true"), Some("true"), before).await;
+}
+
+/// Not forced (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED unset): envoyproxy/ratelimit listens on
+/// nothing before the first config, so its probes fail; sluice's gRPC port does not serve yet
+/// either (nothing answers) and `/healthcheck` answers 500. Once a config came, one naming no
+/// domain does not fail health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_the_first_config_fails_the_probes_until_it_arrives() {
+    let before = Seen {
+        healthcheck: 500,
+        ratelimit: None,
+        server: None,
+        rls: Err(tonic::Code::DeadlineExceeded),
+    };
+    health_per_combination(None, None, before).await;
+}
+
+/// Not forced, HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true: as without it before the first
+/// config; a push naming no domain fails health again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_and_requiring_a_config_fails_the_probes_until_it_arrives() {
+    let before = Seen {
+        healthcheck: 500,
+        ratelimit: None,
+        server: None,
+        rls: Err(tonic::Code::DeadlineExceeded),
+    };
+    health_per_combination(Some("false"), Some("true"), before).await;
 }

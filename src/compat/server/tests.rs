@@ -42,6 +42,8 @@ fn the_envoy_gateway_environment_is_honoured_or_accepted_with_a_reason() {
         ("SLUICE_CONFIG_XDS_CLIENT_KEY", "/certs/tls.key"),
         ("SLUICE_CONFIG_XDS_CA_FILE", "/certs/ca.crt"),
         ("SLUICE_FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        // /healthcheck answers OK before the first config, as envoyproxy/ratelimit does there.
+        ("SLUICE_HEALTH_REQUIRES_CONFIG", "never"),
         ("SLUICE_GRPC_TLS_CERT", "/certs/tls.crt"),
         ("SLUICE_GRPC_TLS_KEY", "/certs/tls.key"),
         ("SLUICE_GRPC_CLIENT_CA", "/certs/ca.crt"),

@@ -272,18 +272,28 @@ pub fn limits_config(requests: u32, unit: RateLimitUnit) -> RateLimitConfig {
     }
 }
 
-/// A check of 0 hits on [`ROUTE`]'s budget at the rate limiter on `addr` (its certificate
-/// names 127.0.0.1), over mutual TLS with Envoy's certificate: the tokens left, or the status.
-pub async fn check(addr: SocketAddr, pki: &GatewayPki) -> Result<u32, tonic::Status> {
+/// A channel to the rate limiter's gRPC port on `addr` (its certificate names 127.0.0.1), over
+/// mutual TLS with Envoy's certificate.
+pub async fn channel(
+    addr: SocketAddr,
+    pki: &GatewayPki,
+) -> Result<Channel, tonic::transport::Error> {
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&pki.ca_pem))
         .identity(Identity::from_pem(&pki.envoy.cert_pem, &pki.envoy.key_pem))
         .domain_name("127.0.0.1");
-    let channel = Channel::from_shared(format!("https://{addr}"))
+    Channel::from_shared(format!("https://{addr}"))
         .expect("URI")
         .tls_config(tls)
         .expect("client TLS")
         .connect()
+        .await
+}
+
+/// A check of 0 hits on [`ROUTE`]'s budget at the rate limiter on `addr` ([`channel`]): the
+/// tokens left, or the status.
+pub async fn check(addr: SocketAddr, pki: &GatewayPki) -> Result<u32, tonic::Status> {
+    let channel = channel(addr, pki)
         .await
         .expect("mutual TLS to the rate limiter");
     let mut check = descriptor(&[(ROUTE, ROUTE), (RULE, RULE)]);

@@ -24,13 +24,15 @@
 //! - [`xds_server`]: a test double of an xDS management server (plaintext or mutual TLS 1.3);
 //!   [`certs`]: a private CA and the certificates it signs, made by the test (rcgen);
 //!   [`secret`]: a Kubernetes Secret volume on disk, rotated the way the kubelet does it;
-//!   [`gateway`]: Envoy Gateway's certificates, rate-limit cluster, route shapes and limits.
+//!   [`gateway`]: Envoy Gateway's certificates, rate-limit cluster, route shapes and limits;
+//!   [`gateway_pod`]: the rate limiter as its pod runs it, and the pod's probes.
 pub mod certs;
 pub mod edge_limits;
 pub mod envoy;
 pub mod envoy_config;
 pub mod fuzz_harness;
 pub mod gateway;
+pub mod gateway_pod;
 pub mod http;
 pub mod in_process;
 pub mod istio;
