@@ -36,6 +36,8 @@
 //! - [`explain`]: `sluice explain`: which rule governs a descriptor and why.
 //! - [`logging`]: the log subscriber `sluice serve` installs, with per-connection warnings of
 //!   the HTTP/2 stack rate-limited.
+//! - [`pem`]: certificates, private keys and CA bundles read from PEM files, for every TLS
+//!   setting (gRPC server, Redis, xDS), errors naming the flag and the file.
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
@@ -57,6 +59,7 @@ pub mod logging;
 pub mod metadata;
 pub mod metrics;
 pub mod otel;
+pub mod pem;
 pub mod proto;
 pub mod quota;
 pub mod readiness;

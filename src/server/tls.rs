@@ -34,8 +34,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use futures_util::{Stream, StreamExt};
 use rustls::client::danger::HandshakeSignatureValid;
-use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{
@@ -47,6 +46,8 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
+
+use crate::pem::{PemError, PemFile};
 
 /// Where the certificates are and how they are checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,18 +81,8 @@ impl TlsSettings {
 /// Why the certificates cannot be loaded; each message names the flag and the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {flag} {path}: {error}")]
-    Read {
-        flag: &'static str,
-        path: String,
-        error: String,
-    },
-    #[error("{flag} {path}: {what}")]
-    Pem {
-        flag: &'static str,
-        path: String,
-        what: String,
-    },
+    #[error(transparent)]
+    Pem(#[from] PemError),
     #[error("--grpc-tls-key {key} does not go with --grpc-tls-cert {cert}: {reason}")]
     Identity {
         cert: String,
@@ -108,82 +99,41 @@ pub enum TlsError {
     Rustls(String),
 }
 
-/// The bytes of every file, in a fixed order.
+/// Every file, in a fixed order.
 struct Files {
-    cert: Vec<u8>,
-    key: Vec<u8>,
-    cas: Vec<Vec<u8>>,
+    cert: PemFile,
+    key: PemFile,
+    cas: Vec<PemFile>,
 }
 
 impl Files {
     fn read(s: &TlsSettings) -> Result<Files, TlsError> {
-        let read = |flag: &'static str, path: &PathBuf| {
-            std::fs::read(path).map_err(|error| TlsError::Read {
-                flag,
-                path: path.display().to_string(),
-                error: error.to_string(),
-            })
-        };
         Ok(Files {
-            cert: read("--grpc-tls-cert", &s.cert)?,
-            key: read("--grpc-tls-key", &s.key)?,
+            cert: PemFile::read("--grpc-tls-cert", &s.cert)?,
+            key: PemFile::read("--grpc-tls-key", &s.key)?,
             cas: s
                 .client_ca
                 .iter()
-                .map(|p| read("--grpc-client-ca", p))
+                .map(|p| PemFile::read("--grpc-client-ca", p))
                 .collect::<Result<_, _>>()?,
         })
     }
 
     fn fingerprint(&self) -> [u8; 32] {
         let mut hash = Sha256::new();
-        for bytes in [&self.cert, &self.key].into_iter().chain(&self.cas) {
-            hash.update((bytes.len() as u64).to_le_bytes());
-            hash.update(bytes);
+        for file in [&self.cert, &self.key].into_iter().chain(&self.cas) {
+            hash.update((file.bytes().len() as u64).to_le_bytes());
+            hash.update(file.bytes());
         }
         hash.finalize().into()
     }
 }
 
-fn pem_error(flag: &'static str, path: &std::path::Path, what: impl Into<String>) -> TlsError {
-    TlsError::Pem {
-        flag,
-        path: path.display().to_string(),
-        what: what.into(),
-    }
-}
-
-/// Every certificate of a PEM file; none is an error.
-fn certificates(
-    flag: &'static str,
-    path: &std::path::Path,
-    bytes: &[u8],
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_slice_iter(bytes)
-        .collect::<Result<Vec<_>, pem::Error>>()
-        .map_err(|e| pem_error(flag, path, format!("not a valid PEM file: {e}")))?;
-    if certs.is_empty() {
-        return Err(pem_error(flag, path, "holds no CERTIFICATE block"));
-    }
-    Ok(certs)
-}
-
 /// The rustls server config `files` describe.
 fn build(s: &TlsSettings, files: &Files) -> Result<Arc<ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = certificates("--grpc-tls-cert", &s.cert, &files.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&files.key).map_err(|e| match e {
-        pem::Error::NoItemsFound => pem_error(
-            "--grpc-tls-key",
-            &s.key,
-            "holds no PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block",
-        ),
-        other => pem_error(
-            "--grpc-tls-key",
-            &s.key,
-            format!("not a valid PEM file: {other}"),
-        ),
-    })?;
+    let chain = files.cert.certificates()?;
+    let key = files.key.private_key()?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Rustls(e.to_string()))?;
@@ -191,12 +141,8 @@ fn build(s: &TlsSettings, files: &Files) -> Result<Arc<ServerConfig>, TlsError> 
         builder.with_no_client_auth()
     } else {
         let mut roots = RootCertStore::empty();
-        for (path, bytes) in s.client_ca.iter().zip(&files.cas) {
-            for cert in certificates("--grpc-client-ca", path, bytes)? {
-                roots.add(cert).map_err(|e| {
-                    pem_error("--grpc-client-ca", path, format!("not a usable CA: {e}"))
-                })?;
-            }
+        for ca in &files.cas {
+            ca.add_roots_to(&mut roots)?;
         }
         let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()

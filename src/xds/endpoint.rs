@@ -6,13 +6,13 @@
 //! certificate (a Kubernetes Secret updated in place) is picked up at the next reconnect
 //! without a restart, and a file that turned unreadable is named in the reconnect's log line.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tonic::codegen::http::uri::{InvalidUri, Uri};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use super::XdsSettings;
+use crate::pem::{self, PemError};
 
 /// Bound on TCP connect plus TLS handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -34,12 +34,8 @@ pub enum XdsError {
         "--config-xds-client-cert and --config-xds-client-key go together; only {given} is set"
     )]
     HalfIdentity { given: &'static str },
-    #[error("reading {flag} {}: {error}", path.display())]
-    Read {
-        flag: &'static str,
-        path: PathBuf,
-        error: std::io::Error,
-    },
+    #[error(transparent)]
+    Pem(#[from] PemError),
     #[error("xDS client TLS: {0}")]
     Tls(String),
 }
@@ -94,16 +90,18 @@ pub(super) fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
     let mut config = ClientTlsConfig::new();
     config = match &tls.ca_file {
         Some(path) => {
-            config.ca_certificate(Certificate::from_pem(read("--config-xds-ca-file", path)?))
+            let ca = pem::read_ca_bundle("--config-xds-ca-file", path)?;
+            config.ca_certificate(Certificate::from_pem(ca.bytes()))
         }
         None => config.with_native_roots(),
     };
     match (&tls.client_cert, &tls.client_key) {
         (Some(cert), Some(key)) => {
-            config = config.identity(Identity::from_pem(
-                read("--config-xds-client-cert", cert)?,
-                read("--config-xds-client-key", key)?,
-            ));
+            let (cert, key) = pem::read_identity(
+                ("--config-xds-client-cert", cert),
+                ("--config-xds-client-key", key),
+            )?;
+            config = config.identity(Identity::from_pem(cert.bytes(), key.bytes()));
         }
         (Some(_), None) => {
             return Err(XdsError::HalfIdentity {
@@ -120,18 +118,10 @@ pub(super) fn endpoint(settings: &XdsSettings) -> Result<Endpoint, XdsError> {
     if let Some(name) = &tls.server_name {
         config = config.domain_name(name.clone());
     }
-    // Builds the rustls config now: a PEM that holds no certificate or key fails here.
+    // Builds the rustls config now: a key that does not go with the certificate fails here.
     endpoint
         .tls_config(config)
         .map_err(|e| XdsError::Tls(super::error_chain(&e)))
-}
-
-fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, XdsError> {
-    std::fs::read(path).map_err(|error| XdsError::Read {
-        flag,
-        path: path.to_owned(),
-        error,
-    })
 }
 
 #[cfg(test)]
@@ -170,11 +160,28 @@ mod tests {
             "reading --config-xds-ca-file {}: ",
             missing.display()
         )));
+        // The PEM files are checked here, named, not left to the TLS stack.
         std::fs::write(&missing, "not a certificate").unwrap();
+        assert_eq!(
+            check(&https),
+            format!(
+                "--config-xds-ca-file {}: holds no CERTIFICATE block",
+                missing.display()
+            )
+        );
+        https.tls.ca_file = None;
         https.tls.client_key = Some(missing.clone());
         assert!(check(&https).contains(
             "--config-xds-client-key go together; only \
                                        --config-xds-client-key is set"
         ));
+        https.tls.client_cert = Some(missing.clone());
+        assert_eq!(
+            check(&https),
+            format!(
+                "--config-xds-client-cert {}: holds no CERTIFICATE block",
+                missing.display()
+            )
+        );
     }
 }

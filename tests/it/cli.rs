@@ -349,7 +349,7 @@ fn redis_settings_that_cannot_be_honoured_stop_start_up() {
                 empty,
             ],
             &[],
-            "holds no PEM certificate",
+            "empty-password: holds no CERTIFICATE block",
         ),
         (
             &[

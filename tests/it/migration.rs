@@ -334,7 +334,7 @@ fn backend_settings_that_cannot_be_honoured_stop_start_up() {
                 ("REDIS_TLS", "true"),
                 ("REDIS_TLS_CACERT", "/nonexistent/ca.crt"),
             ],
-            &["reading CA file /nonexistent/ca.crt"],
+            &["reading --redis-ca-file /nonexistent/ca.crt"],
         ),
         (
             &[
@@ -343,7 +343,7 @@ fn backend_settings_that_cannot_be_honoured_stop_start_up() {
                 ("REDIS_TLS_CLIENT_CERT", "/nonexistent/client.crt"),
                 ("REDIS_TLS_CLIENT_KEY", "/nonexistent/client.key"),
             ],
-            &["reading client certificate /nonexistent/client.crt"],
+            &["reading --redis-tls-cert /nonexistent/client.crt"],
         ),
         (
             &[

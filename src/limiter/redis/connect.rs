@@ -23,17 +23,16 @@
 //! a client certificate (mutual TLS). Every file is read, and its PEM checked, when the backend
 //! is built: a missing or malformed one stops start-up instead of failing each connect.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, ClientTlsConfig, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::{DEFAULT_BATCH_MAX, DEFAULT_POOL_SIZE};
 use crate::limiter::LimiterError;
+use crate::pem::{self, PemError, PemFile};
 
 /// Everything that says how to reach Redis and how to use it: the one argument of every Redis
 /// backend constructor ([`super::RedisLimiter::open`], [`super::cluster::ClusterLimiter::open`]
@@ -228,16 +227,31 @@ pub(super) fn ensure_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn read_file(what: &str, path: &Path) -> Result<Vec<u8>, SettingError> {
-    std::fs::read(path).map_err(|e| SettingError(format!("reading {what} {}: {e}", path.display())))
+/// The PEM files of the TLS connections `options` ask for, read and checked now.
+pub(super) struct TlsFiles {
+    /// `--redis-ca-file`: the only roots trusted when given.
+    pub(super) ca: Option<PemFile>,
+    /// `--redis-tls-cert` and `--redis-tls-key`.
+    pub(super) client: Option<(PemFile, PemFile)>,
 }
 
-/// The certificates of the TLS connections `options` ask for: the CA file and the client
-/// certificate, read and checked now. `None` when neither is given (system roots, no client
-/// certificate). Refused for a URL without TLS, where they would be ignored.
-pub(super) fn tls_certificates(
-    options: &RedisOptions,
-) -> Result<Option<TlsCertificates>, SettingError> {
+impl TlsFiles {
+    /// The same files as redis-rs takes them.
+    pub(super) fn certificates(&self) -> TlsCertificates {
+        TlsCertificates {
+            client_tls: self.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+                client_cert: cert.bytes().to_vec(),
+                client_key: key.bytes().to_vec(),
+            }),
+            root_cert: self.ca.as_ref().map(|ca| ca.bytes().to_vec()),
+        }
+    }
+}
+
+/// The CA file and the client certificate of `options`, read and checked now; `None` when
+/// neither is given (system roots, no client certificate). Refused for a URL without TLS,
+/// where they would be ignored.
+pub(super) fn tls_files(options: &RedisOptions) -> Result<Option<TlsFiles>, SettingError> {
     if options.ca_file.is_none() && options.client_cert.is_none() {
         return Ok(None);
     }
@@ -253,51 +267,29 @@ pub(super) fn tls_certificates(
             redact_url(&options.url)
         )));
     }
-    let root_cert = match &options.ca_file {
-        Some(path) => {
-            let pem = read_file("CA file", path)?;
-            let certs = CertificateDer::pem_slice_iter(&pem).count();
-            if certs == 0 || CertificateDer::pem_slice_iter(&pem).any(|c| c.is_err()) {
-                return Err(SettingError(format!(
-                    "CA file {} holds no PEM certificate",
-                    path.display()
-                )));
-            }
-            Some(pem)
-        }
-        None => None,
-    };
-    let client_tls = match &options.client_cert {
-        Some(ClientCert { cert, key }) => {
-            let client_cert = read_file("client certificate", cert)?;
-            if CertificateDer::pem_slice_iter(&client_cert)
-                .next()
-                .is_none()
-                || CertificateDer::pem_slice_iter(&client_cert).any(|c| c.is_err())
-            {
-                return Err(SettingError(format!(
-                    "client certificate {} holds no PEM certificate",
-                    cert.display()
-                )));
-            }
-            let client_key = read_file("client key", key)?;
-            if let Err(e) = PrivateKeyDer::from_pem_slice(&client_key) {
-                return Err(SettingError(format!(
-                    "client key {} holds no PEM private key: {e}",
-                    key.display()
-                )));
-            }
-            Some(ClientTlsConfig {
-                client_cert,
-                client_key,
-            })
-        }
-        None => None,
-    };
-    Ok(Some(TlsCertificates {
-        client_tls,
-        root_cert,
-    }))
+    let pem_error = |e: PemError| SettingError(e.to_string());
+    let ca = options
+        .ca_file
+        .as_deref()
+        .map(|path| pem::read_ca_bundle("--redis-ca-file", path))
+        .transpose()
+        .map_err(pem_error)?;
+    let client = options
+        .client_cert
+        .as_ref()
+        .map(|ClientCert { cert, key }| {
+            pem::read_identity(("--redis-tls-cert", cert), ("--redis-tls-key", key))
+        })
+        .transpose()
+        .map_err(pem_error)?;
+    Ok(Some(TlsFiles { ca, client }))
+}
+
+/// [`tls_files`] as redis-rs takes them.
+pub(super) fn tls_certificates(
+    options: &RedisOptions,
+) -> Result<Option<TlsCertificates>, SettingError> {
+    Ok(tls_files(options)?.map(|files| files.certificates()))
 }
 
 fn with_password(info: ConnectionInfo, options: &RedisOptions) -> ConnectionInfo {

@@ -30,16 +30,14 @@ use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError,
     RedisResult, TlsCertificates, Value,
 };
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub use ask::MAX_REPLY_BYTES;
 use ask::{Access, Answer, Endpoint};
 
 use super::CONNECT_TIMEOUT;
 use super::connect::{
-    RedisOptions, SettingError, Topology, ensure_crypto_provider, invalid, require_scheme,
-    standalone_client, tcp_settings, tls_certificates,
+    RedisOptions, SettingError, TlsFiles, Topology, ensure_crypto_provider, invalid,
+    require_scheme, standalone_client, tcp_settings, tls_files,
 };
 use crate::sync::lock;
 
@@ -160,9 +158,9 @@ impl Sentinel {
             .clone()
             .set_redis_settings(settings)
             .set_tcp_settings(tcp_settings());
-        let certificates = tls_certificates(options)?;
+        let files = tls_files(options)?;
         let tls = match parts.tls {
-            true => Some(Arc::new(sentinel_tls(certificates.as_ref())?)),
+            true => Some(Arc::new(sentinel_tls(files.as_ref())?)),
             false => None,
         };
         Ok(Sentinel {
@@ -175,7 +173,9 @@ impl Sentinel {
                 connect_timeout: CONNECT_TIMEOUT,
             },
             primary_info: Box::new(primary_info),
-            primary_tls: parts.tls.then_some(certificates),
+            primary_tls: parts
+                .tls
+                .then(|| files.as_ref().map(TlsFiles::certificates)),
             primary: Mutex::new(None),
         })
     }
@@ -327,30 +327,20 @@ fn no_primary(master: &str, failures: &[String]) -> RedisError {
 /// The TLS client config of the connections to the sentinels: the CA file's certificates, or
 /// the system's roots; the client certificate when one is given (as redis-rs does for the
 /// primary).
-fn sentinel_tls(
-    certificates: Option<&TlsCertificates>,
-) -> Result<rustls::ClientConfig, SettingError> {
+fn sentinel_tls(files: Option<&TlsFiles>) -> Result<rustls::ClientConfig, SettingError> {
     let tls_error = |e: &dyn std::fmt::Display| SettingError(format!("Sentinel TLS: {e}"));
     let mut roots = rustls::RootCertStore::empty();
-    match certificates.and_then(|c| c.root_cert.as_deref()) {
-        Some(pem) => {
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| tls_error(&e))?;
-                roots.add(cert).map_err(|e| tls_error(&e))?;
-            }
-        }
+    match files.and_then(|f| f.ca.as_ref()) {
+        Some(ca) => ca.add_roots_to(&mut roots).map_err(|e| tls_error(&e))?,
         None => {
             roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
         }
     }
     let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
-    match certificates.and_then(|c| c.client_tls.as_ref()) {
-        Some(client) => {
-            let chain = CertificateDer::pem_slice_iter(&client.client_cert)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| tls_error(&e))?;
-            let key =
-                PrivateKeyDer::from_pem_slice(&client.client_key).map_err(|e| tls_error(&e))?;
+    match files.and_then(|f| f.client.as_ref()) {
+        Some((cert, key)) => {
+            let chain = cert.certificates().map_err(|e| tls_error(&e))?;
+            let key = key.private_key().map_err(|e| tls_error(&e))?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| tls_error(&e))

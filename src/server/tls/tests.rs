@@ -120,7 +120,10 @@ fn a_change_is_loaded_once_and_a_broken_one_reported_once() {
     assert!(Arc::ptr_eq(&second, &tls.config()));
     // A vanished file is reported once too.
     std::fs::remove_file(&key_path).unwrap();
-    assert!(matches!(tls.poll(), Poll::Rejected(TlsError::Read { .. })));
+    assert!(matches!(
+        tls.poll(),
+        Poll::Rejected(TlsError::Pem(PemError::Read { .. }))
+    ));
     assert_eq!(tls.poll(), Poll::Unchanged);
     // Fixed: loaded.
     write(dir.path(), "tls.key", &key);
