@@ -16,6 +16,13 @@ use tonic::transport::Channel;
 
 use super::in_process::TEST_BACKEND_TIMEOUT;
 
+/// The binary under test: the dev build cargo made for this crate, or the one
+/// `SLUICE_TEST_BINARY` names (a release build, to measure what an operator runs: e.g. the
+/// memory figures of docs/security.md).
+pub fn binary() -> std::ffi::OsString {
+    std::env::var_os("SLUICE_TEST_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_sluice").into())
+}
+
 pub struct Sluice {
     child: Child,
     pub grpc_addr: SocketAddr,
@@ -42,7 +49,7 @@ impl Sluice {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Sluice {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        let mut cmd = Command::new(binary());
         cmd.arg("serve")
             .arg("--config")
             .arg(config)
@@ -74,7 +81,7 @@ impl Sluice {
     /// Starts `sluice serve` with no flag at all: everything comes from `env` (e.g. an
     /// envoyproxy/ratelimit Deployment's variables). `env` must pick ephemeral ports.
     pub fn start_env_only(env: &[(&str, &str)]) -> Sluice {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        let mut cmd = Command::new(binary());
         cmd.arg("serve");
         Self::quiet_defaults(&mut cmd);
         cmd.envs(env.iter().copied());
@@ -227,7 +234,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let child = Command::new(binary())
         .args(args)
         .env_remove("SLUICE_REDIS_URL")
         .envs(env.iter().copied())
