@@ -5,6 +5,8 @@
 //! Black-box (the built binary): the variables are translated by `main` before its flags are
 //! parsed, and what it logs about them is part of the promise.
 
+mod upstream;
+
 use crate::helpers;
 
 use std::path::PathBuf;
