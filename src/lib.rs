@@ -24,7 +24,9 @@
 //!   envoyproxy/ratelimit's POST /json and GET /rlconfig.
 //! - [`readiness`]: what the probes report (backend reachable, config served, not draining),
 //!   and envoyproxy/ratelimit's health (`/healthcheck`, gRPC `ratelimit`).
-//! - [`reload`]: polls the config path and swaps in each valid new generation.
+//! - [`watcher`]: the one file watcher: polls files by fingerprint on a thread of its own,
+//!   swaps in content that changed and loads, reports a broken change once.
+//! - [`reload`]: the config path as the watcher polls it; each valid new generation swapped in.
 //! - [`xds`]: the xDS config source: subscribes to a management server and swaps in each
 //!   valid config it pushes (ACK), keeping the previous one on an invalid push (NACK).
 //! - [`server`]: serving: one [`Settings`] value in; the limiter stack (backend, guard,
@@ -67,6 +69,7 @@ pub mod reload;
 pub mod rls;
 pub mod server;
 pub mod sync;
+pub mod watcher;
 pub mod xds;
 
 pub use server::{Listeners, Server, Settings, run};

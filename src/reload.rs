@@ -1,16 +1,8 @@
-//! Hot reload of the limits: polls the config path once per interval and swaps a new config
-//! generation into the engine when the content changed and the whole new config is valid.
-//!
-//! Why polling and not inotify (`notify`): a Kubernetes ConfigMap volume changes by the kubelet
-//! writing a new `..TIMESTAMP` directory and renaming a `..data` symlink over the old one; the
-//! visible `edge.yaml` is a symlink through `..data`, so the file a watcher would watch never
-//! changes, and inotify on bind mounts and overlay filesystems misses events in some runtimes.
-//! Reading a few small files once a second costs nothing next to the decisions, sees every
-//! way a file can change (symlink swap, rename, in-place edit, editors' replace-on-save), and
-//! needs no extra dependency. The polls run on one thread of their own ([`watch`]), which
-//! shutdown waits for only briefly; files are read as the loader reads them (regular files only,
-//! non-blocking, within `--max-config-bytes`), so a FIFO or a device at the path is an error at
-//! once, never a hung or endless read.
+//! Hot reload of the limits: the config path, polled by the [`crate::watcher`] once per
+//! interval, and a new config generation swapped into the engine when the content changed and
+//! the whole new config is valid. Files are read as the loader reads them (regular files only,
+//! non-blocking, within `--max-config-bytes`), so a FIFO or a device at the path is an error
+//! at once, never a hung or endless read.
 //!
 //! Why resolve `..data` first: the kubelet may swap it between two file reads, and a directory
 //! read through it file by file could then mix two generations. When the directory has a
@@ -22,7 +14,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -31,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, ConfigErrors, LoadOptions};
 use crate::decision::Engine;
 use crate::metrics;
+use crate::watcher::{self, Fingerprint, Source, Watcher};
 
 /// The kubelet's pointer to the current generation of a ConfigMap volume.
 const KUBELET_DATA: &str = "..data";
@@ -45,7 +37,7 @@ pub struct ReloadSettings {
     /// [`fingerprint`] of the config taken before the start-up load ([`Reloader::fingerprint`]):
     /// a change made while sluice starts is then seen by the first poll. `None`: taken when the
     /// watcher starts.
-    pub loaded: Option<[u8; 32]>,
+    pub loaded: Option<Fingerprint>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,17 +50,10 @@ pub enum ReloadError {
     },
     #[error("{0}")]
     Invalid(ConfigErrors),
-    #[error("the config changed while it was read; retrying")]
-    Raced,
 }
 
 /// What one poll did.
-#[derive(Debug)]
-pub enum Poll {
-    Unchanged,
-    Reloaded { config: Arc<Config> },
-    Rejected(ReloadError),
-}
+pub type Poll = watcher::Poll<Arc<Config>, ReloadError>;
 
 /// The directory (or file) to read one consistent generation from: the resolved `..data`
 /// target when `path` is a ConfigMap-style directory, else `path` itself.
@@ -86,7 +71,7 @@ pub fn snapshot_source(path: &Path) -> Result<PathBuf, ReloadError> {
 /// bytes. A change of any file, of the set of files, or of the `..data` target changes it.
 /// Files are read as the loader reads them (non-blocking, regular files only, at most
 /// `max_bytes` in all): one it refuses enters the digest as its refusal.
-pub fn fingerprint(source: &Path, max_bytes: u64) -> Result<[u8; 32], ReloadError> {
+pub fn fingerprint(source: &Path, max_bytes: u64) -> Result<Fingerprint, ReloadError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ReloadError::Io { path, source }
@@ -124,53 +109,89 @@ pub fn fingerprint(source: &Path, max_bytes: u64) -> Result<[u8; 32], ReloadErro
     Ok(hasher.finalize().into())
 }
 
-/// Polls `path` and reloads `engine` on change. Owns the last seen fingerprint, so an invalid
-/// config is reported once, not once per poll.
-pub struct Reloader {
+/// The config path as the [`crate::watcher`] polls it: read through the resolved `..data`
+/// target, loaded with the start-up options, swapped into the engine.
+pub struct ConfigFiles {
     path: PathBuf,
     engine: Arc<Engine>,
     options: LoadOptions,
-    last: Option<[u8; 32]>,
-    /// The last read failure, so a missing path is reported once, not once per poll.
-    last_failure: Option<String>,
+}
+
+impl Source for ConfigFiles {
+    /// The directory (or file) the generation read is loaded from.
+    type Files = PathBuf;
+    type Loaded = Arc<Config>;
+    type Error = ReloadError;
+
+    fn read(&mut self) -> Result<(Fingerprint, PathBuf), ReloadError> {
+        let source = snapshot_source(&self.path)?;
+        let print = fingerprint(&source, self.options.limits.max_bytes)?;
+        Ok((print, source))
+    }
+
+    fn load(&mut self, source: &PathBuf) -> Result<Arc<Config>, ReloadError> {
+        Config::load_with(source, self.options)
+            .map(Arc::new)
+            .map_err(ReloadError::Invalid)
+    }
+
+    /// The kubelet swapped again while we read: the loaded files may belong to a generation
+    /// that is already gone. Its own directory is still consistent, but the next poll will see
+    /// the newer one; not swapping now avoids serving a generation twice removed.
+    fn settled(&mut self, source: &PathBuf, _: Fingerprint) -> bool {
+        snapshot_source(&self.path).ok().as_ref() == Some(source)
+    }
+
+    fn apply(&mut self, config: &Arc<Config>) {
+        self.engine.replace_config_arc(config.clone());
+    }
+
+    fn report(&self, poll: Poll) {
+        report(&self.path, poll);
+    }
+}
+
+/// Polls `path` and reloads `engine` on change: the config's [`Watcher`].
+pub struct Reloader {
+    watcher: Watcher<ConfigFiles>,
 }
 
 impl Reloader {
     /// `path` is the config the engine was started with; its current content is taken as
     /// already loaded.
     pub fn new(path: PathBuf, engine: Arc<Engine>) -> Self {
-        let mut reloader = Reloader {
+        Self::watching(path, engine, LoadOptions::default())
+    }
+
+    fn watching(path: PathBuf, engine: Arc<Engine>, options: LoadOptions) -> Self {
+        let serving = Self::fingerprint(&path, &options);
+        let files = ConfigFiles {
             path,
             engine,
-            options: LoadOptions::default(),
-            last: None,
-            last_failure: None,
+            options,
         };
-        reloader.last = reloader.current_print();
-        reloader
+        Reloader {
+            watcher: Watcher::new(files, serving),
+        }
     }
 
     /// Loads every generation with `options` (as the start-up config was).
-    pub fn with_options(mut self, options: LoadOptions) -> Self {
-        self.options = options;
-        self.last = self.current_print();
-        self
+    pub fn with_options(self, options: LoadOptions) -> Self {
+        let ConfigFiles { path, engine, .. } = self.watcher.into_source();
+        Self::watching(path, engine, options)
     }
 
     /// Takes `loaded` as the fingerprint of what the engine serves (see
     /// [`ReloadSettings::loaded`]).
-    pub fn with_loaded(mut self, loaded: [u8; 32]) -> Self {
-        self.last = Some(loaded);
-        self
-    }
-
-    fn current_print(&self) -> Option<[u8; 32]> {
-        Self::fingerprint(&self.path, &self.options)
+    pub fn with_loaded(self, loaded: Fingerprint) -> Self {
+        Reloader {
+            watcher: self.watcher.with_serving(loaded),
+        }
     }
 
     /// The fingerprint of the config at `path` now, as a reloader with `options` takes it;
     /// `None` when it cannot be read.
-    pub fn fingerprint(path: &Path, options: &LoadOptions) -> Option<[u8; 32]> {
+    pub fn fingerprint(path: &Path, options: &LoadOptions) -> Option<Fingerprint> {
         snapshot_source(path)
             .and_then(|source| fingerprint(&source, options.limits.max_bytes))
             .ok()
@@ -178,92 +199,13 @@ impl Reloader {
 
     /// One poll: blocking file I/O, never on a runtime's thread (see [`watch`]).
     pub fn poll(&mut self) -> Poll {
-        let source = match snapshot_source(&self.path) {
-            Ok(source) => source,
-            Err(err) => return self.reject_once(None, err),
-        };
-        let print = match fingerprint(&source, self.options.limits.max_bytes) {
-            Ok(print) => print,
-            Err(err) => return self.reject_once(None, err),
-        };
-        if self.last == Some(print) {
-            return Poll::Unchanged;
-        }
-        let config = match Config::load_with(&source, self.options) {
-            Ok(config) => config,
-            Err(errors) => return self.reject_once(Some(print), ReloadError::Invalid(errors)),
-        };
-        // The kubelet swapped again while we read: the loaded files may belong to a generation
-        // that is already gone. Its own directory is still consistent, but the next poll will
-        // see the newer one; not swapping now avoids serving a generation twice removed.
-        if snapshot_source(&self.path).ok().as_deref() != Some(source.as_path()) {
-            return Poll::Rejected(ReloadError::Raced);
-        }
-        let config = Arc::new(config);
-        self.engine.replace_config_arc(config.clone());
-        self.last = Some(print);
-        self.last_failure = None;
-        Poll::Reloaded { config }
-    }
-
-    /// Remembers a failing fingerprint so the same broken content is reported once.
-    fn reject_once(&mut self, print: Option<[u8; 32]>, err: ReloadError) -> Poll {
-        if print.is_some() {
-            if self.last == print {
-                return Poll::Unchanged;
-            }
-        } else {
-            let text = err.to_string();
-            if self.last_failure.as_deref() == Some(text.as_str()) {
-                return Poll::Unchanged;
-            }
-            self.last_failure = Some(text);
-        }
-        self.last = print;
-        Poll::Rejected(err)
+        self.watcher.poll()
     }
 }
 
-/// How long [`watch`] waits, once stopped, for a poll under way to return.
-pub const EXIT_GRACE: Duration = Duration::from_secs(1);
-
-/// Runs [`Reloader::poll`] every `interval` on a thread of its own until `stop` is cancelled,
-/// logging and counting each reload or rejection; resolves once the thread has ended.
-///
-/// Why a plain thread and not a task: a poll is blocking file I/O, and a runtime waits for its
-/// blocking tasks when it shuts down. The thread wakes at once when `stop` is cancelled; a poll
-/// still stuck in the file system after [`EXIT_GRACE`] is left behind (the process exits
-/// without it), so whatever the file system does to a read can never hold up shutdown.
+/// Polls the config every `interval` until `stop` is cancelled, logging and counting each
+/// reload or rejection ([`watcher::run`]: on a thread of its own, never holding up shutdown).
 pub async fn watch(settings: ReloadSettings, engine: Arc<Engine>, stop: CancellationToken) {
-    // Dropping `wake` (on cancellation, or when this future is dropped) ends the thread's wait.
-    let (wake, woken) = std::sync::mpsc::channel::<()>();
-    let (ended, thread_ended) = tokio::sync::oneshot::channel::<()>();
-    let started = std::thread::Builder::new()
-        .name("sluice-reload".into())
-        .spawn(move || {
-            watch_loop(settings, engine, &woken);
-            let _ = ended.send(());
-        });
-    if let Err(err) = started {
-        metrics::record_config_failed();
-        tracing::error!(error = %err, "cannot start the config watcher; reloads are off");
-        return;
-    }
-    let mut thread_ended = std::pin::pin!(thread_ended);
-    tokio::select! {
-        _ = thread_ended.as_mut() => return,
-        () = stop.cancelled() => {}
-    }
-    drop(wake);
-    if tokio::time::timeout(EXIT_GRACE, thread_ended)
-        .await
-        .is_err()
-    {
-        tracing::warn!("the config watcher is still reading the config; not waiting for it");
-    }
-}
-
-fn watch_loop(settings: ReloadSettings, engine: Arc<Engine>, woken: &Receiver<()>) {
     let mut reloader =
         Reloader::new(settings.path.clone(), engine).with_options(settings.load_options);
     if let Some(loaded) = settings.loaded {
@@ -274,22 +216,22 @@ fn watch_loop(settings: ReloadSettings, engine: Arc<Engine>, woken: &Receiver<()
         interval_ms = settings.interval.as_millis() as u64,
         "watching the config for changes"
     );
-    // Nothing is ever sent: the wait ends by the interval (poll) or a disconnect (stop).
-    while let Err(RecvTimeoutError::Timeout) = woken.recv_timeout(settings.interval) {
-        report(&settings.path, reloader.poll());
+    if let Err(err) = watcher::run("config", reloader.watcher, settings.interval, stop).await {
+        metrics::record_config_failed();
+        tracing::error!(error = %err, "cannot start the config watcher; reloads are off");
     }
 }
 
 fn report(path: &Path, poll: Poll) {
     match poll {
         Poll::Unchanged => {}
-        Poll::Reloaded { config } => {
+        Poll::Reloaded(config) => {
             let unix_now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
             metrics::record_config_loaded(path, &config, unix_now);
         }
-        Poll::Rejected(ReloadError::Raced) => {
+        Poll::Unsettled => {
             tracing::debug!(path = %path.display(), "config changed during reload; retrying");
         }
         Poll::Rejected(ReloadError::Invalid(errors)) => {
@@ -470,7 +412,11 @@ mod tests {
         ));
         assert!(matches!(reloader.poll(), Poll::Unchanged));
         assert_eq!(limit_of(&engine), 4);
+        // Back: the config that serves, not news.
         std::fs::write(&file, limits(4)).unwrap();
+        assert!(matches!(reloader.poll(), Poll::Unchanged));
+        std::fs::write(&file, limits(5)).unwrap();
         assert!(matches!(reloader.poll(), Poll::Reloaded { .. }));
+        assert_eq!(limit_of(&engine), 5);
     }
 }

@@ -5,9 +5,10 @@
 //! Why a handshake of our own instead of tonic's `tls_config`: tonic's server TLS takes its
 //! identity once, when the server is built, and a Kubernetes Secret rotated in place (the
 //! kubelet writes a new `..TIMESTAMP` directory and swaps the `..data` symlink, as for a
-//! ConfigMap; see src/reload.rs) would then need a restart. Here each accepted connection is
+//! ConfigMap; see src/watcher.rs) would then need a restart. Here each accepted connection is
 //! handshaken with the rustls config current at that moment ([`incoming`]), and [`watch`] polls
-//! the files like the config's reload does, building a new config when any of them changed.
+//! the files with the same [`crate::watcher`] as the config's reload, building a new config
+//! when any of them changed.
 //! Connections already open keep the session they negotiated; only new handshakes see the new
 //! certificates. The whole config is swapped, not just the certificate: a rotated Secret may
 //! bring a new CA for the client certificates too.
@@ -28,7 +29,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -48,6 +49,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::pem::{PemError, PemFile};
+use crate::watcher::{self, Fingerprint, Source, Watcher};
 
 /// Where the certificates are and how they are checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,7 +102,7 @@ pub enum TlsError {
 }
 
 /// Every file, in a fixed order.
-struct Files {
+pub struct Files {
     cert: PemFile,
     key: PemFile,
     cas: Vec<PemFile>,
@@ -119,7 +121,7 @@ impl Files {
         })
     }
 
-    fn fingerprint(&self) -> [u8; 32] {
+    fn fingerprint(&self) -> Fingerprint {
         let mut hash = Sha256::new();
         for file in [&self.cert, &self.key].into_iter().chain(&self.cas) {
             hash.update((file.bytes().len() as u64).to_le_bytes());
@@ -229,24 +231,16 @@ impl ClientCertVerifier for NameCheck {
     }
 }
 
-/// What one check of the files found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Poll {
-    Unchanged,
-    /// New certificates serve every handshake from now on.
-    Reloaded,
-    /// The files changed but do not load; the previous certificates keep serving. Reported
-    /// once per content: the same broken files are `Unchanged` at the next check.
-    Rejected(TlsError),
-}
+/// What one check of the files did.
+pub type Poll = watcher::Poll<Arc<ServerConfig>, TlsError>;
 
 /// The gRPC server's current TLS config and what it was built from.
 #[derive(Debug)]
 pub struct ServerTls {
     settings: TlsSettings,
     current: ArcSwap<ServerConfig>,
-    /// Digests of the files serving, and of the last ones rejected.
-    seen: Mutex<([u8; 32], Option<[u8; 32]>)>,
+    /// The fingerprint of the files `current` was built from at start-up.
+    loaded: Fingerprint,
 }
 
 impl ServerTls {
@@ -263,7 +257,7 @@ impl ServerTls {
         let config = build(&settings, &files)?;
         Ok(Arc::new(ServerTls {
             current: ArcSwap::new(config),
-            seen: Mutex::new((files.fingerprint(), None)),
+            loaded: files.fingerprint(),
             settings,
         }))
     }
@@ -282,85 +276,63 @@ impl ServerTls {
         !self.settings.client_ca.is_empty()
     }
 
-    /// Reads the files and swaps in a new config when they changed and load.
-    pub fn poll(&self) -> Poll {
-        let files = match Files::read(&self.settings) {
-            Ok(files) => files,
-            Err(error) => return self.reject(None, error),
-        };
-        let digest = files.fingerprint();
-        {
-            let mut seen = crate::sync::lock(&self.seen);
-            if seen.0 == digest {
-                // Back to the files that serve: a later breakage is news again.
-                seen.1 = None;
-                return Poll::Unchanged;
-            }
-            if seen.1 == Some(digest) {
-                return Poll::Unchanged;
-            }
-        }
-        // A second read must find the same bytes: the first may have straddled a swap.
-        match Files::read(&self.settings) {
-            Ok(again) if again.fingerprint() == digest => {}
-            _ => return Poll::Unchanged,
-        }
-        match build(&self.settings, &files) {
-            Ok(config) => {
-                self.current.store(config);
-                *crate::sync::lock(&self.seen) = (digest, None);
-                Poll::Reloaded
-            }
-            Err(error) => self.reject(Some(digest), error),
-        }
+    /// A watcher of the files, which swaps a new config in when they changed and load.
+    pub fn watcher(self: &Arc<Self>) -> Watcher<CertificateFiles> {
+        Watcher::new(CertificateFiles(self.clone()), Some(self.loaded))
+    }
+}
+
+/// The certificate, key and CA files as the [`crate::watcher`] polls them. A change is read
+/// twice and must be equal both times ([`Source::settled`]), so a load never mixes the
+/// certificate of one generation with the key of the next.
+pub struct CertificateFiles(Arc<ServerTls>);
+
+impl Source for CertificateFiles {
+    type Files = Files;
+    type Loaded = Arc<ServerConfig>;
+    type Error = TlsError;
+
+    fn read(&mut self) -> Result<(Fingerprint, Files), TlsError> {
+        let files = Files::read(&self.0.settings)?;
+        Ok((files.fingerprint(), files))
     }
 
-    /// A failed load, reported once per content (a file that cannot be read: once per
-    /// message).
-    fn reject(&self, digest: Option<[u8; 32]>, error: TlsError) -> Poll {
-        let digest = digest.unwrap_or_else(|| Sha256::digest(error.to_string()).into());
-        let mut seen = crate::sync::lock(&self.seen);
-        if seen.1 == Some(digest) {
-            return Poll::Unchanged;
+    fn load(&mut self, files: &Files) -> Result<Arc<ServerConfig>, TlsError> {
+        build(&self.0.settings, files)
+    }
+
+    fn settled(&mut self, _: &Files, print: Fingerprint) -> bool {
+        Files::read(&self.0.settings).is_ok_and(|again| again.fingerprint() == print)
+    }
+
+    fn apply(&mut self, config: &Arc<ServerConfig>) {
+        self.0.current.store(config.clone());
+    }
+
+    fn report(&self, poll: Poll) {
+        match poll {
+            Poll::Unchanged | Poll::Unsettled => {}
+            Poll::Reloaded(_) => tracing::info!(
+                cert = %self.0.settings.cert.display(),
+                "gRPC TLS certificates reloaded: new connections use them"
+            ),
+            Poll::Rejected(error) => tracing::warn!(
+                error = %error,
+                "gRPC TLS certificates changed but do not load; the previous ones keep serving"
+            ),
         }
-        seen.1 = Some(digest);
-        Poll::Rejected(error)
     }
 }
 
 /// Polls the files every `reload_interval` until `stop` is cancelled, logging each reload and
-/// each rejected change.
+/// each rejected change ([`watcher::run`]: on a thread of its own, never holding up shutdown).
 pub async fn watch(tls: Arc<ServerTls>, stop: CancellationToken) {
-    // The caller sets the floor (the config watch's); a zero period would panic.
-    let interval = tls.settings.reload_interval.max(Duration::from_millis(1));
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            () = stop.cancelled() => return,
-        }
-        // A read the file system holds up must not hold up shutdown.
-        let poll = {
-            let tls = tls.clone();
-            tokio::select! {
-                poll = tokio::task::spawn_blocking(move || tls.poll()) => poll,
-                () = stop.cancelled() => return,
-            }
-        };
-        match poll {
-            Ok(Poll::Unchanged) => {}
-            Ok(Poll::Reloaded) => tracing::info!(
-                cert = %tls.settings.cert.display(),
-                "gRPC TLS certificates reloaded: new connections use them"
-            ),
-            Ok(Poll::Rejected(error)) => tracing::warn!(
-                error = %error,
-                "gRPC TLS certificates changed but do not load; the previous ones keep serving"
-            ),
-            Err(error) => tracing::warn!(error = %error, "gRPC TLS reload check failed"),
-        }
+    let interval = tls.settings.reload_interval;
+    if let Err(error) = watcher::run("tls", tls.watcher(), interval, stop).await {
+        tracing::error!(
+            error = %error,
+            "cannot start the gRPC TLS watcher; certificates are not reloaded"
+        );
     }
 }
 
