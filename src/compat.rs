@@ -8,7 +8,8 @@
 //! function of the environment so it can be tested without touching the process. The xDS
 //! config source's variables (`CONFIG_TYPE=GRPC_XDS_SOTW`, `CONFIG_GRPC_XDS_*`) are in `xds`;
 //! the backend's (`REDIS_*`, `BACKEND_TYPE`, `MEMCACHE_*`) in `redis`; the server's own (gRPC
-//! TLS, Prometheus's port, the defaults under envoyproxy/ratelimit's name) in `server`. A
+//! TLS, the defaults under envoyproxy/ratelimit's name) in `server`; the stats' (statsd,
+//! Prometheus, `EXTRA_TAGS`) in `stats`. A
 //! variable that cannot be honoured as written, where going on would serve something else than
 //! asked (memory instead of Redis, plaintext instead of TLS), is not just reported: it stops
 //! `serve`. Tracing's variables are in `otel`, the response headers' in `headers`.
@@ -17,6 +18,7 @@ mod headers;
 mod otel;
 mod redis;
 mod server;
+mod stats;
 mod xds;
 
 pub use server::with_ratelimit_defaults;
@@ -41,30 +43,6 @@ pub const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
 
 /// envoyproxy/ratelimit variables sluice recognises but does not apply, with the reason.
 const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "STATSD_HOST",
-        "metrics are Prometheus text on the admin port's /metrics",
-    ),
-    (
-        "STATSD_PORT",
-        "metrics are Prometheus text on the admin port's /metrics",
-    ),
-    (
-        "USE_DOG_STATSD",
-        "metrics are Prometheus text on the admin port's /metrics",
-    ),
-    (
-        "EXTRA_TAGS",
-        "metrics are Prometheus text on the admin port's /metrics",
-    ),
-    (
-        "STATS_FLUSH_INTERVAL",
-        "Prometheus scrapes; there is nothing to flush",
-    ),
-    (
-        "DISABLE_STATS",
-        "/metrics is always served on the admin port",
-    ),
     ("DEBUG_HOST", "no debug server; use the admin port"),
     ("DEBUG_PORT", "no debug server; use the admin port"),
     (
@@ -138,6 +116,7 @@ pub fn translate(get: &dyn Fn(&str) -> Option<String>) -> Translation {
     // The limits from xDS: RUNTIME_ROOT (the file source) is then not mapped.
     let from_xds = xds::translate(get, &mut out);
     server::translate(get, &mut out);
+    stats::translate(get, &mut out);
     redis::translate(get, &mut out);
     runtime(get, from_xds, &mut out);
     addresses(get, &mut out);

@@ -124,10 +124,17 @@ pub(crate) struct MetricsArgs {
 }
 
 impl MetricsArgs {
-    pub(super) fn settings(&self) -> MetricsSettings {
-        MetricsSettings {
+    /// With envoyproxy/ratelimit's stats as `stats` describes them (a bad value of those is an
+    /// error naming its flag).
+    pub(super) fn settings(
+        &self,
+        stats: &sluice::metrics::upstream::StatsArgs,
+    ) -> Result<MetricsSettings, StartError> {
+        Ok(MetricsSettings {
             near_limit_ratio: self.near_limit_ratio,
             hot_keys: self.hot_keys,
-        }
+            metrics_path: stats.metrics_path.clone(),
+            upstream: stats.settings().map_err(StartError::Usage)?,
+        })
     }
 }

@@ -18,8 +18,8 @@ pub(crate) struct PortArgs {
     /// POST /json and GET /rlconfig.
     #[arg(long, env = "SLUICE_ADMIN_ADDR", default_value = "127.0.0.1:9102")]
     pub(crate) admin_addr: SocketAddr,
-    /// Address of an extra HTTP listener serving only /metrics (envoyproxy/ratelimit's
-    /// PROMETHEUS_ADDR); /metrics stays on the admin port too.
+    /// Address of an extra HTTP listener serving only the metrics page, on --metrics-path
+    /// (envoyproxy/ratelimit's PROMETHEUS_ADDR); /metrics stays on the admin port too.
     #[arg(long, env = "SLUICE_METRICS_ADDR")]
     pub(crate) metrics_addr: Option<SocketAddr>,
     /// Connections open at once on the gRPC port; one more is closed at once.

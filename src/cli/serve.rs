@@ -34,6 +34,8 @@ pub(crate) struct ServeArgs {
     pub(super) headers: HeaderArgs,
     #[command(flatten, next_help_heading = "Metrics")]
     pub(super) metrics: MetricsArgs,
+    #[command(flatten, next_help_heading = "envoyproxy/ratelimit's stats")]
+    pub(super) stats: sluice::metrics::upstream::StatsArgs,
     /// Log format on stderr.
     #[arg(
         long,
@@ -68,7 +70,7 @@ impl ServeArgs {
             ),
             backend: self.backend.settings(redis),
             engine: self.engine.options(on_backend_error, self.input.limits()),
-            metrics: self.metrics.settings(),
+            metrics: self.metrics.settings(&self.stats)?,
             probe_interval: Duration::from_secs(self.backend.probe_interval_secs),
             watch_interval: self.config.watch_interval(),
             ports: self.ports.limits(),

@@ -1,6 +1,5 @@
 //! envoyproxy/ratelimit's variables of the server itself: the gRPC port's TLS
-//! (`GRPC_SERVER_USE_TLS` and its files) -> `--grpc-tls-*` and `--grpc-client-*`, Prometheus on
-//! a port of its own (`USE_PROMETHEUS`, `PROMETHEUS_ADDR`) -> `--metrics-addr`, and the
+//! (`GRPC_SERVER_USE_TLS` and its files) -> `--grpc-tls-*` and `--grpc-client-*`, and the
 //! defaults envoyproxy/ratelimit gives the variables a Deployment leaves unset, which sluice
 //! applies when it runs under that name ([`with_ratelimit_defaults`]).
 //!
@@ -19,9 +18,6 @@ const RATELIMIT_DEFAULTS: &[(&str, &str, &str)] = &[
     ("PORT", "8080", "SLUICE_ADMIN_ADDR"),
     ("RUNTIME_ROOT", "/srv/runtime_data/current", "SLUICE_CONFIG"),
 ];
-
-/// Where envoyproxy/ratelimit serves Prometheus when `USE_PROMETHEUS=true` names no address.
-const DEFAULT_PROMETHEUS_ADDR: &str = ":9090";
 
 /// `get`, with envoyproxy/ratelimit's defaults for the variables that decide the ports and the
 /// config directory (`GRPC_PORT` 8081, `PORT` 8080, `RUNTIME_ROOT` `/srv/runtime_data/current`
@@ -58,17 +54,9 @@ const TLS_VARIABLES: &[&str] = &[
 /// Maps the server's variables into `out`.
 pub(super) fn translate(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
     grpc_tls(get, out);
-    prometheus(get, out);
     if flag_var(get, "RUNTIME_IGNOREDOTFILES", out) == Some(false) {
         out.notes.push(
             "RUNTIME_IGNOREDOTFILES=false ignored: entries starting with `.` are never loaded"
-                .into(),
-        );
-    }
-    if flag_var(get, "USE_STATSD", out) == Some(true) {
-        out.notes.push(
-            "USE_STATSD is not supported: metrics are Prometheus text on the admin port's \
-             /metrics (and on PROMETHEUS_ADDR with USE_PROMETHEUS=true)"
                 .into(),
         );
     }
@@ -148,47 +136,6 @@ fn grpc_tls(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
             "SLUICE_GRPC_CLIENT_SAN",
             san,
             out,
-        );
-    }
-}
-
-fn prometheus(get: &dyn Fn(&str) -> Option<String>, out: &mut Translation) {
-    if flag_var(get, "USE_PROMETHEUS", out) != Some(true) {
-        for name in [
-            "PROMETHEUS_ADDR",
-            "PROMETHEUS_PATH",
-            "PROMETHEUS_MAPPER_YAML",
-        ] {
-            if get(name).is_some() {
-                out.notes
-                    .push(format!("{name} ignored: USE_PROMETHEUS is not true"));
-            }
-        }
-        return;
-    }
-    let raw = value(get, "PROMETHEUS_ADDR").unwrap_or_else(|| DEFAULT_PROMETHEUS_ADDR.into());
-    // Go's ":PORT" listens on every address.
-    let addr = match raw.trim() {
-        a if a.starts_with(':') => format!("0.0.0.0{a}"),
-        a => a.to_owned(),
-    };
-    if addr.parse::<std::net::SocketAddr>().is_err() {
-        out.errors.push(format!(
-            "PROMETHEUS_ADDR={raw:?} is not [IP]:PORT (e.g. :19001 or 0.0.0.0:19001)"
-        ));
-        return;
-    }
-    map_var(get, "PROMETHEUS_ADDR", "SLUICE_METRICS_ADDR", addr, out);
-    if let Some(path) = get("PROMETHEUS_PATH").filter(|p| p.trim() != "/metrics") {
-        out.notes.push(format!(
-            "PROMETHEUS_PATH={path:?} is not supported: metrics are served on /metrics"
-        ));
-    }
-    if get("PROMETHEUS_MAPPER_YAML").is_some() {
-        out.notes.push(
-            "PROMETHEUS_MAPPER_YAML ignored: it renames envoyproxy/ratelimit's statsd metrics; \
-             sluice's metrics have names of their own (docs/metrics.md)"
-                .into(),
         );
     }
 }

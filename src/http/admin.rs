@@ -1,6 +1,7 @@
 //! The admin HTTP server: `/healthz` (the process answers), `/readyz` (config loaded, backend
 //! reachable, not draining), `/healthcheck` (envoyproxy/ratelimit's probe path) and `/metrics`
-//! (Prometheus text); [`metrics_router`] serves `/metrics` alone on a port of its own.
+//! (Prometheus text); [`metrics_router`] serves the metrics page alone on a port of its own,
+//! with envoyproxy/ratelimit's stats under its names when they are on.
 //!
 //! Why `/healthcheck` ignores the backend: Envoy Gateway points its startup, readiness *and*
 //! liveness probes at it, so a Redis outage that failed it would restart every rate-limit pod
@@ -32,6 +33,8 @@ struct AdminState {
     readiness: Arc<Readiness>,
     metrics: Option<PrometheusHandle>,
     observer: Arc<Observer>,
+    /// The page also carries envoyproxy/ratelimit's stats (the metrics port only).
+    ratelimit_names: bool,
 }
 
 pub fn router(
@@ -48,6 +51,7 @@ pub fn router(
             readiness,
             metrics,
             observer,
+            ratelimit_names: false,
         })
 }
 
@@ -70,15 +74,22 @@ async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-/// Only `/metrics`, for a Prometheus port of its own (envoyproxy/ratelimit's
-/// `PROMETHEUS_ADDR`).
-pub fn metrics_router(metrics: Option<PrometheusHandle>, observer: Arc<Observer>) -> Router {
+/// Only the metrics page, on `path`, for a Prometheus port of its own (envoyproxy/ratelimit's
+/// `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`); with `ratelimit_names`, envoyproxy/ratelimit's
+/// stats follow sluice's families on it (when the observer records them).
+pub fn metrics_router(
+    metrics: Option<PrometheusHandle>,
+    observer: Arc<Observer>,
+    path: &str,
+    ratelimit_names: bool,
+) -> Router {
     Router::new()
-        .route("/metrics", get(render_metrics))
+        .route(path, get(render_metrics))
         .with_state(AdminState {
             readiness: Arc::new(Readiness::new()),
             metrics,
             observer,
+            ratelimit_names,
         })
 }
 
@@ -91,24 +102,32 @@ async fn healthcheck(State(state): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    match &state.metrics {
-        Some(handle) => {
-            // Scrape-time gauges first, so the rendering below includes them.
-            let hot_keys = state.observer.collect();
-            let mut text = handle.render();
-            text.push_str(&hot_keys);
-            text.push_str(&crate::metrics::render_xds_version());
-            (
-                StatusCode::OK,
-                [("content-type", "text/plain; version=0.0.4")],
-                text,
-            )
-                .into_response()
-        }
-        None => (
+    let upstream = state
+        .observer
+        .upstream()
+        .filter(|_| state.ratelimit_names)
+        .map(|stats| stats.render());
+    let sluice = state.metrics.as_ref().map(|handle| {
+        // Scrape-time gauges first, so the rendering below includes them.
+        let hot_keys = state.observer.collect();
+        let mut text = handle.render();
+        text.push_str(&hot_keys);
+        text.push_str(&crate::metrics::render_xds_version());
+        text
+    });
+    if sluice.is_none() && upstream.is_none() {
+        return (
             StatusCode::NOT_FOUND,
             "metrics recorder not installed in this process\n",
         )
-            .into_response(),
+            .into_response();
     }
+    let mut text = sluice.unwrap_or_default();
+    text.push_str(&upstream.unwrap_or_default());
+    (
+        StatusCode::OK,
+        [("content-type", "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response()
 }

@@ -49,14 +49,19 @@ pub use xds::{
     record_xds_stream_failure, render_xds_version,
 };
 
-/// Tunables of the metrics layer (flags `--near-limit-ratio`, `--hot-keys`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Tunables of the metrics layer (flags `--near-limit-ratio`, `--hot-keys`, the metrics
+/// port's path and envoyproxy/ratelimit's stats).
+#[derive(Debug, Clone)]
 pub struct MetricsSettings {
     /// An admitted decision is "near the limit" when it leaves the window holding more than
     /// `floor(ratio × limit)` entries.
     pub near_limit_ratio: f64,
     /// How many of the hottest keys `/metrics` shows.
     pub hot_keys: usize,
+    /// Path of the page on the metrics port (`--metrics-path`).
+    pub metrics_path: String,
+    /// envoyproxy/ratelimit's stats: its statsd sink and the names on the metrics port.
+    pub upstream: upstream::UpstreamSettings,
 }
 
 impl Default for MetricsSettings {
@@ -64,6 +69,8 @@ impl Default for MetricsSettings {
         MetricsSettings {
             near_limit_ratio: 0.8,
             hot_keys: 10,
+            metrics_path: "/metrics".to_owned(),
+            upstream: upstream::UpstreamSettings::default(),
         }
     }
 }

@@ -22,6 +22,7 @@ use super::names::{
     DECISIONS_TOTAL, HITS_TOTAL, NEAR_LIMIT_TOTAL, REQUEST_DURATION_SECONDS, REQUEST_ERRORS_TOTAL,
     REQUESTS_TOTAL,
 };
+use super::upstream::UpstreamStats;
 use super::windows::{KeyWindow, Windows, truncate};
 use crate::decision::{Decision, DecisionError, FailurePolicy, Outcome, Request, Verdict};
 use crate::descriptor::Entry;
@@ -49,6 +50,8 @@ pub struct Observer {
     /// Handles of the per-request series, by domain label (see [`DomainHandles`]).
     handles: RwLock<HashMap<String, Arc<DomainHandles>>>,
     request_duration: OnceLock<Histogram>,
+    /// envoyproxy/ratelimit's stats, when a sink of theirs is on.
+    upstream: Option<Arc<UpstreamStats>>,
 }
 
 /// Why cached handles: every `counter!(name, labels)` call builds its labels (one allocation per
@@ -96,7 +99,19 @@ impl Observer {
             windows: Windows::new(),
             handles: RwLock::new(HashMap::new()),
             request_duration: OnceLock::new(),
+            upstream: None,
         }
+    }
+
+    /// Also records envoyproxy/ratelimit's stats of every call into `stats`.
+    pub fn with_upstream(mut self, stats: Option<Arc<UpstreamStats>>) -> Self {
+        self.upstream = stats;
+        self
+    }
+
+    /// envoyproxy/ratelimit's stats, when recorded.
+    pub fn upstream(&self) -> Option<&Arc<UpstreamStats>> {
+        self.upstream.as_ref()
     }
 
     /// Records one call the engine answered, with a decision or an error.
@@ -107,6 +122,9 @@ impl Observer {
         elapsed: Duration,
     ) {
         self.record_duration(elapsed);
+        if let Some(upstream) = &self.upstream {
+            upstream.record_request(request, result);
+        }
         match result {
             Ok(decision) => self.record_decision(request, decision),
             Err(err) => {

@@ -13,6 +13,7 @@ use tonic::service::Routes;
 
 use crate::grpc::{self, Health};
 use crate::http;
+use crate::metrics::upstream::GrpcCallsLayer;
 use crate::readiness::Readiness;
 use crate::rls::Handler;
 use crate::{reload, xds};
@@ -148,6 +149,7 @@ impl Server {
         let router = tonic::transport::Server::builder()
             .max_concurrent_streams(ports.grpc_max_concurrent_streams)
             .timeout(ports.request_timeout)
+            .layer(GrpcCallsLayer::new(self.stack.upstream.clone()))
             .add_routes(routes);
         let incoming = Acceptor::new(listener, ports.grpc(), "grpc").into_stream();
         let stop = life.stop.clone();
@@ -202,8 +204,24 @@ impl Server {
         let admin_app = http::admin_router(readiness.clone(), prometheus.clone(), handler);
         life.tasks.spawn(serve(admin, "admin", admin_app));
         if let Some(listener) = metrics {
-            let metrics_app = http::metrics_router(prometheus, observer);
+            let settings = &self.settings.metrics;
+            let ratelimit_names = settings.upstream.prometheus.is_some();
+            let metrics_app = http::metrics_router(
+                prometheus,
+                observer,
+                &settings.metrics_path,
+                ratelimit_names,
+            );
             life.tasks.spawn(serve(listener, "metrics", metrics_app));
+        }
+        // envoyproxy/ratelimit's statsd sink: flushes until the servers stop, then once more.
+        if let Some(statsd) = self
+            .stack
+            .upstream
+            .as_ref()
+            .and_then(|u| u.statsd_task(life.stop.clone().cancelled_owned()))
+        {
+            life.tasks.spawn(statsd);
         }
     }
 }

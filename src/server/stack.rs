@@ -11,7 +11,8 @@
 //!   primary Sentinel names) or [`ClusterLimiter`] (chosen by the URL's scheme).
 //!
 //! Beside it, what observes the calls above it: the [`Observer`] both faces record each call
-//! on, and the [`Tracer`] they open a span per decision with. A new decorator, or another
+//! on (and envoyproxy/ratelimit's stats it feeds, when on), and the [`Tracer`] they open a
+//! span per decision with. A new decorator, or another
 //! observer of the same facts, is added here.
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use crate::limiter::redis::cluster::ClusterLimiter;
 use crate::limiter::redis::connect::{Topology, redact_url};
 use crate::limiter::redis::{RedisLimiter, RedisOptions};
 use crate::limiter::{Limiter, SystemClock};
+use crate::metrics::upstream::UpstreamStats;
 use crate::metrics::{ObservedLimiter, Observer};
 use crate::otel::Tracer;
 
@@ -37,6 +39,9 @@ pub struct Stack {
     pub backend: Arc<dyn Limiter>,
     pub observer: Arc<Observer>,
     pub tracer: Tracer,
+    /// envoyproxy/ratelimit's stats, when a sink of theirs is on: recorded by the observer
+    /// and the gRPC layer, sent by the statsd task, served on the metrics port.
+    pub upstream: Option<Arc<UpstreamStats>>,
 }
 
 impl Stack {
@@ -50,12 +55,22 @@ impl Stack {
             None => Tracer::off(),
         };
         let limiter = Arc::new(ObservedLimiter::new(tracer.limiter(backend.clone())));
-        let observer = Arc::new(Observer::new(settings.metrics, backend.clone()));
+        let metrics = &settings.metrics;
+        let upstream = metrics.upstream.enabled().then(|| {
+            Arc::new(UpstreamStats::new(
+                metrics.upstream.clone(),
+                metrics.near_limit_ratio,
+            ))
+        });
+        let observer = Arc::new(
+            Observer::new(metrics.clone(), backend.clone()).with_upstream(upstream.clone()),
+        );
         Ok(Stack {
             limiter,
             backend,
             observer,
             tracer,
+            upstream,
         })
     }
 }

@@ -200,8 +200,8 @@ fn start(redis: &RedisServer) -> Sluice {
         ("PORT", "0"),
         ("NEAR_LIMIT_RATIO", "0.9"),
         ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
-        // envoyproxy/ratelimit's default; `false` would ask for nothing and go unreported.
-        ("USE_STATSD", "true"),
+        // A sink sluice does not have: reported, not silently dropped.
+        ("USE_DOG_STATSD", "true"),
     ])
 }
 
@@ -215,7 +215,7 @@ async fn envoyproxy_config_and_environment_serve_unchanged() {
         "REDIS_URL was not applied:\n{log}"
     );
     assert!(
-        log.contains("USE_STATSD is not supported"),
+        log.contains("USE_DOG_STATSD is not supported"),
         "an unsupported variable must be reported:\n{log}"
     );
     assert!(sluice.grpc_addr.ip().is_loopback() && sluice.admin_addr.ip().is_loopback());

@@ -49,6 +49,8 @@ fn the_envoy_gateway_environment_is_honoured_or_accepted_with_a_reason() {
         ("SLUICE_GRPC_CLIENT_CA", "/certs/ca.crt"),
         ("SLUICE_REDIS_URL", "redis://redis.redis.svc:6379"),
         ("SLUICE_METRICS_ADDR", "0.0.0.0:19001"),
+        ("SLUICE_METRICS_RATELIMIT_NAMES", "true"),
+        ("SLUICE_METRICS_MAPPER", "/etc/statsd-exporter/conf.yaml"),
         ("SLUICE_LOG", "info"),
         // envoyproxy/ratelimit's defaults: Envoy Gateway sets neither port.
         ("SLUICE_GRPC_ADDR", "0.0.0.0:8081"),
@@ -64,7 +66,6 @@ fn the_envoy_gateway_environment_is_honoured_or_accepted_with_a_reason() {
         "RUNTIME_ROOT ignored: CONFIG_TYPE=GRPC_XDS_SOTW",
         "RUNTIME_WATCH_ROOT ignored: CONFIG_TYPE=GRPC_XDS_SOTW",
         "GRPC_SERVER_TLS_CA_CERT: client certificates are verified against it",
-        "PROMETHEUS_MAPPER_YAML ignored: it renames envoyproxy/ratelimit's statsd metrics",
     ];
     for start in noted {
         assert!(
@@ -152,40 +153,8 @@ fn grpc_tls_variables() {
 }
 
 #[test]
-fn prometheus_and_statsd_variables() {
-    let t = run(&[("USE_PROMETHEUS", "true")]);
-    assert_eq!(
-        t.set["SLUICE_METRICS_ADDR"], "0.0.0.0:9090",
-        "upstream's default"
-    );
-    let t = run(&[
-        ("USE_PROMETHEUS", "true"),
-        ("PROMETHEUS_ADDR", "127.0.0.1:19001"),
-        ("PROMETHEUS_PATH", "/stats/prometheus"),
-    ]);
-    assert_eq!(t.set["SLUICE_METRICS_ADDR"], "127.0.0.1:19001");
-    assert!(t.notes[0].starts_with("PROMETHEUS_PATH=\"/stats/prometheus\" is not supported"));
-    let t = run(&[
-        ("USE_PROMETHEUS", "true"),
-        ("PROMETHEUS_ADDR", "metrics:19001"),
-    ]);
-    assert!(t.errors[0].starts_with("PROMETHEUS_ADDR=\"metrics:19001\" is not [IP]:PORT"));
-    let t = run(&[("USE_PROMETHEUS", "false"), ("PROMETHEUS_ADDR", ":19001")]);
-    assert!(t.set.is_empty());
-    assert_eq!(
-        t.notes,
-        ["PROMETHEUS_ADDR ignored: USE_PROMETHEUS is not true"]
-    );
-    let t = run(&[("USE_STATSD", "true"), ("RUNTIME_IGNOREDOTFILES", "false")]);
-    assert_eq!(t.notes.len(), 2, "{t:#?}");
-    assert!(
-        t.notes
-            .iter()
-            .any(|n| n.starts_with("USE_STATSD is not supported"))
-    );
-    assert!(
-        t.notes
-            .iter()
-            .any(|n| n.starts_with("RUNTIME_IGNOREDOTFILES=false ignored"))
-    );
+fn runtime_ignoredotfiles_false_is_reported() {
+    let t = run(&[("RUNTIME_IGNOREDOTFILES", "false")]);
+    assert_eq!(t.notes.len(), 1, "{t:#?}");
+    assert!(t.notes[0].starts_with("RUNTIME_IGNOREDOTFILES=false ignored"));
 }

@@ -109,15 +109,25 @@ impl Mapper {
         Mapper::parse("(default mapping)", &text)
     }
 
-    /// Reads and compiles a mapping file (`PROMETHEUS_MAPPER_YAML`).
+    /// Reads and compiles a mapping file (`PROMETHEUS_MAPPER_YAML`). A file that cannot be
+    /// read maps nothing (every name served escaped), with a warning: envoyproxy/ratelimit
+    /// ignores the error the same way, and Envoy Gateway mounts the file from an optional
+    /// ConfigMap. A file that does not compile is an error.
     pub fn from_file(path: &Path) -> Result<Mapper, MappingError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| MappingError {
-            file: file.clone(),
-            line: 1,
-            message: format!("cannot read the mapping file: {e}"),
-        })?;
-        Mapper::parse(&file, &text)
+        match std::fs::read_to_string(path) {
+            Ok(text) => Mapper::parse(&path.display().to_string(), &text),
+            Err(error) => {
+                tracing::warn!(
+                    file = %path.display(), %error,
+                    "metrics mapping file unreadable: envoyproxy/ratelimit's stats are served \
+                     unmapped, as it serves them then"
+                );
+                Ok(Mapper {
+                    globs: Vec::new(),
+                    regexes: Vec::new(),
+                })
+            }
+        }
     }
 
     /// Compiles a mapping document; `file` names it in errors.

@@ -17,6 +17,8 @@
 //! concern: `names` (the typed stat names), `observe`, `store` (aggregation and its bounds),
 //! `mapper`, `render`, `statsd`.
 
+mod calls;
+mod cli;
 mod mapper;
 mod names;
 mod observe;
@@ -29,6 +31,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use calls::GrpcCallsLayer;
+pub use cli::{StatsArgs, StatsdProtocol};
 pub use mapper::{DEFAULT_HELP, DEFAULT_MAPPING, Mapper, MappingError, escape_metric_name};
 pub use names::{GrpcMethod, LimitStat, ServiceStat, Tags, sanitize, stat_key};
 pub use render::go_float;
@@ -47,8 +51,6 @@ pub const STAT_KEYS_MAX: usize = 10_000;
 pub struct UpstreamSettings {
     /// `EXTRA_TAGS`.
     pub tags: Tags,
-    /// `NEAR_LIMIT_RATIO`, in float32 as envoyproxy/ratelimit computes with it.
-    pub near_limit_ratio: f32,
     /// The statsd sink, when on.
     pub statsd: Option<StatsdSettings>,
     /// The mapping of the Prometheus page, when it is on.
@@ -83,7 +85,9 @@ pub struct UpstreamStats {
 }
 
 impl UpstreamStats {
-    pub fn new(settings: UpstreamSettings) -> UpstreamStats {
+    /// `near_limit_ratio`: `--near-limit-ratio` (`NEAR_LIMIT_RATIO`), used in float32 as
+    /// envoyproxy/ratelimit computes with it.
+    pub fn new(settings: UpstreamSettings, near_limit_ratio: f64) -> UpstreamStats {
         let sinks = Sinks {
             statsd: settings.statsd.is_some(),
             mapper: settings.prometheus.clone(),
@@ -95,7 +99,7 @@ impl UpstreamStats {
         };
         UpstreamStats {
             store: Arc::new(Store::new(settings.tags, sinks, max_keys, &CONFIG_LOADS)),
-            ratio: settings.near_limit_ratio,
+            ratio: near_limit_ratio as f32,
             prometheus: settings.prometheus.is_some(),
             statsd: settings.statsd,
         }

@@ -284,17 +284,19 @@ fn unsupported_mapping_fields_are_refused_with_their_line() {
 }
 
 fn stats(statsd: bool, tags: &str) -> UpstreamStats {
-    UpstreamStats::new(UpstreamSettings {
-        tags: Tags::parse(tags).unwrap(),
-        near_limit_ratio: 0.8,
-        statsd: statsd.then(|| StatsdSettings {
-            addr: "127.0.0.1:1".into(),
-            protocol: Protocol::Tcp,
-            flush_interval: std::time::Duration::from_secs(10),
-        }),
-        prometheus: Some(default_mapper()),
-        max_keys: 3,
-    })
+    UpstreamStats::new(
+        UpstreamSettings {
+            tags: Tags::parse(tags).unwrap(),
+            statsd: statsd.then(|| StatsdSettings {
+                addr: "127.0.0.1:1".into(),
+                protocol: Protocol::Tcp,
+                flush_interval: std::time::Duration::from_secs(10),
+            }),
+            prometheus: Some(default_mapper()),
+            max_keys: 3,
+        },
+        0.8,
+    )
 }
 
 const EDGE: &str = "

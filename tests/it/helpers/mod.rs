@@ -16,7 +16,9 @@
 //!   [`istio`]: the EnvoyFilters of `deploy/istio/` applied to istiod-shaped configs;
 //!   [`edge_limits`]: what `deploy/base/limits` promises a client through them.
 //! - [`otlp`]: an OTLP trace receiver (gRPC or HTTP) standing in for an OpenTelemetry collector.
-//! - [`prometheus`]: the reader of `/metrics` pages (samples, labels, values).
+//! - [`prometheus`]: the reader of `/metrics` pages (samples, labels, values), and the
+//!   Prometheus project's own parser of them (families, types, help).
+//! - [`statsd`]: Etsy's statsd daemon, logging every line it receives.
 //! - [`timing`]: waiting for a condition under a deadline; percentiles of latencies.
 //! - [`limiter`]: decisions straight through the `Limiter` trait (conformance and the Redis
 //!   backend suites).
@@ -44,6 +46,7 @@ pub mod redis_server;
 pub mod rpc;
 pub mod secret;
 pub mod sentinel;
+pub mod statsd;
 pub mod timing;
 pub mod xds_server;
 

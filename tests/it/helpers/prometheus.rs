@@ -1,8 +1,14 @@
 //! The one reader of Prometheus text pages (sluice's `/metrics`, or the recorder rendered in
 //! process): samples with their series (name and labels, as rendered) and value. Tests compare
 //! values, not text, so `1` and `1.0` are alike and a missing series fails with the page.
+//! [`parse_families`] reads a page with the Prometheus project's own parser instead
+//! (`prometheus_client.parser`, Python), for tests that hold a page to the format: families,
+//! their types and help, each sample's labels.
 
+use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::net::SocketAddr;
+use std::process::{Command, Stdio};
 
 use super::http::http_get;
 
@@ -89,6 +95,98 @@ pub fn scrape(admin: SocketAddr) -> String {
     let (status, body) = http_get(admin, "/metrics");
     assert_eq!(status, 200, "/metrics on {admin}: {body}");
     body
+}
+
+/// A metric family as `prometheus_client.parser` reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Family {
+    pub name: String,
+    /// `counter`, `gauge`, `histogram`, `summary`, `unknown`.
+    pub kind: String,
+    pub help: String,
+    pub samples: Vec<ParsedSample>,
+}
+
+/// One sample of a [`Family`]. The parser names a counter's samples `<family>_total`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedSample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Family {
+    /// The value of the sample named `name` with exactly `labels`, if any.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.samples
+            .iter()
+            .find(|s| s.name == name && s.labels == want)
+            .map(|s| s.value)
+    }
+}
+
+/// `page` read by the Prometheus project's text-format parser (`prometheus_client`, which
+/// scripts/setup.sh installs); fails the test when it rejects the page.
+pub fn parse_families(page: &str) -> Vec<Family> {
+    const SCRIPT: &str = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = []
+for f in text_string_to_metric_families(sys.stdin.read()):
+    out.append({"name": f.name, "type": f.type, "help": f.documentation,
+                "samples": [{"name": s.name, "labels": s.labels, "value": repr(s.value)}
+                            for s in f.samples]})
+json.dump(out, sys.stdout)
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(page.as_bytes())
+        .expect("page written to the parser");
+    let out = child.wait_with_output().expect("parser output");
+    assert!(
+        out.status.success(),
+        "prometheus_client rejected the page: {}\n{page}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("parser JSON");
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+    json.as_array()
+        .expect("families")
+        .iter()
+        .map(|f| Family {
+            name: text(&f["name"]),
+            kind: text(&f["type"]),
+            help: text(&f["help"]),
+            samples: f["samples"]
+                .as_array()
+                .expect("samples")
+                .iter()
+                .map(|s| ParsedSample {
+                    name: text(&s["name"]),
+                    labels: s["labels"]
+                        .as_object()
+                        .expect("labels")
+                        .iter()
+                        .map(|(k, v)| (k.clone(), text(v)))
+                        .collect(),
+                    value: text(&s["value"]).parse().expect("a number"),
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// The labels of `series` (`name{k="v",...}`) as (key, unescaped value), in order.
