@@ -18,7 +18,10 @@
 //! - `backend`: the [`ObservedLimiter`] decorator, backend up, failures and stats;
 //! - `windows` and `tracker`: window cardinality and hot keys;
 //! - `config`: config loads;
-//! - `xds`: the xDS client's state (connected, responses applied or NACKed, the version served).
+//! - `xds`: the xDS client's state (connected, responses applied or NACKed, the version served);
+//! - `upstream`: envoyproxy/ratelimit's own stats under its names, for its statsd sink and its
+//!   Prometheus page (a store of its own: its names carry request values by design, bounded
+//!   there).
 //!
 //! docs/metrics.md lists every family; keep it in step with `names`.
 //!
