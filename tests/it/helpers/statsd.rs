@@ -26,11 +26,14 @@ impl StatsdDaemon {
     pub fn start_on(port: u16) -> StatsdDaemon {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("statsd.js");
-        // The TCP server, every received line logged, the console backend's flush far away.
+        // The TCP server, every received line logged, the console backend's flush far away;
+        // the management port a free one too (its default, 8126, is one per machine).
+        let mgmt = super::free_port();
         std::fs::write(
             &config,
             format!(
                 "{{ port: {port}, address: \"127.0.0.1\", server: \"./servers/tcp\", \
+                 mgmt_port: {mgmt}, mgmt_address: \"127.0.0.1\", \
                  backends: [\"./backends/console\"], dumpMessages: true, \
                  flushInterval: 3600000 }}\n"
             ),
