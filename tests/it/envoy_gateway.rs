@@ -160,9 +160,32 @@ async fn the_envoy_gateway_environment_serves_xds_limits_to_envoy_over_mutual_tl
         answered("ok") >= 4.0 && answered("over_limit") >= 2.0,
         "{text}"
     );
+    // envoyproxy/ratelimit's series, through Envoy Gateway's mapping: what its dashboards and
+    // e2e tests query.
+    let requests_of = |method: &str| {
+        sum(
+            &text,
+            "ratelimit_service_total_requests",
+            &[("grpc_method", method)],
+        )
+    };
+    assert!(requests_of("ShouldRateLimit") >= 6.0, "{text}");
+    // Hits, not calls: the route-side checks carry 0 (a full window refuses them without a
+    // hit over the limit), the costs on stream done 4 each.
+    let limited = |name: &str| sum(&text, name, &[("domain", gateway::DOMAIN)]);
+    assert!(
+        limited("ratelimit_service_rate_limit_total_hits") >= 8.0
+            && limited("ratelimit_service_rate_limit_within_limit") >= 8.0,
+        "{text}"
+    );
     let requests: Vec<&str> = text
         .lines()
-        .filter(|l| l.starts_with("sluice_requests_total") || l.starts_with("sluice_xds_"))
+        .filter(|l| {
+            l.starts_with("sluice_requests_total")
+                || l.starts_with("sluice_xds_")
+                || l.starts_with("ratelimit_service_rate_limit_")
+                || l.starts_with("ratelimit_service_total_requests")
+        })
         .collect();
     println!(
         "scraped {prometheus} /metrics:\n  {}",

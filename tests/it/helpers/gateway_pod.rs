@@ -6,7 +6,9 @@
 //! Changed from the Deployment, and only these: the xDS server's address (the xDS test double
 //! on loopback instead of `envoy-gateway:18001`), `REDIS_URL` (a test redis-server),
 //! `PROMETHEUS_ADDR` (a free port instead of 19001), the certificate paths (a Secret-shaped
-//! directory instead of `/certs`), and `GRPC_PORT` and `PORT`, which Envoy Gateway leaves unset
+//! directory instead of `/certs`), `PROMETHEUS_MAPPER_YAML` (Envoy Gateway's mapping, the
+//! ConfigMap `statsd-exporter-config`, in a directory of the test instead of
+//! `/etc/statsd-exporter`), and `GRPC_PORT` and `PORT`, which Envoy Gateway leaves unset
 //! (envoyproxy/ratelimit's 8081 and 8080), set to free ports so parallel runs do not collide,
 //! and `SLUICE_BACKEND_TIMEOUT_MS`, sluice's own per-decision deadline, raised from its 10 ms
 //! default to the suite's test deadline: a debug build on a loaded 2-core machine misses 10 ms
@@ -128,6 +130,16 @@ impl GatewayPod {
             client_ca_pem: &pki.ca_pem,
         })
         .await;
+        // Envoy Gateway's ConfigMap `statsd-exporter-config` (its `statsd_conf.yaml`):
+        // envoyproxy/ratelimit's default mapping without `scale`.
+        let mapping_dir = dir.path().join("statsd-exporter");
+        std::fs::create_dir(&mapping_dir).unwrap();
+        set_mode(&mapping_dir, 0o755);
+        let mapping = mapping_dir.join("conf.yaml");
+        let gateway_mapping =
+            sluice::metrics::upstream::DEFAULT_MAPPING.replacen("    scale: 0.001\n", "", 1);
+        std::fs::write(&mapping, gateway_mapping).unwrap();
+        set_mode(&mapping, 0o644);
         let binary = dir.path().join("ratelimit");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sluice"), &binary).unwrap();
 
@@ -156,10 +168,7 @@ impl GatewayPod {
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
             ("USE_PROMETHEUS", "true".into()),
             ("PROMETHEUS_ADDR", format!(":{prometheus_port}")),
-            (
-                "PROMETHEUS_MAPPER_YAML",
-                "/etc/statsd-exporter/conf.yaml".into(),
-            ),
+            ("PROMETHEUS_MAPPER_YAML", mapping.display().to_string()),
             ("GRPC_PORT", grpc_port.to_string()),
             ("PORT", http_port.to_string()),
             (
