@@ -18,7 +18,10 @@
 //! - [`otel`]: OpenTelemetry traces: a span per decision under the caller's `traceparent`, a
 //!   child per backend call (the tracer the faces hold and the backend decorator), OTLP export.
 //! - [`rls`]: one rate-limit call for both faces: proto <-> domain, errors -> status, observed.
-//! - [`grpc`]: the gRPC face: the RLS service (a tonic adapter only), health, reflection, and
+//! - [`rlqs`]: one Rate Limit Quota Service stream for the gRPC face: reports proto <-> domain,
+//!   checked, answered by [`quota`], recorded.
+//! - [`grpc`]: the gRPC face: the RLS service (a tonic adapter only), the quota service (a task
+//!   per stream), health, reflection, and
 //!   the strict message codec (a request that does not decode is `INVALID_ARGUMENT`).
 //! - [`http`]: the HTTP face on the admin port: /healthz, /readyz, /healthcheck, /metrics, and
 //!   envoyproxy/ratelimit's POST /json and GET /rlconfig.
@@ -66,6 +69,7 @@ pub mod proto;
 pub mod quota;
 pub mod readiness;
 pub mod reload;
+pub mod rlqs;
 pub mod rls;
 pub mod server;
 pub mod sync;

@@ -67,6 +67,10 @@ pub(crate) struct InputLimitArgs {
     /// log entry whatever their number: this bounds what one request may claim of a limit.
     #[arg(long, env = "SLUICE_MAX_HITS_ADDEND", default_value_t = InputLimits::DEFAULT_MAX_HITS_ADDEND)]
     pub(super) max_hits_addend: u64,
+    /// Buckets one Rate Limit Quota Service stream may hold (one Envoy, one domain); a usage
+    /// report that lists more is refused, a bucket past it answered DENY_ALL.
+    #[arg(long, env = "SLUICE_RLQS_MAX_BUCKETS", default_value_t = InputLimits::DEFAULT_MAX_QUOTA_BUCKETS)]
+    pub(super) rlqs_max_buckets: usize,
 }
 
 impl InputLimitArgs {
@@ -78,6 +82,7 @@ impl InputLimitArgs {
             max_key_bytes: self.max_key_bytes,
             max_value_bytes: self.max_value_bytes,
             max_hits_addend: self.max_hits_addend,
+            max_quota_buckets: self.rlqs_max_buckets,
         }
     }
 }

@@ -27,7 +27,10 @@ pub fn validate(request: &Request) -> Result<(), InvalidRequest> {
     validate_with(request, &InputLimits::default())
 }
 
-fn invalid(field: impl Into<String>, reason: impl Into<Cow<'static, str>>) -> InvalidRequest {
+pub(crate) fn invalid(
+    field: impl Into<String>,
+    reason: impl Into<Cow<'static, str>>,
+) -> InvalidRequest {
     InvalidRequest {
         field: field.into(),
         reason: reason.into(),
@@ -37,7 +40,7 @@ fn invalid(field: impl Into<String>, reason: impl Into<Cow<'static, str>>) -> In
 /// `Err` naming `field` when `len` (of `unit`: bytes, entries...; none for a plain number)
 /// exceeds the limit set by `flag`: `N bytes exceeds --flag LIMIT`. `field` is built only then,
 /// so a valid request allocates nothing here.
-fn at_most(
+pub(crate) fn at_most(
     len: impl Into<u64>,
     max: impl Into<u64>,
     unit: &str,
@@ -65,6 +68,7 @@ pub fn validate_with(request: &Request, limits: &InputLimits) -> Result<(), Inva
         key_flag,
         value_flag,
         hits_flag,
+        _,
     ] = InputLimits::FLAGS;
     // usize -> u64 never truncates on the platforms Rust supports.
     let n = |len: usize| len as u64;

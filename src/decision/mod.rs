@@ -24,6 +24,7 @@ mod types;
 
 pub use engine::{DecisionError, Engine};
 pub use limits::{InvalidRequest, validate, validate_with};
+pub(crate) use limits::{at_most, invalid};
 pub use resolve::{Resolution, resolve, split_lease};
 pub use types::{
     Code, CurrentLimit, Decision, Descriptor, EngineOptions, FailurePolicy, InputLimits, LEASE_KEY,

@@ -78,17 +78,21 @@ pub struct InputLimits {
     /// carrying them as its weight on every backend, so this bounds a claim on a limit, not the
     /// work a decision costs.
     pub max_hits_addend: u64,
+    /// Buckets one Rate Limit Quota Service stream may hold (and one usage report list): a
+    /// stream tracks each bucket's state, so this bounds its memory.
+    pub max_quota_buckets: usize,
 }
 
 impl InputLimits {
     /// Flag names, as `sluice serve` spells them, in field order.
-    pub const FLAGS: [&'static str; 6] = [
+    pub const FLAGS: [&'static str; 7] = [
         "--max-domain-bytes",
         "--max-descriptors",
         "--max-entries",
         "--max-key-bytes",
         "--max-value-bytes",
         "--max-hits-addend",
+        "--rlqs-max-buckets",
     ];
     pub const DEFAULT_MAX_DOMAIN_BYTES: usize = 1024;
     pub const DEFAULT_MAX_DESCRIPTORS: usize = 64;
@@ -96,6 +100,7 @@ impl InputLimits {
     pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
     pub const DEFAULT_MAX_VALUE_BYTES: usize = 1024;
     pub const DEFAULT_MAX_HITS_ADDEND: u64 = 100_000;
+    pub const DEFAULT_MAX_QUOTA_BUCKETS: usize = 1_000;
 }
 
 impl Default for InputLimits {
@@ -107,6 +112,7 @@ impl Default for InputLimits {
             max_key_bytes: Self::DEFAULT_MAX_KEY_BYTES,
             max_value_bytes: Self::DEFAULT_MAX_VALUE_BYTES,
             max_hits_addend: Self::DEFAULT_MAX_HITS_ADDEND,
+            max_quota_buckets: Self::DEFAULT_MAX_QUOTA_BUCKETS,
         }
     }
 }

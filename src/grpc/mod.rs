@@ -1,5 +1,6 @@
 //! The gRPC face: what the gRPC port serves, on one router and one TLS: Envoy's
-//! `RateLimitService` ([`service`], a tonic adapter over [`crate::rls`]), gRPC health and
+//! `RateLimitService` ([`service`], a tonic adapter over [`crate::rls`]), its
+//! `RateLimitQuotaService` ([`quota`], a stream task over [`crate::rlqs`]), gRPC health and
 //! reflection (v1 and v1alpha). [`codec`] decodes every message of sluice's own services (a
 //! message that does not decode is `INVALID_ARGUMENT`).
 //!
@@ -9,6 +10,7 @@
 //! [`READINESS_SERVICES`] when its health follows readiness).
 
 pub mod codec;
+pub mod quota;
 pub mod service;
 
 use std::sync::Arc;
@@ -17,19 +19,24 @@ use tonic::service::Routes;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
 use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::readiness::Readiness;
+use crate::rlqs::QuotaHandler;
 use crate::rls::Handler;
 
+pub use quota::{QUOTA_SERVICE_NAME, QuotaService, RateLimitQuotaServiceServer};
 pub use service::{RateLimitServiceServer, RateLimiter, SERVICE_NAME};
 
 /// gRPC health service name for Kubernetes liveness probes: SERVING while the process runs,
 /// whatever the backend does. [`READINESS_SERVICES`] report readiness.
 pub const LIVENESS_SERVICE: &str = "sluice.liveness";
 
-/// The health service names that report readiness: the server as a whole (`""`) and the
-/// rate-limit service.
-pub const READINESS_SERVICES: [&str; 2] = ["", SERVICE_NAME];
+/// The health service names that report readiness: the server as a whole (`""`), the
+/// rate-limit service and the quota service.
+pub const READINESS_SERVICES: [&str; 3] = ["", SERVICE_NAME, QUOTA_SERVICE_NAME];
 
 /// The health service name envoyproxy/ratelimit reports its health under: it answers as that
 /// service's `/healthcheck` does ([`Readiness::healthcheck`]), not as readiness.
@@ -41,11 +48,20 @@ pub struct Face {
     pub health: Health,
 }
 
-/// Health, reflection and the rate-limit service on one router. A message over
+/// What the quota service's streams need from the server: their handler, the token that ends
+/// them when the server stops serving, and the tracker the server waits on.
+pub struct QuotaStreams {
+    pub handler: Arc<QuotaHandler>,
+    pub stop: CancellationToken,
+    pub tasks: TaskTracker,
+}
+
+/// Health, reflection, the rate-limit and the quota services on one router. A message over
 /// `max_message_bytes` is refused by the transport before it is decoded (so before anything is
 /// allocated for its fields); the connection and the server carry on.
 pub fn routes(
     handler: Arc<Handler>,
+    quota: QuotaStreams,
     max_message_bytes: usize,
 ) -> Result<Face, tonic_reflection::server::Error> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -59,10 +75,14 @@ pub fn routes(
         .build_v1alpha()?;
     let rls = RateLimitServiceServer::new(RateLimiter::new(handler))
         .max_decoding_message_size(max_message_bytes);
+    let rlqs =
+        RateLimitQuotaServiceServer::new(QuotaService::new(quota.handler, quota.stop, quota.tasks))
+            .max_decoding_message_size(max_message_bytes);
     let routes = Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(rls);
+        .add_service(rls)
+        .add_service(rlqs);
     Ok(Face {
         routes,
         health: Health { reporter },

@@ -18,6 +18,7 @@
 //! - `backend`: the [`ObservedLimiter`] decorator, backend up, failures and stats;
 //! - `windows` and `tracker`: window cardinality and hot keys;
 //! - `config`: config loads;
+//! - `quota`: the Rate Limit Quota Service's streams, reports and answers;
 //! - `xds`: the xDS client's state (connected, responses applied or NACKed, the version served);
 //! - `upstream`: envoyproxy/ratelimit's own stats under its names, for its statsd sink and its
 //!   Prometheus page (a store of its own: its names carry request values by design, bounded
@@ -32,6 +33,7 @@ mod config;
 mod labels;
 mod names;
 mod observer;
+mod quota;
 mod tracker;
 pub mod upstream;
 mod windows;
@@ -46,6 +48,7 @@ pub use config::{record_config_failed, record_config_loaded};
 pub use labels::{backend_error_label, code_label};
 pub use names::*;
 pub use observer::{DETAILED_SERIES_MAX, Observer, UNKNOWN_DOMAIN};
+pub use quota::{record_quota_invalid, record_quota_report, record_quota_stream};
 pub use windows::{RECENT_INTERVAL, TRACKED_KEYS_MAX};
 pub use xds::{
     XdsRejection, record_xds_applied, record_xds_connected, record_xds_rejected,

@@ -42,6 +42,13 @@ pub const RATELIMIT_STATS_FOLDED_TOTAL: &str = "sluice_ratelimit_stats_folded_to
 /// Rendered at each scrape with the version as a label (one series), see `xds.rs`.
 pub const XDS_CONFIG_VERSION_INFO: &str = "sluice_xds_config_version_info";
 
+pub const RLQS_STREAMS: &str = "sluice_rlqs_streams";
+pub const RLQS_REPORTS_TOTAL: &str = "sluice_rlqs_reports_total";
+pub const RLQS_REPORT_ERRORS_TOTAL: &str = "sluice_rlqs_report_errors_total";
+pub const RLQS_ASSIGNMENTS_TOTAL: &str = "sluice_rlqs_assignments_total";
+pub const RLQS_TOKENS_TOTAL: &str = "sluice_rlqs_tokens_total";
+pub const RLQS_ENVOY_REQUESTS_TOTAL: &str = "sluice_rlqs_envoy_requests_total";
+
 /// Latency buckets from 100 µs to 100 ms: Envoy's filter gives up at 20 ms by default.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1,
@@ -55,6 +62,7 @@ pub fn describe() {
     describe_windows();
     describe_backend();
     describe_config();
+    describe_quota();
     describe_upstream();
 }
 
@@ -188,5 +196,34 @@ fn describe_upstream() {
     describe_counter!(
         RATELIMIT_STATS_FOLDED_TOTAL,
         "envoyproxy/ratelimit stats whose client-chosen key was folded into its rule's key (or _overflow) past the bound on such keys"
+    );
+}
+
+/// Families of the Rate Limit Quota Service.
+fn describe_quota() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        RLQS_STREAMS,
+        "Rate Limit Quota Service streams open (one per Envoy and domain)"
+    );
+    describe_counter!(
+        RLQS_REPORTS_TOTAL,
+        "Rate Limit Quota Service usage reports answered, by domain"
+    );
+    describe_counter!(
+        RLQS_REPORT_ERRORS_TOTAL,
+        "Rate Limit Quota Service usage reports refused (the stream ends), by kind"
+    );
+    describe_counter!(
+        RLQS_ASSIGNMENTS_TOTAL,
+        "Rate Limit Quota Service answers, one per bucket of a report, by domain and answer"
+    );
+    describe_counter!(
+        RLQS_TOKENS_TOTAL,
+        "Tokens reserved in the windows for Rate Limit Quota Service assignments, by domain"
+    );
+    describe_counter!(
+        RLQS_ENVOY_REQUESTS_TOTAL,
+        "Requests Envoys report they allowed or denied under Rate Limit Quota Service assignments, by domain and verdict"
     );
 }

@@ -19,6 +19,7 @@
 //! - `sizing`: pure arithmetic: how many tokens a bucket wants from its reported demand, the
 //!   most one assignment may take of a limit, and the token bucket that spends no more;
 //! - `stream`: one stream's buckets (demand, idleness, the last strategy sent), bounded;
+//! - `validate`: what a usage report may carry (the engine's input limits), checked first;
 //! - `allot`: the one async step: reserve each bucket's allotment through the limiter.
 //!
 //! Pure except `allot`, which knows the [`Limiter`] trait and nothing of tonic, protos or Redis;
@@ -27,6 +28,7 @@
 mod allot;
 mod sizing;
 mod stream;
+mod validate;
 
 use std::collections::BTreeMap;
 
@@ -38,6 +40,7 @@ use crate::limiter::{Algorithm, Item, ItemKind, OverLimit};
 pub use allot::{Allotment, allot};
 pub use sizing::{Demand, cap, spendable, token_bucket_for, want};
 pub use stream::{Observed, Stream};
+pub use validate::{Report, validate};
 
 /// How often Envoy 1.40 reports every bucket, whatever the filter's `reporting_interval` says.
 pub const REPORT_PERIOD_S: u64 = 5;

@@ -15,6 +15,7 @@ use crate::grpc::{self, Health};
 use crate::http;
 use crate::metrics::upstream::GrpcCallsLayer;
 use crate::readiness::Readiness;
+use crate::rlqs::QuotaHandler;
 use crate::rls::Handler;
 use crate::{reload, xds};
 
@@ -35,8 +36,16 @@ impl Server {
         let life = Lifecycle::default();
         let readiness = Arc::new(Readiness::new());
         let handler = self.handler();
-        let grpc::Face { routes, health } =
-            grpc::routes(handler.clone(), self.settings.ports.max_message_bytes)?;
+        let quota = grpc::QuotaStreams {
+            handler: Arc::new(QuotaHandler::new(self.engine.clone())),
+            stop: life.stop.clone(),
+            tasks: life.tasks.clone(),
+        };
+        let grpc::Face { routes, health } = grpc::routes(
+            handler.clone(),
+            quota,
+            self.settings.ports.max_message_bytes,
+        )?;
         health.set_live().await;
         let gate = self.start_updates(&life, &readiness);
         self.start_probe(&life, &readiness, &health).await;

@@ -1,4 +1,5 @@
-//! The gRPC port over TLS: mutual TLS for the RLS, gRPC health and reflection on the same port
+//! The gRPC port over TLS: mutual TLS for the RLS, the quota service, gRPC health and reflection
+//! on the same port
 //! (tonic clients and grpcurl with `-cacert/-cert/-key`), clients without the right certificate
 //! refused, the client name check, a rotated Secret served without a restart (new connections
 //! get the new certificates, open ones carry on, a broken rotation changes nothing), and the
@@ -18,7 +19,9 @@ use std::time::{Duration, Instant};
 use helpers::certs::{Issued, TestCa, Usage};
 use helpers::process::run_sluice;
 use helpers::secret::SecretVolume;
-use helpers::{TestServer, descriptor, request, test_settings};
+use helpers::{
+    QuotaStream, TestServer, descriptor, quota_actions, quota_line, request, test_settings,
+};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use sluice::server::tls::TlsSettings;
@@ -134,6 +137,13 @@ async fn mutual_tls_serves_the_rls_health_and_reflection_on_one_port() {
 
     let channel = connect(sluice.grpc_addr, tls).await.expect("mutual TLS");
     assert_eq!(decide(channel.clone()).await, Ok(Code::Ok));
+    // The quota service on the same port and TLS.
+    let mut quota = QuotaStream::open(channel.clone()).await;
+    let answer = quota
+        .report("tls", vec![quota_line(&[("k", "v")], 0, 1, 0)])
+        .await
+        .expect("an answer over mutual TLS");
+    assert_eq!(quota_actions(&answer), ["k=v deny", "k=v tokens:8"]);
     let health = HealthClient::new(channel)
         .check(HealthCheckRequest {
             service: "envoy.service.ratelimit.v3.RateLimitService".into(),
@@ -174,6 +184,7 @@ async fn mutual_tls_serves_the_rls_health_and_reflection_on_one_port() {
     assert!(ok, "grpcurl list: {err}");
     for service in [
         "envoy.service.ratelimit.v3.RateLimitService",
+        "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
         "grpc.health.v1.Health",
     ] {
         assert!(

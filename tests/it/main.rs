@@ -40,6 +40,7 @@ mod local_cache;
 mod migration;
 mod observability;
 mod pool_round_trips;
+mod quota_service;
 mod ratelimit_stats;
 mod redis_backend;
 mod redis_cluster;

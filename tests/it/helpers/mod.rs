@@ -56,7 +56,7 @@ pub use in_process::{TestServer, test_settings};
 pub use limiter::consume;
 pub use process::Sluice;
 pub use redis_server::{RedisCluster, RedisServer, fcall, free_port, info_number, raw_connection};
-pub use rpc::{descriptor, grpc_channel, request};
+pub use rpc::{QuotaStream, descriptor, grpc_channel, quota_actions, quota_line, request};
 pub use timing::{percentile, wait_until};
 
 use std::path::PathBuf;
