@@ -157,7 +157,12 @@ pub fn explain_buckets(config: &Config, domain: &str, buckets: &[Vec<Entry>]) ->
                     quota::ASSIGNMENT_TTL_S
                 );
             }
-            quota::PlanKind::Reserve { rule, items, cap } => {
+            quota::PlanKind::Reserve {
+                rule,
+                items,
+                pace,
+                cap,
+            } => {
                 let tokens = if *cap == 1 { "token" } else { "tokens" };
                 let _ = writeln!(
                     out,
@@ -174,6 +179,13 @@ pub fn explain_buckets(config: &Config, domain: &str, buckets: &[Vec<Entry>]) ->
                         item.key,
                         counting_text(item),
                         item.limit
+                    );
+                }
+                for item in pace {
+                    let _ = writeln!(
+                        out,
+                        "  paced on key {} (gcra: {} per {} ms, burst {cap})",
+                        item.key, item.limit, item.window_ms
                     );
                 }
             }

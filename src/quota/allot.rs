@@ -85,7 +85,15 @@ pub async fn allot(engine: &Engine, stream: &mut Stream, usages: &[Usage]) -> Ve
                 answers.push(Allotment::blanket(bucket, answer, None));
                 continue;
             }
-            PlanKind::Reserve { rule, items, cap } => (rule, items, cap),
+            PlanKind::Reserve {
+                rule,
+                mut items,
+                pace,
+                cap,
+            } => {
+                items.extend(pace);
+                (rule, items, cap)
+            }
         };
         let tokens = want(demand).min(cap);
         if tokens == 0 {
@@ -161,8 +169,9 @@ fn settle(
     }
 }
 
-/// Reserves `tokens` on every item's key at once (held items: each counts from now until
-/// `HOLD_MS + window` later), or as many as still fit in all of them; the tokens reserved.
+/// Reserves `tokens` on every item's key at once (the held items: each counts from now until
+/// `HOLD_MS + window` later; the pace items), or as many as still fit in all of them; the
+/// tokens reserved.
 async fn reserve(
     limiter: &dyn Limiter,
     items: Vec<Item>,

@@ -223,8 +223,12 @@ pub enum PlanKind {
     Reserve {
         /// The rule's config path.
         rule: String,
-        /// Held `refuse` items of 0 hits: the allotment sets the hits.
+        /// Held `refuse` items of 0 hits, one per limit of the rule: the allotment sets the
+        /// hits.
         items: Vec<Item>,
+        /// One GCRA item per limit ([`pace_item`]): allotments are taken no faster than the
+        /// limit can sustain them.
+        pace: Vec<Item>,
         /// The most one assignment may take ([`cap`] of every limit).
         cap: u64,
     },
@@ -288,10 +292,42 @@ fn plan_kind(
         .map(|i| cap(i.limit, i.window_ms))
         .min()
         .unwrap_or(0);
+    let pace = items.iter().map(|item| pace_item(item, cap)).collect();
     PlanKind::Reserve {
         rule: rule.path.clone(),
         items,
+        pace,
         cap,
+    }
+}
+
+/// What a pace key's name adds to its limit's key: outside the braces, so that it hashes to the
+/// same Redis Cluster slot, and no RLS key ends so.
+pub const PACE_KEY_SUFFIX: &str = "|pace";
+
+/// How much longer than an allotment counts the pace spreads a limit over: the pace runs a
+/// little slower than the limit sustains, so that at steady load the window itself never has
+/// the last word and every allotment is the pace's regular share (with the two equal, rounding
+/// makes them alternate, and the windows vary more: `two_busy_envoys_use_most_of_a_per_minute_
+/// limit_in_every_window` in `src/quota/tests.rs` measures both).
+pub const PACE_SLACK_MS: u64 = 2_000;
+
+/// The pace of a limit's allotments: a GCRA item on a key of its own (the limit's key and
+/// [`PACE_KEY_SUFFIX`]) refilled at about the rate the limit sustains when every allotment
+/// counts `HOLD_MS + window` (`limit` per `window + HOLD_MS + PACE_SLACK_MS`), with a burst of
+/// one assignment's `cap`. Reserved with every allotment, it spreads the allotments evenly over time: without
+/// it, reports taking `cap` each fill a window in its first seconds and wait until those
+/// allotments leave it, and the admitted requests come in bursts a window apart, so that a
+/// window holds from three quarters of the limit to all of it. Paced, every window holds about
+/// `window / (window + HOLD_MS)` of it, and Envoys reporting on one limit share it by the time
+/// since the last report of another (docs/rlqs.md).
+pub fn pace_item(limit: &Item, cap: u64) -> Item {
+    Item {
+        key: format!("{}{PACE_KEY_SUFFIX}", limit.key),
+        window_ms: limit.window_ms.saturating_add(HOLD_MS + PACE_SLACK_MS),
+        hold_ms: 0,
+        algorithm: Algorithm::Gcra { burst: cap },
+        ..limit.clone()
     }
 }
 

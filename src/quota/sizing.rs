@@ -23,12 +23,13 @@
 use super::{ASSIGNMENT_TTL_S, FILL_INTERVAL_S, HOLD_MS, TokenBucket};
 
 /// A bucket's demand, from its reports.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Demand {
     /// No report with a time yet: the bucket's first, sent with its first request.
     First,
-    /// Requests per second (allowed and denied) since the previous report; 0 when idle.
-    Rate(f64),
+    /// Requests (allowed and denied) in so many seconds since the previous report (at least 1);
+    /// none when idle.
+    Rate { requests: u64, seconds: u64 },
 }
 
 /// The most one assignment may take of a limit of `limit` per `window_ms`: the limit's share
@@ -47,15 +48,12 @@ pub fn cap(limit: u64, window_ms: u64) -> u64 {
 pub fn want(demand: Demand) -> u64 {
     match demand {
         Demand::First => u64::MAX,
-        Demand::Rate(per_s) if per_s > 0.0 && per_s.is_finite() => {
-            let tokens = (per_s * ASSIGNMENT_TTL_S as f64 * 1.25).ceil();
-            if tokens >= u64::MAX as f64 {
-                u64::MAX
-            } else {
-                tokens as u64
-            }
+        Demand::Rate { requests, seconds } => {
+            // ceil(requests / seconds × TTL × 5 / 4), exactly.
+            let asked = u128::from(requests) * u128::from(ASSIGNMENT_TTL_S) * 5;
+            let tokens = asked.div_ceil(u128::from(seconds.max(1)) * 4);
+            u64::try_from(tokens).unwrap_or(u64::MAX)
         }
-        Demand::Rate(_) => 0,
     }
 }
 
@@ -124,11 +122,13 @@ mod tests {
 
     #[test]
     fn want_is_a_quarter_more_than_the_demand_over_a_life() {
-        assert_eq!(want(Demand::Rate(10.0)), 75);
-        assert_eq!(want(Demand::Rate(0.1)), 1);
-        assert_eq!(want(Demand::Rate(0.0)), 0);
-        assert_eq!(want(Demand::Rate(f64::NAN)), 0);
-        assert_eq!(want(Demand::Rate(1e300)), u64::MAX);
+        let rate = |requests, seconds| want(Demand::Rate { requests, seconds });
+        assert_eq!(rate(50, 5), 75);
+        // 0.8 per second: exactly 6, no rounding up of a float's last bit.
+        assert_eq!(rate(8, 10), 6);
+        assert_eq!(rate(1, 10), 1);
+        assert_eq!(rate(0, 5), 0);
+        assert_eq!(rate(u64::MAX, 1), u64::MAX);
         assert_eq!(want(Demand::First), u64::MAX);
     }
 

@@ -14,7 +14,7 @@ use super::sizing::Demand;
 use super::{Assignment, BucketId, IDLE_REPORTS_BEFORE_ABANDON, TokenBucket, Usage};
 
 /// What one usage line says about its bucket.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observed {
     /// Its demand.
     Demand(Demand),
@@ -91,9 +91,10 @@ impl Stream {
         if new && usage.elapsed_s == 0 {
             return Observed::Demand(Demand::First);
         }
-        Observed::Demand(Demand::Rate(
-            requests as f64 / usage.elapsed_s.max(1) as f64,
-        ))
+        Observed::Demand(Demand::Rate {
+            requests,
+            seconds: usage.elapsed_s.max(1),
+        })
     }
 
     /// The token bucket `bucket` was last sent, if its last assignment was one.
@@ -137,17 +138,26 @@ mod tests {
         );
         assert_eq!(
             stream.observe(&usage("a", 40, 10, 5)),
-            Observed::Demand(Demand::Rate(10.0))
+            Observed::Demand(Demand::Rate {
+                requests: 50,
+                seconds: 5
+            })
         );
         // Under a second since the last report: counted as one.
         assert_eq!(
             stream.observe(&usage("a", 3, 0, 0)),
-            Observed::Demand(Demand::Rate(3.0))
+            Observed::Demand(Demand::Rate {
+                requests: 3,
+                seconds: 1
+            })
         );
         // A bucket new to this stream but known to Envoy (a new stream) has a time.
         assert_eq!(
             stream.observe(&usage("b", 10, 0, 5)),
-            Observed::Demand(Demand::Rate(2.0))
+            Observed::Demand(Demand::Rate {
+                requests: 10,
+                seconds: 5
+            })
         );
     }
 
@@ -158,7 +168,10 @@ mod tests {
         for _ in 1..IDLE_REPORTS_BEFORE_ABANDON {
             assert_eq!(
                 stream.observe(&usage("a", 0, 0, 5)),
-                Observed::Demand(Demand::Rate(0.0))
+                Observed::Demand(Demand::Rate {
+                    requests: 0,
+                    seconds: 5
+                })
             );
         }
         // A request resets the count.
@@ -180,7 +193,10 @@ mod tests {
         // Known buckets go on.
         assert_eq!(
             stream.observe(&usage("a", 5, 0, 5)),
-            Observed::Demand(Demand::Rate(1.0))
+            Observed::Demand(Demand::Rate {
+                requests: 5,
+                seconds: 5
+            })
         );
     }
 

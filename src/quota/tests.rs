@@ -67,9 +67,32 @@ fn plan_of(entries: &[(&str, &str)]) -> PlanKind {
 
 #[test]
 fn a_bucket_reserves_on_the_keys_of_the_rls_path() {
-    let PlanKind::Reserve { rule, items, cap } = plan_of(&[("client", "c1")]) else {
+    let PlanKind::Reserve {
+        rule,
+        items,
+        pace,
+        cap,
+    } = plan_of(&[("client", "c1")])
+    else {
         panic!("a limit");
     };
+    // Paced at the rate the limit sustains, a burst of one assignment.
+    assert_eq!(pace.len(), 1);
+    assert_eq!(pace[0].key, "sluice:{edge|client=c1|60000}|pace");
+    assert_eq!(
+        (
+            pace[0].limit,
+            pace[0].window_ms,
+            pace[0].algorithm,
+            pace[0].hold_ms
+        ),
+        (
+            100,
+            60_000 + HOLD_MS + PACE_SLACK_MS,
+            Algorithm::Gcra { burst: cap },
+            0
+        )
+    );
     assert_eq!(rule, "client");
     assert_eq!(cap, super::cap(100, 60_000));
     assert_eq!(items.len(), 1);
@@ -184,22 +207,27 @@ async fn a_first_report_gets_the_cap_and_later_ones_their_demand() {
         held(&engine, "sluice:{edge|client=c1|60000}", 60_000).await,
         cap
     );
-    // 5 s later: 1 request per second, so 6 × 1.25 = 7.5, 8 tokens.
+    // 5 s later: 1 request per second asks for 6 × 1.25 = 7.5, 8 tokens; the pace (100 per
+    // 69 s, its burst spent by the first) has refilled 7.25 of them: 7.
     clock.0.fetch_add(5_000, Ordering::Relaxed);
     let next = allot(&engine, &mut stream, &[usage(&c1, 4, 1, 5)]).await;
-    assert_eq!((next[0].answer, next[0].tokens), (Answer::Granted, 8));
+    assert_eq!((next[0].answer, next[0].tokens), (Answer::Squeezed, 7));
+    // 10 s later, a demand of 0.8 per second asks for 6: refilled, it gets them all.
+    clock.0.fetch_add(10_000, Ordering::Relaxed);
+    let next = allot(&engine, &mut stream, &[usage(&c1, 8, 0, 10)]).await;
+    assert_eq!((next[0].answer, next[0].tokens), (Answer::Granted, 6));
     assert_eq!(
         held(&engine, "sluice:{edge|client=c1|60000}", 60_000).await,
-        cap + 8
+        cap + 7 + 6
     );
-    // The reservations count until a window after their last use: the second one, made at
-    // T0 + 5 s, until T0 + 5 s + HOLD + 60 s.
-    clock.store_at(T0 + 5_000 + HOLD_MS + 60_000 - 1);
+    // The reservations count until a window after their last use: the last one, made at
+    // T0 + 15 s, until T0 + 15 s + HOLD + 60 s.
+    clock.store_at(T0 + 15_000 + HOLD_MS + 60_000 - 1);
     assert_eq!(
         held(&engine, "sluice:{edge|client=c1|60000}", 60_000).await,
-        8
+        6
     );
-    clock.store_at(T0 + 5_000 + HOLD_MS + 60_000);
+    clock.store_at(T0 + 15_000 + HOLD_MS + 60_000);
     assert_eq!(
         held(&engine, "sluice:{edge|client=c1|60000}", 60_000).await,
         0
@@ -365,4 +393,75 @@ async fn without_a_config_nothing_is_sent_and_a_reload_applies_at_the_next_repor
         (got[0].answer, got[0].assignment),
         (Answer::Unlimited, Some(Assignment::AllowAll))
     );
+}
+
+/// The share of a per-minute limit two Envoys at steady load get, on a virtual clock: both
+/// report every 5 s (2.5 s apart) far more demand than the limit, and spend every token the
+/// moment they get it (the coarsest spending there is). Every minute-long window must hold at
+/// most the limit, and, once the first allotments have left the window, at least 85 % of it;
+/// the figures are printed (docs/rlqs.md quotes them).
+#[tokio::test]
+async fn two_busy_envoys_use_most_of_a_per_minute_limit_in_every_window() {
+    const LIMIT: u64 = 600;
+    let yaml = format!(
+        "domain: edge\ndescriptors:\n  - key: client\n    rate_limit: {{unit: minute, requests_per_unit: {LIMIT}}}\n"
+    );
+    let clock = Arc::new(TestClock(AtomicU64::new(T0)));
+    let limiter = Arc::new(MemoryLimiter::new(clock.clone()));
+    let engine = Engine::new(
+        Config::from_yaml_str(Path::new("e.yaml"), &yaml).unwrap(),
+        limiter,
+    );
+    let (mut a, mut b) = (stream(), stream());
+    let c = [("client", "busy")];
+    let mut spent: Vec<(u64, u64)> = Vec::new();
+    let mut first = [true, true];
+    // 20 minutes: a report every 2.5 s, the two streams in turn.
+    for step in 0..480u64 {
+        let now = T0 + step * 2_500;
+        clock.store_at(now);
+        let (stream, which) = if step % 2 == 0 {
+            (&mut a, 0)
+        } else {
+            (&mut b, 1)
+        };
+        let elapsed = if first[which] { 0 } else { 5 };
+        first[which] = false;
+        let got = allot(&engine, stream, &[usage(&c, 200, 2_000, elapsed)]).await;
+        if let Some(Assignment::Tokens(bucket)) = got[0].assignment {
+            // All of it at once: its max_tokens and, at most, what it refills.
+            assert!(
+                spendable(
+                    u64::from(bucket.max_tokens),
+                    u64::from(bucket.tokens_per_fill)
+                ) <= got[0].tokens
+            );
+            spent.push((now, got[0].tokens));
+        }
+    }
+    let in_window = |start: u64| -> u64 {
+        spent
+            .iter()
+            .filter(|&&(t, _)| t >= start && t < start + 60_000)
+            .map(|&(_, n)| n)
+            .sum()
+    };
+    let end = T0 + 480 * 2_500 - 60_000;
+    let all: Vec<u64> = (T0..end).step_by(100).map(in_window).collect();
+    let steady: Vec<u64> = (T0 + 2 * (60_000 + HOLD_MS)..end)
+        .step_by(100)
+        .map(in_window)
+        .collect();
+    let most = *all.iter().max().unwrap();
+    let least = *steady.iter().min().unwrap();
+    let mean = steady.iter().sum::<u64>() as f64 / steady.len() as f64;
+    println!(
+        "rlqs share: limit {LIMIT} per minute, most in any window {most} ({:.1} %), steady windows \
+         least {least} ({:.1} %), mean {mean:.1} ({:.1} %)",
+        most as f64 * 100.0 / LIMIT as f64,
+        least as f64 * 100.0 / LIMIT as f64,
+        mean * 100.0 / LIMIT as f64
+    );
+    assert!(most <= LIMIT, "{most} in one window");
+    assert!(least * 100 >= LIMIT * 85, "{least} in a steady window");
 }
