@@ -145,36 +145,42 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let settings = args.settings(redis_given, variable)?;
     let server = Server::build(settings)?;
-    let shutdown = shutdown_signal()?;
+    let signals = shutdown_signals()?;
     let mut listeners = Listeners::bind(args.ports.grpc_addr, args.ports.admin_addr).await?;
     if let Some(addr) = args.ports.metrics_addr {
         listeners = listeners.with_metrics(addr).await?;
     }
-    server.run(listeners, shutdown).await?;
+    server.run_until_signalled(listeners, signals).await?;
     Ok(())
 }
 
-/// Registers the SIGTERM (Kubernetes) and SIGINT handlers now, and returns a future that
-/// resolves on either. Registering before the listeners are announced matters: a signal that
-/// arrived before a lazily registered handler would kill the process instead of draining it.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+/// Registers the SIGTERM (Kubernetes) and SIGINT handlers now, and returns the stream of
+/// either signal: the first requests shutdown, the next skips the rest of the drain delay.
+/// Registering before the listeners are announced matters: a signal that arrived before a
+/// lazily registered handler would kill the process instead of draining it.
+fn shutdown_signals() -> anyhow::Result<impl futures_util::Stream<Item = ()>> {
     #[cfg(unix)]
     {
         use anyhow::Context;
         use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("registering SIGTERM")?;
-        let mut int = signal(SignalKind::interrupt()).context("registering SIGINT")?;
-        Ok(async move {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = int.recv() => {},
-            }
-        })
+        let term = signal(SignalKind::terminate()).context("registering SIGTERM")?;
+        let int = signal(SignalKind::interrupt()).context("registering SIGINT")?;
+        Ok(futures_util::stream::unfold(
+            (term, int),
+            |(mut term, mut int)| async move {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = int.recv() => {},
+                }
+                Some(((), (term, int)))
+            },
+        ))
     }
     #[cfg(not(unix))]
     {
-        Ok(async {
+        Ok(futures_util::stream::unfold((), |()| async {
             let _ = tokio::signal::ctrl_c().await;
-        })
+            Some(((), ()))
+        }))
     }
 }

@@ -1,10 +1,11 @@
-//! `serve`'s ports: their addresses, what a connection and a call may hold on them, and the
-//! gRPC port's TLS.
+//! `serve`'s ports: their addresses, what a connection and a call may hold on them, how long
+//! they serve on after SIGTERM, and the gRPC port's TLS.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use sluice::server::DEFAULT_DRAIN_DELAY;
 use sluice::server::listen::PortLimits;
 use sluice::server::tls::TlsSettings;
 
@@ -42,6 +43,11 @@ pub(crate) struct PortArgs {
     /// Milliseconds a connection may stay open with nothing sent by the client (either port).
     #[arg(long, env = "SLUICE_IDLE_TIMEOUT_MS", default_value_t = PortLimits::DEFAULT_IDLE_TIMEOUT.as_millis() as u64)]
     pub(crate) idle_timeout_ms: u64,
+    /// Seconds sluice keeps serving after SIGTERM or SIGINT while health and /readyz report not
+    /// serving, so load balancers stop sending first; then it stops accepting (GOAWAY), lets
+    /// in-flight calls finish and exits. A second signal skips the rest. 0: stop at once.
+    #[arg(long, env = "SLUICE_DRAIN_DELAY_SECS", default_value_t = DEFAULT_DRAIN_DELAY.as_secs())]
+    pub(crate) drain_delay_secs: u64,
 }
 
 impl PortArgs {
@@ -54,6 +60,11 @@ impl PortArgs {
             request_timeout: Duration::from_millis(self.request_timeout_ms.max(1)),
             idle_timeout: Duration::from_millis(self.idle_timeout_ms.max(1)),
         }
+    }
+
+    /// How long serving goes on once shutdown is requested.
+    pub(super) fn drain_delay(&self) -> Duration {
+        Duration::from_secs(self.drain_delay_secs)
     }
 }
 

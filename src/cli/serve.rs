@@ -80,6 +80,7 @@ impl ServeArgs {
             tracing: self.tracing.settings(),
             legacy_names: self.headers.legacy_names()?,
             response_dynamic_metadata: self.engine.response_dynamic_metadata,
+            drain_delay: self.ports.drain_delay(),
         })
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! Why `run` takes bound listeners and a shutdown future: tests bind port 0
 //! ([`Listeners::loopback`]) and stop the server when they like, in process; `main` binds the
-//! configured addresses and passes SIGTERM/ctrl-c. [`run`] is both steps in one call.
+//! configured addresses and passes SIGTERM and SIGINT ([`Server::run_until_signalled`]: a
+//! second signal cuts the drain delay short). [`run`] is both steps in one call.
 //!
 //! One file per step: `settings` (what is asked), `assemble` (the build), `stack` (the limiter
 //! stack and its observers), `serve` (the steps of `run`), `shutdown` (its two tokens and the
@@ -35,8 +36,8 @@ use crate::xds::XdsSource;
 
 pub use listeners::Listeners;
 pub use settings::{
-    BackendSettings, ConfigSource, DEFAULT_PROBE_INTERVAL, DEFAULT_WATCH_INTERVAL, MIN_DEADLINE,
-    MIN_WATCH_INTERVAL, Settings, StartError,
+    BackendSettings, ConfigSource, DEFAULT_DRAIN_DELAY, DEFAULT_PROBE_INTERVAL,
+    DEFAULT_WATCH_INTERVAL, MIN_DEADLINE, MIN_WATCH_INTERVAL, Settings, StartError,
 };
 pub use stack::{Stack, backend};
 

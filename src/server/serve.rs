@@ -1,11 +1,13 @@
 //! [`Server::run`], in named steps: the faces, the config updates, the readiness probe, the
-//! servers, then the drain. Every task a step starts goes on the [`Lifecycle`]'s tracker and
-//! ends at one of its two tokens; `run` returns once all have ended.
+//! servers, then the drain (NOT_SERVING, the drain delay, stop serving). Every task a step
+//! starts goes on the [`Lifecycle`]'s tracker and ends at one of its two tokens; `run` returns
+//! once all have ended.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::future::Either;
+use futures_util::{Stream, stream};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -24,13 +26,24 @@ use super::shutdown::Lifecycle;
 use super::{Listeners, Server, ServerError, Updates, probe, tls};
 
 impl Server {
-    /// Serves until `shutdown` completes, then reports NOT_SERVING, stops accepting, lets
-    /// in-flight calls finish, waits for every task it started and returns. Logs the bound
-    /// addresses first ("listening").
+    /// Serves until `shutdown` completes, then reports NOT_SERVING for the drain delay, stops
+    /// accepting, lets in-flight calls finish, waits for every task it started and returns.
+    /// Logs the bound addresses first ("listening").
     pub async fn run(
         self,
         listeners: Listeners,
         shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServerError> {
+        self.run_until_signalled(listeners, stream::once(shutdown))
+            .await
+    }
+
+    /// [`Server::run`] on a stream of signals: the first (or the stream's end) requests
+    /// shutdown, the next skips what is left of the drain delay (`main`: SIGTERM, SIGINT).
+    pub async fn run_until_signalled(
+        self,
+        listeners: Listeners,
+        signals: impl Stream<Item = ()> + Send,
     ) -> Result<(), ServerError> {
         listeners.log(self.tls_mode())?;
         let life = Lifecycle::default();
@@ -58,7 +71,8 @@ impl Server {
             &life,
         );
 
-        life.drain(shutdown, &readiness, &health).await;
+        life.drain(signals, self.settings.drain_delay, &readiness, &health)
+            .await;
         life.wait().await;
         self.stack.tracer.shutdown().await;
         grpc.await??;

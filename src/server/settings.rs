@@ -27,6 +27,13 @@ pub const DEFAULT_WATCH_INTERVAL: Duration = Duration::from_millis(1000);
 pub const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(50);
 /// Shortest backend deadline.
 pub const MIN_DEADLINE: Duration = Duration::from_millis(1);
+/// How long sluice keeps serving after SIGTERM, reporting NOT_SERVING, by default. Long enough
+/// for what routes calls to it to notice: an Envoy health-checking its cluster as
+/// `deploy/envoy/envoy.yaml` does (two failed checks a second apart, each given 1 s), a
+/// Kubernetes Service or an xDS push taking the terminating pod's endpoint out (seconds); short
+/// enough that the drain delay plus the calls in flight (each within `--request-timeout-ms`,
+/// 10 s) end inside Kubernetes' default grace period of 30 s.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(10);
 
 /// Everything `sluice serve` needs, as plain values; [`Settings::new`] gives the defaults of
 /// `sluice serve --help`.
@@ -58,6 +65,9 @@ pub struct Settings {
     /// Responses describe the request in their dynamic metadata, with the config `metadata` of
     /// what passed (envoyproxy/ratelimit's `RESPONSE_DYNAMIC_METADATA`).
     pub response_dynamic_metadata: bool,
+    /// How long the servers keep serving once shutdown is requested, reporting NOT_SERVING,
+    /// before they stop accepting and drain (a second signal cuts it short).
+    pub drain_delay: Duration,
 }
 
 /// Where the limits come from: `--config` or `--config-xds`.
@@ -91,6 +101,7 @@ impl Settings {
             tracing: None,
             legacy_names: LegacyNames::default(),
             response_dynamic_metadata: false,
+            drain_delay: DEFAULT_DRAIN_DELAY,
         }
     }
 }

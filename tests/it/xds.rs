@@ -10,11 +10,10 @@ use crate::helpers;
 use std::time::{Duration, Instant};
 
 use helpers::certs::{Issued, TestCa, Usage};
-use helpers::in_process::TEST_BACKEND_TIMEOUT;
+use helpers::in_process::test_settings_from;
 use helpers::prometheus::{samples, scrape, value};
 use helpers::xds_server::{Handshake, ServerTls, XdsServer};
 use helpers::{Sluice, TestServer, descriptor, http_get, request};
-use sluice::Settings;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use sluice::proto::ratelimit::config::ratelimit::v3::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
@@ -72,9 +71,7 @@ fn xds_settings(url: String) -> XdsSettings {
 }
 
 fn serve(xds: XdsSettings) -> TestServer {
-    let mut settings = Settings::with_source(ConfigSource::Xds(xds));
-    settings.backend.deadline = TEST_BACKEND_TIMEOUT;
-    TestServer::start(settings)
+    TestServer::start(test_settings_from(ConfigSource::Xds(xds)))
 }
 
 /// A plaintext double and a sluice subscribed to it, serving `gateway_limits(per_minute)` at

@@ -175,6 +175,9 @@ impl GatewayPod {
                 "SLUICE_BACKEND_TIMEOUT_MS",
                 TEST_BACKEND_TIMEOUT.as_millis().to_string(),
             ),
+            // The pod's own grace period (300 s) leaves the default delay room; a test that
+            // stops the pod has nothing routing to it to wait for.
+            ("SLUICE_DRAIN_DELAY_SECS", "0".into()),
         ];
         let env = change(PodEnv { vars }).vars;
         let ratelimit = Sluice::start_command(pod(&binary, &env));

@@ -19,7 +19,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use sluice::limiter::redis::RedisOptions;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use sluice::server::StartError;
+use sluice::server::{ConfigSource, StartError};
 use sluice::{Listeners, Server, Settings};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -30,11 +30,20 @@ use tonic::transport::Channel;
 pub const TEST_BACKEND_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// `sluice serve`'s defaults for the config at `config`, on Redis at `redis_url` (memory
-/// without), with [`TEST_BACKEND_TIMEOUT`].
+/// without), with [`TEST_BACKEND_TIMEOUT`] and no drain delay.
 pub fn test_settings(config: &Path, redis_url: Option<&str>) -> Settings {
-    let mut settings = Settings::new(config);
+    let mut settings = test_settings_from(ConfigSource::Files(config.to_owned()));
     settings.backend.redis = redis_url.map(RedisOptions::new);
+    settings
+}
+
+/// `sluice serve`'s defaults with the limits from `source`, with [`TEST_BACKEND_TIMEOUT`] and
+/// no drain delay: a server a test stops has nothing routing calls to it to wait for (the
+/// tests of the delay run the binary, `tests/it/drain.rs`).
+pub fn test_settings_from(source: ConfigSource) -> Settings {
+    let mut settings = Settings::with_source(source);
     settings.backend.deadline = TEST_BACKEND_TIMEOUT;
+    settings.drain_delay = Duration::ZERO;
     settings
 }
 

@@ -49,11 +49,34 @@ impl Sluice {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Sluice {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::start_serving(any, config, redis_url, extra, env)
+    }
+
+    /// Like [`Sluice::start_with`], the gRPC port at `grpc_addr`: a replacement on the port of
+    /// the process it replaces (a static Envoy cluster's endpoint).
+    pub fn start_at(
+        grpc_addr: SocketAddr,
+        config: &Path,
+        redis_url: Option<&str>,
+        extra: &[&str],
+    ) -> Sluice {
+        Self::start_serving(grpc_addr, config, redis_url, extra, &[])
+    }
+
+    fn start_serving(
+        grpc_addr: SocketAddr,
+        config: &Path,
+        redis_url: Option<&str>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Sluice {
         let mut cmd = Command::new(binary());
         cmd.arg("serve")
             .arg("--config")
             .arg(config)
-            .args(["--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(["--grpc-addr", &grpc_addr.to_string()])
+            .args(["--admin-addr", "127.0.0.1:0"])
             .args(extra);
         Self::quiet_defaults(&mut cmd);
         cmd.envs(env.iter().copied());
@@ -65,13 +88,15 @@ impl Sluice {
 
     /// What every test start shares: no Redis from the caller's environment, the test deadline
     /// (see [`TEST_BACKEND_TIMEOUT`]; tests about deadlines pass `--backend-timeout-ms`, which
-    /// wins), info logs on a piped stderr.
+    /// wins), no drain delay (nothing routes to a test's sluice but the test; the drain tests
+    /// pass `--drain-delay-secs`, which wins), info logs on a piped stderr.
     fn quiet_defaults(cmd: &mut Command) {
         cmd.env_remove("SLUICE_REDIS_URL")
             .env(
                 "SLUICE_BACKEND_TIMEOUT_MS",
                 TEST_BACKEND_TIMEOUT.as_millis().to_string(),
             )
+            .env("SLUICE_DRAIN_DELAY_SECS", "0")
             .env("SLUICE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -156,16 +181,26 @@ impl Sluice {
 
     /// Sends SIGTERM and returns at once.
     pub fn signal_term(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal named `name` (`TERM`, `INT`, ...) and returns at once.
+    pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .expect("run kill");
-        assert!(status.success(), "kill -TERM failed");
+        assert!(status.success(), "kill -{name} failed");
     }
 
     /// Waits (10 s at most) for the process to exit, then for the last lines of its log.
     pub fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_exit_within(Duration::from_secs(10))
+    }
+
+    /// Waits (`limit` at most) for the process to exit, then for the last lines of its log.
+    pub fn wait_exit_within(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait sluice") {
                 // The last lines may still be in the pipe: read them all before returning.
@@ -174,7 +209,11 @@ impl Sluice {
                 }
                 return status;
             }
-            assert!(Instant::now() < deadline, "sluice did not exit within 10 s");
+            assert!(
+                Instant::now() < deadline,
+                "sluice did not exit within {limit:?}; its log:\n{}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
