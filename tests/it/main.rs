@@ -23,6 +23,7 @@ mod config_limits;
 mod conformance;
 mod connection_limits;
 mod differential;
+mod drain;
 mod e2e;
 mod envoy_deploy;
 mod envoy_faults;

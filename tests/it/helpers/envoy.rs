@@ -237,6 +237,21 @@ impl Envoy {
             .collect()
     }
 
+    /// The health flags of each host of `cluster` (admin `/clusters`), by address: `healthy`,
+    /// or the reasons it is not (e.g. `/failed_active_hc`).
+    pub fn host_health(&self, cluster: &str) -> HashMap<String, String> {
+        let prefix = format!("{cluster}::");
+        self.admin_get("/clusters")
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|l| {
+                let (host, rest) = l.split_once("::")?;
+                let flags = rest.strip_prefix("health_flags::")?;
+                Some((host.to_owned(), flags.to_owned()))
+            })
+            .collect()
+    }
+
     /// Envoy's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
