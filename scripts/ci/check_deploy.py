@@ -202,6 +202,45 @@ def check_filter(cfg, where, limits, max_timeout):
     return domain, cluster
 
 
+def seconds(duration, where, field):
+    """An Envoy duration (`1s`, `0.25s`) in seconds; a failure and 0 when it is not one."""
+    text = str(duration or "")
+    if not re.fullmatch(r"\d+(\.\d+)?s", text):
+        fail(where, f"{field} `{text}` is not a duration in seconds")
+        return 0.0
+    return float(text[:-1])
+
+
+def check_health_checks(cluster, where, drain_delay):
+    """The sluice cluster health-checks the rate-limit service over gRPC health, and takes a
+    replica out within sluice's drain delay even when every check times out: a replica that
+    got SIGTERM still answers while Envoy notices, so a rollout fails no request
+    (tests/it/drain.rs runs these settings)."""
+    checks = cluster.get("health_checks") or []
+    if len(checks) != 1:
+        fail(where, f"cluster {cluster.get('name')} needs one health check (gRPC health): {checks}")
+        return
+    hc = checks[0]
+    service = (hc.get("grpc_health_check") or {}).get("service_name")
+    if service != RLS_SERVICE:
+        fail(where, f"the health check must be grpc_health_check of {RLS_SERVICE}: {service}")
+    interval = seconds(hc.get("interval"), where, "health check interval")
+    timeout = seconds(hc.get("timeout"), where, "health check timeout")
+    no_traffic = seconds(hc.get("no_traffic_interval"), where, "health check no_traffic_interval")
+    threshold = int(hc.get("unhealthy_threshold") or 0)
+    if threshold < 1:
+        fail(where, "the health check needs unhealthy_threshold")
+    # Each failed check comes at most an interval (no_traffic_interval while Envoy has sent no
+    # call yet) after the one before, and takes at most its timeout.
+    worst = threshold * (max(interval, no_traffic) + timeout)
+    if worst >= drain_delay:
+        fail(where, f"the health check takes a replica out after up to {worst:g} s, not within "
+                    f"sluice's drain delay ({drain_delay:g} s, --drain-delay-secs)")
+    else:
+        ok(f"{where}: gRPC health check takes a draining replica out within {worst:g} s "
+           f"< drain delay {drain_delay:g} s")
+
+
 def check_sluice_cluster(cluster, where, grpc_port):
     opts = (cluster.get("typed_extension_protocol_options") or {}).get(HTTP_OPTIONS) or {}
     if "http2_protocol_options" not in (opts.get("explicit_http_config") or {}):
@@ -294,6 +333,21 @@ def check_sluice_container(c, pod, docs, where, flags, envs, defaults, binary, m
     if live.get("port") != grpc_port or live.get("service") != LIVENESS_SERVICE:
         fail(where, f"livenessProbe must be grpc on {grpc_port} with service {LIVENESS_SERVICE} "
                     f"(a Redis outage must not restart the pod): {live}")
+
+    # SIGTERM to exit: the drain delay, then the calls in flight, each within the request
+    # timeout. The kubelet kills the container at the grace period (30 s when unset).
+    drain = float(setting("drain-delay-secs", "SLUICE_DRAIN_DELAY_SECS") or 0)
+    calls = float(setting("request-timeout-ms", "SLUICE_REQUEST_TIMEOUT_MS") or 0) / 1000
+    grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+    if drain + calls >= grace:
+        fail(where, f"terminationGracePeriodSeconds {grace} leaves no room for the drain delay "
+                    f"({drain:g} s) and the calls in flight (request timeout {calls:g} s)")
+    elif drain <= 0:
+        fail(where, "--drain-delay-secs 0: the port would close before Services and proxies "
+                    "stop sending to the pod")
+    else:
+        ok(f"{where}: drain delay {drain:g} s + request timeout {calls:g} s within the grace "
+           f"period {grace} s")
 
     ann = pod["metadata"].get("annotations") or {}
     if ann.get("prometheus.io/scrape") != "true" or ann.get("prometheus.io/port") != str(admin_port) \
@@ -434,7 +488,7 @@ def check_envoyfilter(name, ef, docs, limits, grpc_port):
         check_rate_limits(rl, domain, limits, f"{where} {p['applyTo']}")
 
 
-def check_envoy_bootstrap(path, limits, grpc_port):
+def check_envoy_bootstrap(path, limits, grpc_port, drain_delay):
     where = os.path.relpath(path, ROOT)
     boot = load_all(path)[0]
     clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
@@ -458,6 +512,7 @@ def check_envoy_bootstrap(path, limits, grpc_port):
                     fail(where, f"cluster {cluster} is not defined")
                 else:
                     check_sluice_cluster(clusters[cluster], where, grpc_port)
+                    check_health_checks(clusters[cluster], where, drain_delay)
                 for vh in hcm["route_config"]["virtual_hosts"]:
                     for route in vh["routes"]:
                         rl = (route.get("route") or {}).get("rate_limits")
@@ -540,7 +595,7 @@ def main():
 
 def check_all(binary, render_dir, tmp):
     flags, envs, defaults = serve_help(binary)
-    for need in ("grpc-addr", "admin-addr"):
+    for need in ("grpc-addr", "admin-addr", "drain-delay-secs", "request-timeout-ms"):
         if need not in defaults:
             fail("sluice serve --help", f"no default shown for --{need}")
     if errors:
@@ -566,7 +621,8 @@ def check_all(binary, render_dir, tmp):
         with open(os.path.join(base_limits, f), encoding="utf-8") as fh:
             texts.append(fh.read())
     check_envoy_bootstrap(os.path.join(ROOT, "deploy/envoy/envoy.yaml"),
-                          Limits(binary, base_limits, texts), grpc_port)
+                          Limits(binary, base_limits, texts), grpc_port,
+                          float(defaults["drain-delay-secs"]))
     check_dockerfile(defaults, mount_paths)
     check_envoy_gateway_renders(renders, binary, envs, tmp)
     return report()
