@@ -38,7 +38,7 @@ mod xds;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use limits::{ALIAS_RATIO_FROM, ConfigLimits};
-pub use stat_path::{StatPath, StatSegment, StatValue};
+pub use stat_path::{StatPath, StatSegment, StatValue, push_segment};
 pub use tree::{
     HeaderFormat, HeaderPolicy, Limit, LimitAlgorithm, LimitSpec, Lookup, MatchKind,
     OverLimitSetting, Rule,

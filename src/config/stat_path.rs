@@ -39,21 +39,80 @@ pub struct StatSegment {
     pub value: StatValue,
 }
 
-/// A rule's stat key, one segment per level from the domain down (shared, cheap to clone).
+/// A rule's stat key below the domain.
+///
+/// Most rules take nothing from the request and name their stats exactly as their config
+/// path reads (`key_value` levels, `key` alone where there is no value, joined by `.`): those
+/// store nothing ([`StatPath::Path`]), and the key is rendered from the rule's path. Only a
+/// path that takes the request's values (or, rarely, reads otherwise than the rule's path)
+/// keeps its segments, shared: a push of 100,000 rules would otherwise hold 100,000 copies of
+/// what their paths already say (docs/security.md, the memory a rule costs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StatPath(Arc<[StatSegment]>);
+pub enum StatPath {
+    /// The rule's own config path, as it reads.
+    #[default]
+    Path,
+    /// One segment per level from the domain down.
+    Segments(Arc<[StatSegment]>),
+}
 
 impl StatPath {
-    pub fn segments(&self) -> &[StatSegment] {
-        &self.0
-    }
-
     /// Whether the key takes anything from the request (otherwise it is the same for every
     /// request of the rule).
     pub fn uses_request_values(&self) -> bool {
-        self.0
-            .iter()
-            .any(|s| matches!(s.value, StatValue::Requested { .. }))
+        match self {
+            StatPath::Path => false,
+            StatPath::Segments(segments) => segments
+                .iter()
+                .any(|s| matches!(s.value, StatValue::Requested { .. })),
+        }
+    }
+
+    /// Appends the key to `out` (which holds the domain): `rule_path` is the rule's config
+    /// path, `values` the request's entry values by depth.
+    pub fn render<'a>(
+        &self,
+        out: &mut String,
+        rule_path: &str,
+        values: impl Fn(usize) -> Option<&'a str>,
+    ) {
+        match self {
+            StatPath::Path => {
+                if !rule_path.is_empty() {
+                    out.push('.');
+                    out.push_str(rule_path);
+                }
+            }
+            StatPath::Segments(segments) => {
+                for (depth, segment) in segments.iter().enumerate() {
+                    segment.render(out, values(depth).unwrap_or(""));
+                }
+            }
+        }
+    }
+}
+
+impl StatSegment {
+    /// Appends `.key`, then `_value` as this level names it (`requested`: the request's value
+    /// at this depth).
+    fn render(&self, out: &mut String, requested: &str) {
+        match &self.value {
+            StatValue::Omitted => push_segment(out, &self.key, "", false),
+            StatValue::Configured(v) => push_segment(out, &self.key, v, true),
+            StatValue::Requested { keep_empty } => {
+                push_segment(out, &self.key, requested, *keep_empty)
+            }
+        }
+    }
+}
+
+/// `.key`, then `_value` when the value is not empty (or always, with `keep_empty`).
+pub fn push_segment(out: &mut String, key: &str, value: &str, keep_empty: bool) {
+    out.push('.');
+    out.push_str(key);
+    if keep_empty || !value.is_empty() {
+        out.push('_');
+        out.push_str(value);
     }
 }
 
@@ -79,16 +138,30 @@ pub(crate) fn segment(
 }
 
 /// A rule's path: its ancestors' segments and its own, or with `detailed_metric` every level
-/// from the request (`shared`: the `share_threshold` wildcards by depth).
+/// from the request (`shared`: the `share_threshold` wildcards by depth). `rule_path` is the
+/// rule's config path: a key that reads as it does stores nothing.
 pub(crate) fn rule_path(
     segments: &[StatSegment],
     detailed_metric: bool,
     shared: &[(usize, String)],
+    rule_path: &str,
 ) -> StatPath {
     if !detailed_metric {
-        return StatPath(segments.into());
+        let fixed = !segments
+            .iter()
+            .any(|s| matches!(s.value, StatValue::Requested { .. }));
+        if fixed {
+            let mut text = String::new();
+            for s in segments {
+                s.render(&mut text, "");
+            }
+            if text.strip_prefix('.').unwrap_or(&text) == rule_path {
+                return StatPath::Path;
+            }
+        }
+        return StatPath::Segments(segments.into());
     }
-    StatPath(
+    StatPath::Segments(
         segments
             .iter()
             .enumerate()

@@ -226,8 +226,26 @@ pub(crate) struct Level {
 }
 
 impl Level {
+    /// An empty level with room for `nodes` nodes: a level of 100,000 descriptors is built
+    /// without growing (and copying) its node vector on the way.
+    pub fn with_capacity(nodes: usize) -> Self {
+        Level {
+            nodes: Vec::with_capacity(nodes),
+            by_key: HashMap::new(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+
+    /// The index of the node defined for exactly `key` and `value` (`None`: key-only).
+    pub fn position(&self, key: &str, value: Option<&str>) -> Option<usize> {
+        let slot = self.by_key.get(key)?;
+        match value {
+            Some(v) => slot.exact.get(v).copied(),
+            None => slot.key_only,
+        }
     }
 
     /// Adds a node. The caller rejects duplicates; should one arrive anyway, the first node

@@ -24,7 +24,6 @@ use super::tree::{
 };
 use crate::metadata::Metadata;
 use serde_saphyr::Spanned;
-use std::collections::HashMap;
 use std::path::Path;
 
 /// One file, compiled. `domain` is `None` when the file names no (non-empty) domain.
@@ -244,9 +243,10 @@ impl Checker<'_> {
         stat: &[StatSegment],
         inherited: HeaderPolicy,
     ) -> Level {
-        let mut level = Level::default();
-        // (key, value) -> line of its first definition, for duplicate messages.
-        let mut first_line: HashMap<(String, Option<String>), Option<usize>> = HashMap::new();
+        let descriptors = descriptors.into_iter();
+        let mut level = Level::with_capacity(descriptors.size_hint().0);
+        // The line of each node's definition, by node index, for duplicate messages.
+        let mut lines: Vec<Option<usize>> = Vec::with_capacity(descriptors.size_hint().0);
         for source in descriptors {
             let (spanned, nested) = source.open();
             let line = line_of(&spanned.referenced);
@@ -262,9 +262,11 @@ impl Checker<'_> {
                 self.descriptor::<S>((d, nested), line, &place, &ancestry, inherited);
 
             let Some(key) = place.key else { continue };
-            let id = (key, place.value);
-            if let Some(first) = first_line.get(&id) {
-                let at = first
+            if let Some(first) = level.position(&key, place.value.as_deref()) {
+                let at = lines
+                    .get(first)
+                    .copied()
+                    .flatten()
                     .map(|l| format!(" (first defined at line {l})"))
                     .unwrap_or_default();
                 self.error(
@@ -274,14 +276,17 @@ impl Checker<'_> {
                 );
                 continue;
             }
-            let node = Node {
-                key: id.0.clone(),
-                value: id.1.clone(),
-                rule,
-                children,
-            };
-            level.insert(&id.0, id.1.as_deref(), node);
-            first_line.insert(id, line);
+            let value = place.value;
+            level.insert(&key, value.as_deref(), {
+                let key = key.clone();
+                Node {
+                    key,
+                    value: value.clone(),
+                    rule,
+                    children,
+                }
+            });
+            lines.push(line);
         }
         level
     }
@@ -349,7 +354,7 @@ impl Checker<'_> {
             detailed_metric,
             value_to_metric,
             over_limit,
-            stat: stat_path::rule_path(&stat, detailed_metric, &shared_values),
+            stat: stat_path::rule_path(&stat, detailed_metric, &shared_values, &place.path),
             shared_values,
             headers,
             metadata: d.metadata.and_then(Metadata::from_json),

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use regex::Regex;
 
-use crate::config::StatValue;
+use crate::config::push_segment;
 use crate::decision::StatKey;
 use crate::descriptor::Entry;
 
@@ -226,10 +226,10 @@ pub fn sanitize(name: &str) -> String {
     }
 }
 
-/// The key (`<domain>.<path>`, sanitized) of a verdict's stats: its rule's path with the
-/// request's values where the path takes them, or for a `limit` override the request's
-/// entries.
-pub fn stat_key(domain: &str, key: &StatKey, entries: &[Entry]) -> String {
+/// The key (`<domain>.<path>`, sanitized) of a verdict's stats: its rule's path (`rule_path`,
+/// the rule's config path) with the request's values where the path takes them, or for a
+/// `limit` override the request's entries.
+pub fn stat_key(domain: &str, key: &StatKey, rule_path: &str, entries: &[Entry]) -> String {
     let mut out = String::from(domain);
     match key {
         StatKey::Override => {
@@ -238,29 +238,12 @@ pub fn stat_key(domain: &str, key: &StatKey, entries: &[Entry]) -> String {
             }
         }
         StatKey::Rule(path) => {
-            for (depth, segment) in path.segments().iter().enumerate() {
-                let value = entries.get(depth).map_or("", |e| e.value.as_str());
-                match &segment.value {
-                    StatValue::Omitted => push_segment(&mut out, &segment.key, "", false),
-                    StatValue::Configured(v) => push_segment(&mut out, &segment.key, v, true),
-                    StatValue::Requested { keep_empty } => {
-                        push_segment(&mut out, &segment.key, value, *keep_empty)
-                    }
-                }
-            }
+            path.render(&mut out, rule_path, |depth| {
+                entries.get(depth).map(|e| e.value.as_str())
+            });
         }
     }
     sanitize(&out)
-}
-
-/// `.key`, then `_value` when the value is not empty (or always, with `keep_empty`).
-fn push_segment(out: &mut String, key: &str, value: &str, keep_empty: bool) {
-    out.push('.');
-    out.push_str(key);
-    if keep_empty || !value.is_empty() {
-        out.push('_');
-        out.push_str(value);
-    }
 }
 
 #[cfg(test)]

@@ -67,7 +67,8 @@ fn verdict_stats(
         return;
     }
     let (entries, _) = split_lease(&descriptor.entries);
-    let key = stat_key(&request.domain, stat, entries);
+    let rule_path = verdict.rule.as_deref().unwrap_or_default();
+    let key = stat_key(&request.domain, stat, rule_path, entries);
     // Where a client-chosen key folds when the store is full.
     let fallback = match stat {
         StatKey::Rule(path) if !path.uses_request_values() => None,

@@ -26,7 +26,9 @@ fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
 fn key_of(config: &Config, domain: &str, pairs: &[(&str, &str)]) -> String {
     let e = entries(pairs);
     match config.lookup(domain, &e) {
-        Lookup::Rule { rule, .. } => stat_key(domain, &StatKey::Rule(rule.stat.clone()), &e),
+        Lookup::Rule { rule, .. } => {
+            stat_key(domain, &StatKey::Rule(rule.stat.clone()), &rule.path, &e)
+        }
         other => panic!("no rule for {pairs:?}: {other:?}"),
     }
 }
@@ -133,7 +135,12 @@ descriptors:
     );
     // A request's own limit is named after its entries.
     assert_eq!(
-        stat_key("d", &StatKey::Override, &entries(&[("a", "1"), ("b", "")])),
+        stat_key(
+            "d",
+            &StatKey::Override,
+            "",
+            &entries(&[("a", "1"), ("b", "")])
+        ),
         "d.a_1.b"
     );
 }
