@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use helpers::prometheus::{Family, parse_families};
 use helpers::statsd::StatsdDaemon;
 use helpers::{Sluice, TestServer, descriptor, free_port, http_get, request, test_settings};
-use sluice::metrics::upstream::{DEFAULT_MAPPING, Protocol, StatsdSettings, Tags};
+use sluice::metrics::upstream::{Protocol, StatsdSettings, Tags, default_mapping};
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMITS: &str = "
@@ -427,11 +427,7 @@ async fn a_mapping_file_and_path_of_the_deployments_own() {
     let dir = tempfile::tempdir().unwrap();
     let limits = limits_file(dir.path());
     let mapping = dir.path().join("conf.yaml");
-    std::fs::write(
-        &mapping,
-        DEFAULT_MAPPING.replacen("    scale: 0.001\n", "", 1),
-    )
-    .unwrap();
+    std::fs::write(&mapping, default_mapping::yaml(true)).unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let sluice = Sluice::start_with_env(
         &limits,

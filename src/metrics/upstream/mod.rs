@@ -19,6 +19,7 @@
 
 mod calls;
 mod cli;
+pub mod default_mapping;
 mod mapper;
 mod names;
 mod observe;
@@ -33,7 +34,7 @@ use std::time::Duration;
 
 pub use calls::GrpcCallsLayer;
 pub use cli::{StatsArgs, StatsdProtocol};
-pub use mapper::{DEFAULT_HELP, DEFAULT_MAPPING, Mapper, MappingError, escape_metric_name};
+pub use mapper::{DEFAULT_HELP, Mapper, MappingError, escape_metric_name};
 pub use names::{GrpcMethod, LimitStat, ServiceStat, Tags, sanitize, stat_key};
 pub use render::go_float;
 pub use statsd::{Protocol, QUEUE_BYTES_MAX, StatsdSettings};

@@ -136,8 +136,7 @@ impl GatewayPod {
         std::fs::create_dir(&mapping_dir).unwrap();
         set_mode(&mapping_dir, 0o755);
         let mapping = mapping_dir.join("conf.yaml");
-        let gateway_mapping =
-            sluice::metrics::upstream::DEFAULT_MAPPING.replacen("    scale: 0.001\n", "", 1);
+        let gateway_mapping = sluice::metrics::upstream::default_mapping::yaml(true);
         std::fs::write(&mapping, gateway_mapping).unwrap();
         set_mode(&mapping, 0o644);
         let binary = dir.path().join("ratelimit");
