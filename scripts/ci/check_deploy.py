@@ -488,6 +488,79 @@ def check_envoyfilter(name, ef, docs, limits, grpc_port):
         check_rate_limits(rl, domain, limits, f"{where} {p['applyTo']}")
 
 
+RLQS_FILTER = "envoy.filters.http.rate_limit_quota"
+
+
+def rlqs_buckets(matcher):
+    """Every bucket a Rate Limit Quota filter's matcher tree builds: its entries, a dynamic value
+    (custom_value) as None, and the bucket settings."""
+    out = []
+
+    def walk(node):
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+            return
+        if not isinstance(node, dict):
+            return
+        builder = node.get("bucket_id_builder")
+        if isinstance(builder, dict) and "bucket_id_builder" in builder:
+            entries = [(k, v.get("string_value")) for k, v in builder["bucket_id_builder"].items()]
+            out.append((entries, node))
+            return
+        for value in node.values():
+            walk(value)
+
+    walk(matcher)
+    return out
+
+
+def check_rlqs_bootstrap(path, binary, limits_path, grpc_port):
+    """An Envoy bootstrap with the Rate Limit Quota filter: on a defined HTTP/2 cluster at
+    sluice's gRPC port, before the router; every bucket it builds gets allotments from a rule
+    of the limits (`sluice explain --bucket`, a dynamic value as RUNTIME_VALUE), and falls back
+    to blanket rules that fail closed, with an explicit expiry timeout (docs/rlqs.md)."""
+    where = os.path.relpath(path, ROOT)
+    boot = load_all(path)[0]
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    found = 0
+    for listener in boot["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for nf in chain["filters"]:
+                http_filters = (nf.get("typed_config") or {}).get("http_filters") or []
+                names = [h["name"] for h in http_filters]
+                if RLQS_FILTER not in names:
+                    continue
+                found += 1
+                if names[-1] != "envoy.filters.http.router" or names.index(RLQS_FILTER) > names.index("envoy.filters.http.router"):
+                    fail(where, "the quota filter must come before the router, which must be last")
+                cfg = http_filters[names.index(RLQS_FILTER)]["typed_config"]
+                cluster = cfg["rlqs_server"]["envoy_grpc"]["cluster_name"]
+                if cluster not in clusters:
+                    fail(where, f"cluster {cluster} is not defined")
+                else:
+                    check_sluice_cluster(clusters[cluster], where, grpc_port)
+                buckets = rlqs_buckets(cfg["bucket_matchers"])
+                if not buckets:
+                    fail(where, "the quota filter builds no bucket")
+                for entries, settings in buckets:
+                    text = ",".join(f"{k}={RUNTIME_VALUE if v is None else v}" for k, v in entries)
+                    r = subprocess.run([binary, "explain", "--config", limits_path, "--domain",
+                                        cfg["domain"], "--bucket", text], capture_output=True, text=True)
+                    if r.returncode != 0 or "quota service: allotments from rule" not in r.stdout:
+                        fail(where, f"bucket {text} gets no allotments:\n{r.stdout}{r.stderr}")
+                    na = settings.get("no_assignment_behavior", {}).get("fallback_rate_limit", {})
+                    if na != {"blanket_rule": "DENY_ALL"}:
+                        fail(where, f"bucket {text}: no_assignment_behavior must be the DENY_ALL blanket rule, not {na}")
+                    ex = settings.get("expired_assignment_behavior", {})
+                    if "expired_assignment_behavior_timeout" not in ex or ex.get("fallback_rate_limit") != {"blanket_rule": "DENY_ALL"}:
+                        fail(where, f"bucket {text}: expired_assignment_behavior needs a timeout and the DENY_ALL blanket rule")
+    if found != 1:
+        fail(where, f"expected one quota filter, found {found}")
+    else:
+        ok(f"{where}: quota filter, its buckets' rules and fallbacks")
+
+
 def check_envoy_bootstrap(path, limits, grpc_port, drain_delay):
     where = os.path.relpath(path, ROOT)
     boot = load_all(path)[0]
@@ -621,8 +694,8 @@ def check_all(binary, render_dir, tmp):
         with open(os.path.join(base_limits, f), encoding="utf-8") as fh:
             texts.append(fh.read())
     check_envoy_bootstrap(os.path.join(ROOT, "deploy/envoy/envoy.yaml"),
-                          Limits(binary, base_limits, texts), grpc_port,
-                          float(defaults["drain-delay-secs"]))
+                          Limits(binary, base_limits, texts), grpc_port)
+    check_rlqs_bootstrap(os.path.join(ROOT, "deploy/envoy/rlqs.yaml"), binary, base_limits, grpc_port)
     check_dockerfile(defaults, mount_paths)
     check_envoy_gateway_renders(renders, binary, envs, tmp)
     return report()

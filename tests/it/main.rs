@@ -53,6 +53,7 @@ mod redis_sentinel_bounds;
 mod redis_tls_auth;
 mod reload;
 mod reservation_model;
+mod rlqs_envoy;
 mod soak;
 mod token_budget;
 mod tracing;

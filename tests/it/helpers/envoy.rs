@@ -112,6 +112,17 @@ impl Envoy {
     /// [`Envoy::start`], with Envoy exiting during start-up (e.g. a port taken meanwhile) as an
     /// error carrying its log.
     pub fn try_start(config: &str) -> Result<Envoy, String> {
+        Self::try_start_with(config, &[])
+    }
+
+    /// [`Envoy::start`] with `extra` command-line arguments (e.g. `--file-flush-interval-msec`
+    /// for access logs a test reads while Envoy runs).
+    pub fn start_with(config: &Value, extra: &[&str]) -> Envoy {
+        let text = serde_json::to_string_pretty(config).expect("JSON config");
+        Self::try_start_with(&text, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_start_with(config: &str, extra: &[&str]) -> Result<Envoy, String> {
         let dir = tempfile::tempdir().expect("temp dir for Envoy");
         let path = config_file(dir.path(), config);
         let admin_file = dir.path().join("admin-address");
@@ -131,6 +142,7 @@ impl Envoy {
             ])
             .arg("--admin-address-path")
             .arg(&admin_file)
+            .args(extra)
             .spawn()
             .expect("spawn envoy");
         let mut envoy = Envoy {
