@@ -694,7 +694,8 @@ def check_all(binary, render_dir, tmp):
         with open(os.path.join(base_limits, f), encoding="utf-8") as fh:
             texts.append(fh.read())
     check_envoy_bootstrap(os.path.join(ROOT, "deploy/envoy/envoy.yaml"),
-                          Limits(binary, base_limits, texts), grpc_port)
+                          Limits(binary, base_limits, texts), grpc_port,
+                          float(defaults["drain-delay-secs"]))
     check_rlqs_bootstrap(os.path.join(ROOT, "deploy/envoy/rlqs.yaml"), binary, base_limits, grpc_port)
     check_dockerfile(defaults, mount_paths)
     check_envoy_gateway_renders(renders, binary, envs, tmp)
