@@ -43,6 +43,8 @@
 //!   the HTTP/2 stack rate-limited.
 //! - [`pem`]: certificates, private keys and CA bundles read from PEM files, for every TLS
 //!   setting (gRPC server, Redis, xDS), errors naming the flag and the file.
+//! - [`file`]: reading a config or PEM file without trusting what sits at its path (no FIFO,
+//!   device or oversized file).
 //! - [`sync`]: the one poison-tolerant lock.
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
@@ -56,6 +58,7 @@ pub mod config;
 pub mod decision;
 pub mod descriptor;
 pub mod explain;
+pub mod file;
 pub mod grpc;
 pub mod headers;
 pub mod http;

@@ -15,6 +15,10 @@ use rustls::RootCertStore;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+/// The largest PEM file read: a certificate chain, a key or a CA bundle (a whole system
+/// bundle is about 200 KiB); what is past it is refused rather than read into memory.
+pub const MAX_PEM_BYTES: u64 = 4 * 1024 * 1024;
+
 /// Why a PEM file cannot be used; each message names the flag and the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PemError {
@@ -43,11 +47,12 @@ pub struct PemFile {
 impl PemFile {
     /// Reads `path`, given by `flag`; what it holds is checked when it is asked for.
     pub fn read(flag: &'static str, path: &Path) -> Result<PemFile, PemError> {
-        let bytes = std::fs::read(path).map_err(|error| PemError::Read {
-            flag,
-            path: path.to_owned(),
-            error: error.to_string(),
-        })?;
+        let bytes =
+            crate::file::read_regular(path, MAX_PEM_BYTES).map_err(|error| PemError::Read {
+                flag,
+                path: path.to_owned(),
+                error: error.to_string(),
+            })?;
         Ok(PemFile {
             flag,
             path: path.to_owned(),
@@ -153,6 +158,22 @@ mod tests {
         assert!(
             err.starts_with(&format!("reading --a-cert {}: ", missing.display())),
             "{err}"
+        );
+        let fifo = dir.path().join("fifo.pem");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let err = PemFile::read("--a-ca", &fifo).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "reading --a-ca {}: cannot read file: not a regular file (a FIFO)",
+                fifo.display()
+            )
         );
         let err = read_ca_bundle("--a-ca", &text).unwrap_err().to_string();
         assert_eq!(

@@ -30,7 +30,6 @@ mod limits;
 mod listing;
 mod locate;
 mod raw;
-mod read;
 mod stat_path;
 mod tree;
 mod validate;
@@ -233,7 +232,7 @@ impl Config {
         let limit = options.limits.max_bytes;
         let mut budget = limit;
         for file in files {
-            match read::read_file(&file, &mut budget, limit) {
+            match read_config_file(&file, &mut budget, limit) {
                 Ok(bytes) => match String::from_utf8(bytes) {
                     Ok(text) => sources.push((file, text)),
                     Err(e) => errors.push(ConfigError::new(
@@ -473,10 +472,18 @@ pub struct LoadOptions {
     pub limits: ConfigLimits,
 }
 
-/// Reads the regular file at `path` within the byte budget `budget` (see the `read` module):
-/// a FIFO, a device or a file past `--max-config-bytes` is an error, at once.
+/// Reads the regular file at `path` within the byte budget `budget`, taking its size from it
+/// ([`crate::file`]): a FIFO, a device or a file past `--max-config-bytes` (`limit`, all of
+/// the config's files together) is an error, at once.
 pub fn read_config_file(path: &Path, budget: &mut u64, limit: u64) -> Result<Vec<u8>, String> {
-    read::read_file(path, budget, limit)
+    let bytes = crate::file::read_regular(path, *budget).map_err(|e| match e {
+        crate::file::ReadError::TooLarge(_) => format!(
+            "the config is larger than --max-config-bytes {limit} (all of its files together)"
+        ),
+        other => other.to_string(),
+    })?;
+    *budget -= bytes.len() as u64;
+    Ok(bytes)
 }
 
 /// How [`Config::trace`] walked a descriptor: the rule matched at each entry, in order.
