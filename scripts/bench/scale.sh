@@ -124,9 +124,12 @@ fill() { # out instance descriptor keys prefix requests: each value once (sequen
   [[ "$2" == memory-before ]] && secs="$FILL_SECS"
   load "$1" "$2" "$3" "$4" "$5" --sequential --max-requests "$6" --duration-secs "$secs"
 }
-measure() { # out instance descriptor keys prefix
+SEED=0
+measure() { # out instance descriptor keys prefix: each phase draws its keys with a seed of its
+  # own, so no phase replays the values (and the cache entries) of an earlier one
   echo "   $1" >&2
-  load "$@" --duration-secs "$SECS"
+  SEED=$((SEED + 1))
+  load "$@" --duration-secs "$SECS" --seed "$SEED"
 }
 
 # Axis 1: one key, N entries. Redis is filled once (through the fill instance) and

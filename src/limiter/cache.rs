@@ -68,11 +68,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use smallvec::SmallVec;
 
 use super::window::{check, over_limit_take, slots_for};
 use super::{
     AnsweredBy, BatchOutcome, Clock, Item, ItemKind, KeyOutcome, Limiter, LimiterError, OverLimit,
 };
+
+mod doorkeeper;
+use doorkeeper::Doorkeeper;
 
 /// Default number of cached keys.
 pub const DEFAULT_CAPACITY: usize = 10_000;
@@ -87,6 +91,9 @@ struct Entry {
     /// The reset as learnt: how long moka keeps the entry from its insertion.
     ttl_ms: u64,
 }
+
+/// What the cache held for each item of a request when it arrived.
+type Held = SmallVec<[Option<Entry>; 4]>;
 
 /// Each entry leaves the cache at its reset, measured from its insertion (a little after the
 /// call was sent, so later than `until_ms`: the lookup checks `until_ms` itself).
@@ -113,6 +120,7 @@ pub struct RejectionCache {
     clock: Arc<dyn Clock>,
     capacity: usize,
     entries: moka::sync::Cache<String, Entry>,
+    doorkeeper: Doorkeeper,
     answered: AtomicU64,
 }
 
@@ -129,6 +137,7 @@ impl RejectionCache {
             clock,
             capacity,
             entries,
+            doorkeeper: Doorkeeper::new(capacity),
             answered: AtomicU64::new(0),
         }
     }
@@ -148,22 +157,38 @@ impl RejectionCache {
         self.len() == 0
     }
 
-    /// The kept status of `hit`'s key, if it holds for `hit` at `now`.
-    fn known(&self, hit: &Item, now: u64) -> Option<Entry> {
+    /// What the cache holds for each item's key (none for a refund's), looked up once per
+    /// request: what a local answer reads, and what learning its outcome need not undo.
+    fn look_up(&self, batch: &[Item]) -> Held {
+        batch
+            .iter()
+            .map(|hit| match hit.kind {
+                ItemKind::Refund => None,
+                _ => self.entries.get(hit.key.as_str()),
+            })
+            .collect()
+    }
+
+    /// The held status of `hit`'s key, if it holds for `hit` at `now`.
+    fn known(hit: &Item, held: Option<Entry>, now: u64) -> Option<Entry> {
         if !hit.algorithm.rejection_is_stable() {
             return None;
         }
-        self.entries
-            .get(hit.key.as_str())
-            .filter(|e| e.window_ms == hit.window_ms && now < e.until_ms)
+        held.filter(|e| e.window_ms == hit.window_ms && now < e.until_ms)
     }
 
     /// The outcome when the cache proves the batch is rejected and knows every item's status,
     /// else `None`.
-    fn certain_rejection(&self, batch: &[Item], now: u64) -> Option<BatchOutcome> {
+    fn certain_rejection(
+        &self,
+        batch: &[Item],
+        held: &[Option<Entry>],
+        now: u64,
+    ) -> Option<BatchOutcome> {
         let known = batch
             .iter()
-            .map(|hit| self.known(hit, now))
+            .zip(held)
+            .map(|(hit, &held)| Self::known(hit, held, now))
             .collect::<Option<Vec<Entry>>>()?;
         let surely_fails = |hit: &Item, e: &Entry| {
             let hits = hit.counted_hits();
@@ -243,7 +268,10 @@ impl RejectionCache {
 
     /// Learns from the backend's outcome of a call sent at `sent_at`: keeps every item's status
     /// when some `Consume` or `Quota` item is over its limit, else forgets the batch's keys.
-    fn learn(&self, batch: &[Item], outcome: &BatchOutcome, sent_at: u64) {
+    /// `held` is what the cache held for them when the request arrived: a key it did not hold
+    /// has nothing to forget, and while the cache is full it is offered one only on its
+    /// doorkeeper's word.
+    fn learn(&self, batch: &[Item], held: &[Option<Entry>], outcome: &BatchOutcome, sent_at: u64) {
         // An empty key (a cost above its capacity was refused) has no entry to wait for: the
         // backend answers such requests, so a local answer always has a count to show.
         let keepable = |hit: &Item, item: &KeyOutcome| {
@@ -257,36 +285,43 @@ impl RejectionCache {
                 && keepable(hit, item)
                 && (!item.passed || item.count >= hit.capacity())
         });
-        for (hit, item) in batch.iter().zip(&outcome.items) {
+        for ((hit, item), held) in batch.iter().zip(&outcome.items).zip(held) {
             if over && keepable(hit, item) {
-                let entry = Entry {
-                    window_ms: hit.window_ms,
-                    count: item.count,
-                    until_ms: sent_at.saturating_add(item.reset_ms),
-                    ttl_ms: item.reset_ms,
-                };
-                self.entries.insert(hit.key.clone(), entry);
-            } else if hit.kind != ItemKind::Refund {
+                if held.is_some() || self.has_room() || self.doorkeeper.seen_before(&hit.key) {
+                    let entry = Entry {
+                        window_ms: hit.window_ms,
+                        count: item.count,
+                        until_ms: sent_at.saturating_add(item.reset_ms),
+                        ttl_ms: item.reset_ms,
+                    };
+                    self.entries.insert(hit.key.clone(), entry);
+                }
+            } else if held.is_some() {
                 self.entries.invalidate(hit.key.as_str());
             }
         }
     }
 
+    /// Whether the cache holds fewer keys than it can (as of its last housekeeping).
+    fn has_room(&self) -> bool {
+        self.entries.entry_count() < self.capacity as u64
+    }
+
     async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
+        if self.capacity == 0 {
+            return self.inner.decide(batch, now).await;
+        }
         let sent_at = now.unwrap_or_else(|| self.clock.now_ms());
-        if self.capacity > 0 {
-            if let Some(outcome) = self.certain_rejection(batch, sent_at) {
-                self.answered.fetch_add(1, Ordering::Relaxed);
-                return Ok(outcome);
-            }
-            for hit in batch.iter().filter(|h| h.kind == ItemKind::Refund) {
-                self.entries.invalidate(hit.key.as_str());
-            }
+        let held = self.look_up(batch);
+        if let Some(outcome) = self.certain_rejection(batch, &held, sent_at) {
+            self.answered.fetch_add(1, Ordering::Relaxed);
+            return Ok(outcome);
+        }
+        for hit in batch.iter().filter(|h| h.kind == ItemKind::Refund) {
+            self.entries.invalidate(hit.key.as_str());
         }
         let outcome = self.inner.decide(batch, now).await?;
-        if self.capacity > 0 {
-            self.learn(batch, &outcome, sent_at);
-        }
+        self.learn(batch, &held, &outcome, sent_at);
         Ok(outcome)
     }
 }

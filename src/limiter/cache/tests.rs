@@ -295,6 +295,50 @@ async fn memory_is_bounded() {
     assert_eq!(cache.len(), 10);
 }
 
+/// Once the cache is full, a key over its limit is offered to it only on its second
+/// rejection (its doorkeeper): a flood of keys each sent once inserts none of them, and a key
+/// sent again is kept from then on, as with room in the cache.
+#[tokio::test]
+async fn a_full_cache_takes_a_key_on_its_second_rejection() {
+    let (cache, inner) = setup(2);
+    let calls = || inner.calls.load(Ordering::Relaxed);
+    let cache = &cache;
+    let over = |key: &str, now| {
+        let batch = [hit(key, 1, 1, ItemKind::Consume)];
+        async move { cache.decide(&batch, Some(now)).await.unwrap() }
+    };
+    // With room, a key is kept at its first answer over the limit (1 of 1).
+    for (i, key) in ["a", "b"].into_iter().enumerate() {
+        over(key, T).await;
+        assert_eq!(over(key, T + 1).await.answered_by, AnsweredBy::LocalCache);
+        assert_eq!(calls(), i as u64 + 1);
+    }
+    assert_eq!(cache.len(), 2);
+    // Full: a flood of keys each over its limit once inserts nothing.
+    for i in 0..50 {
+        assert!(over(&format!("flood{i}"), T + 2).await.admitted);
+    }
+    assert_eq!(calls(), 52);
+    assert_eq!(over("a", T + 3).await.answered_by, AnsweredBy::LocalCache);
+    assert_eq!(over("b", T + 3).await.answered_by, AnsweredBy::LocalCache);
+    // `c`: its first rejection is not kept (the backend answers again), its second is.
+    assert!(over("c", T + 4).await.admitted);
+    let second = over("c", T + 5).await;
+    assert_eq!(
+        (second.admitted, second.answered_by),
+        (false, AnsweredBy::Backend)
+    );
+    assert_eq!(calls(), 54);
+    let third = over("c", T + 6).await;
+    assert_eq!(
+        (third.admitted, third.answered_by),
+        (false, AnsweredBy::LocalCache)
+    );
+    assert_eq!(third.items[0].count, 1);
+    assert_eq!(calls(), 54);
+    assert!(cache.len() <= 2);
+}
+
 /// Each key has one algorithm and one window, as the engine's keys do: every algorithm the
 /// cache answers for (and the sliding counter, which it must never answer for), windows
 /// other than 1 s.

@@ -63,6 +63,10 @@ struct Args {
     /// scale benchmark puts its keys over their limit that way).
     #[arg(long)]
     sequential: bool,
+    /// Seed of the random values: runs with the same seed send the same values in the same
+    /// order (per caller), so phases meant to draw keys independently take different seeds.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// Descriptor keys, one descriptor per key per request (e.g. `endpoint,user`).
     #[arg(long, value_delimiter = ',', default_value = "user")]
     descriptor_keys: Vec<String>,
@@ -224,6 +228,15 @@ async fn start_noop(addr: SocketAddr) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
+/// The random state of caller `task` (0 for the open loop's single sender) under `seed`; never
+/// 0, which xorshift would keep.
+fn random_state(seed: u64, task: u64) -> u64 {
+    let state = 0x9E37_79B9_7F4A_7C15u64
+        ^ task.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    if state == 0 { 1 } else { state }
+}
+
 /// A small xorshift: per-task, deterministic, no shared state on the hot path.
 fn next_random(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -312,7 +325,7 @@ async fn open_loop(
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, u64)>();
     let mut latency = new_histogram()?;
     let mut lag = new_histogram()?;
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rng = random_state(args.seed, 0);
     let mut i = 0usize;
     let mut scheduled = Instant::now();
     let mut woke: Option<Instant> = None;
@@ -400,8 +413,7 @@ async fn run_phase(name: &str, addrs: &[String], args: &Args) -> anyhow::Result<
         let budget = budget.clone();
         tasks.push(tokio::spawn(async move {
             let mut histogram = new_histogram()?;
-            let mut rng =
-                0x9E37_79B9_7F4A_7C15u64 ^ (task as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D);
+            let mut rng = random_state(args.seed, task as u64 + 1);
             while !stop.load(Ordering::Relaxed) && Instant::now() < deadline && take(&budget) {
                 let request = build_request(&args, &mut rng);
                 let sent = Instant::now();
@@ -501,6 +513,7 @@ async fn main() -> anyhow::Result<()> {
             "connections": args.connections,
             "duration_secs": args.duration_secs,
             "keys": args.keys,
+            "seed": args.seed,
             "descriptor_keys": args.descriptor_keys,
             "hits": args.hits,
             "rate": args.rate,
