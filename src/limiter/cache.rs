@@ -56,9 +56,13 @@
 //! Cost and memory: the entries live in a [`moka`] cache: a concurrent hash table (no lock
 //! shared by all decisions) with O(1) amortised insertion and eviction, at most `capacity`
 //! entries, each leaving at its deadline (per-entry expiry on a timer wheel) or, when the cache
-//! is full, by moka's admission and LRU policy. A flood of distinct over-limit keys thus costs
-//! each request one lookup and one insertion, whatever the number of keys; an entry evicted
-//! early only sends its key's next request to the backend.
+//! is full, by moka's admission and LRU policy. Once it is full, a key is offered to it only
+//! on its second answer over the limit within a recent period (its doorkeeper,
+//! `cache/doorkeeper.rs`): a flood of distinct over-limit keys, most of which the cache could
+//! not keep, thus costs each request one lookup and a mark, whatever the number of keys. A key
+//! kept out, like an entry evicted early, only sends its key's next request to the backend.
+//! What a request's lookups found also says what its outcome must forget: a key the cache did
+//! not hold is not looked up again.
 //!
 //! A local answer says so ([`AnsweredBy::LocalCache`] in its outcome); the cache never touches
 //! metrics: the observer above it counts those answers.

@@ -5,9 +5,9 @@
 //! admission policy (TinyLFU: how often each key was looked up) prefers it, and under a flood of
 //! distinct over-limit keys it almost never does; yet every offer paid for the insertion
 //! (the key's allocation, an entry in the concurrent map, its removal when the policy rejects
-//! it, the map's rehashing of what was removed), about 6,000 instructions per decision, for
+//! it, the map's rehashing of what was removed), some 6,000 instructions per decision, for
 //! a cache that could not keep the key (docs/performance.md, "The rejection cache under a
-//! flood"). A key seen over its limit for the first time is now only marked here, a few
+//! flood"). A key seen over its limit for the first time is only marked here, a few
 //! hundred instructions; the second time it is offered to the cache, whose own policy then
 //! decides. A key a flood sends once never costs an insertion; a key sent often is offered on
 //! its second rejection (one more backend call than with room in the cache).
