@@ -23,7 +23,7 @@ use crate::helpers;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use helpers::limiter::{T, decide_at, redis_limiter};
+use helpers::limiter::{T, decide_at, flushed_per_case};
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::{Algorithm, Item, ItemKind, Limiter, OverLimit, SystemClock};
@@ -205,16 +205,6 @@ fn memory_keeps_every_running_request_counted() {
 fn redis_keeps_every_running_request_counted() {
     let server = helpers::RedisServer::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let backend = rt.block_on(redis_limiter(&server));
-    let raw = rt.block_on(helpers::raw_connection(&server.url()));
-    let fresh = || {
-        rt.block_on(async {
-            let _: () = redis::cmd("FLUSHALL")
-                .query_async(&mut raw.clone())
-                .await
-                .expect("flushall");
-        });
-        backend.clone()
-    };
+    let fresh = flushed_per_case(&rt, &server);
     run_against(&rt, fresh, 300);
 }

@@ -23,7 +23,7 @@ use crate::helpers;
 
 use std::sync::Arc;
 
-use helpers::limiter::{T, decide_at, log_item, redis_limiter};
+use helpers::limiter::{T, decide_at, flushed_per_case, log_item};
 use proptest::prelude::*;
 use sluice::limiter::memory::MemoryLimiter;
 use sluice::limiter::{Item, ItemKind, Limiter, OverLimit, SystemClock};
@@ -180,16 +180,6 @@ fn memory_never_lets_an_allotment_past_the_limit() {
 fn redis_never_lets_an_allotment_past_the_limit() {
     let server = helpers::RedisServer::start();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let backend = rt.block_on(redis_limiter(&server));
-    let raw = rt.block_on(helpers::raw_connection(&server.url()));
-    let fresh = || {
-        rt.block_on(async {
-            let _: () = redis::cmd("FLUSHALL")
-                .query_async(&mut raw.clone())
-                .await
-                .expect("flushall");
-        });
-        backend.clone()
-    };
+    let fresh = flushed_per_case(&rt, &server);
     run_against(&rt, fresh, 300);
 }

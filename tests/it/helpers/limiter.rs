@@ -109,6 +109,25 @@ pub async fn redis_limiter(server: &RedisServer) -> Arc<dyn Limiter> {
     Arc::new(limiter)
 }
 
+/// For property tests that run many traces on one Redis: a limiter on `server`, and a
+/// function that empties the server (`FLUSHALL`) and returns the limiter, for each trace.
+pub fn flushed_per_case(
+    rt: &tokio::runtime::Runtime,
+    server: &RedisServer,
+) -> impl Fn() -> Arc<dyn Limiter> {
+    let backend = rt.block_on(redis_limiter(server));
+    let raw = rt.block_on(super::raw_connection(&server.url()));
+    move || {
+        rt.block_on(async {
+            let _: () = redis::cmd("FLUSHALL")
+                .query_async(&mut raw.clone())
+                .await
+                .expect("flushall");
+        });
+        backend.clone()
+    }
+}
+
 /// A cluster limiter on `cluster`, connected.
 pub async fn cluster_limiter(cluster: &RedisCluster) -> ClusterLimiter {
     ClusterLimiter::connect(&RedisOptions::new(cluster.url()))
