@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The filter's cost through a real Envoy: HTTP load through Envoy (`--concurrency 1`) to a
-# trivial upstream (a second Envoy answering with a `direct_response`), five variants measured in
-# one run, their rounds alternated (A B C D E, A B C D E, ...):
+# trivial upstream (a second Envoy answering with a `direct_response`), six variants measured in
+# one run, their rounds alternated (A B C D E F, A B C D E F, ...):
 #
 #   none        Envoy without a rate-limit filter
 #   noop        Envoy + the no-op RLS server (`sluice-bench --serve-noop`): the ceiling of any
@@ -10,22 +10,31 @@
 #   redis       Envoy + sluice, Redis backend (a redis-server of the script's own)
 #   redis-over  the same sluice, every request over its limit (limit 1 per hour per client,
 #               spent in the warm-up)
+#   rlqs        Envoy's rate_limit_quota filter, one bucket per client ({user: cN}), on a second
+#               sluice on the same Redis: Envoy enforces the allotments itself, with no call per
+#               request. Each of its rounds is preceded by RLQS_PRIME_SECS (default 11) of the
+#               same load, not measured: two reports (Envoy sends one every 5 s) so that every
+#               bucket holds an allotment sized from the round's own demand (idle buckets are
+#               denied, and forgotten after a minute, between its rounds)
 #
 # Each request carries `x-client: cN`, N cycling over 1,000 values, which Envoy sends as the
 # descriptor [user=cN] ([over=cN] for redis-over), domain `bench` (benches/limits). The filter
 # is configured as deploy/envoy/envoy.yaml ships it (20 ms timeout, failure_mode_deny), without
-# Envoy's X-RateLimit-* headers (the no-op server returns no limits to build them from).
+# Envoy's X-RateLimit-* headers (the no-op server returns no limits to build them from); the
+# quota filter as deploy/envoy/rlqs.yaml ships it (DENY_ALL before an assignment and for 10 s
+# after one expires).
 #
 # Throughput: wrk, 1 thread, 32 connections, closed loop; per round each variant's requests/s as
 # a ratio to the no-op variant of the same round; the table shows the median of the rounds.
 # Latency: `sluice-http-load` (tools/bench), open loop at half the no-op variant's median rate
 # (latency counted from each request's due instant), alternated the same way. CPU per request of
 # every process (Envoy, upstream Envoy, the RLS server, redis-server, the load tool) from /proc
-# utime+stime around each round. Response statuses come from Envoy's own counters, so a round
-# whose filter timed out (500) or rejected (429) says so.
+# utime+stime around each round, and the script calls (FCALL) Redis served. Response statuses
+# come from Envoy's own counters, so a round whose filter timed out (500) or rejected (429) says
+# so; so do the quota streams Envoy opened during the rounds (its quota cluster's requests).
 #
-#   scripts/bench/envoy.sh            # about 4 minutes after the build (5 x 4 s + 3 x 5 s rounds)
-#   scripts/bench/envoy.sh --long     # about 8 minutes (8 x 6 s + 5 x 8 s rounds)
+#   scripts/bench/envoy.sh            # about 6 minutes after the build (5 x 4 s + 3 x 5 s rounds)
+#   scripts/bench/envoy.sh --long     # about 10 minutes (8 x 6 s + 5 x 8 s rounds)
 #   scripts/bench/envoy.sh --smoke    # seconds, debug build, one short round; no figure or status
 #                                     # means anything: it fails only if the harness does not run
 #   ROUNDS=.. SECS=.. LAT_ROUNDS=.. LAT_SECS=.. CONNECTIONS=.. override the above; RATE=..
@@ -46,10 +55,11 @@ MODE="${1:-}"
 case "$MODE" in
   "") PROFILE=release; ROUNDS="${ROUNDS:-5}"; SECS="${SECS:-4}"; LAT_ROUNDS="${LAT_ROUNDS:-3}"; LAT_SECS="${LAT_SECS:-5}" ;;
   --long) PROFILE=release; ROUNDS="${ROUNDS:-8}"; SECS="${SECS:-6}"; LAT_ROUNDS="${LAT_ROUNDS:-5}"; LAT_SECS="${LAT_SECS:-8}" ;;
-  --smoke) PROFILE=debug; ROUNDS=1; SECS=1; LAT_ROUNDS=1; LAT_SECS=0.5 ;;
+  --smoke) PROFILE=debug; ROUNDS=1; SECS=1; LAT_ROUNDS=1; LAT_SECS=0.5; RLQS_PRIME_SECS=1 ;;
   *) echo "usage: $0 [--long | --smoke]" >&2; exit 2 ;;
 esac
 CONNECTIONS="${CONNECTIONS:-32}"
+RLQS_PRIME_SECS="${RLQS_PRIME_SECS:-11}"
 
 # shellcheck source=scripts/bench/bench-lib.sh
 source scripts/bench/bench-lib.sh
@@ -87,6 +97,9 @@ start_noop
 start_redis
 start_sluice ""; MEMORY_PORT=$SLUICE_PORT MEMORY_PID=$SLUICE_PID
 start_sluice "redis://127.0.0.1:$REDIS_PORT"; REDIS_SLUICE_PORT=$SLUICE_PORT REDIS_SLUICE_PID=$SLUICE_PID
+# The quota service's own sluice: the reports its stream keeps sending between the rlqs rounds
+# (idle buckets) would otherwise count in the redis variants' CPU.
+start_sluice "redis://127.0.0.1:$REDIS_PORT"; RLQS_PORT=$SLUICE_PORT RLQS_PID=$SLUICE_PID
 B_LABEL="" B_PORT=0 B_PID=0
 if [ -n "${B:-}" ]; then
   B_LABEL="redis-${B%%=*}"
@@ -95,12 +108,12 @@ fi
 
 # The two Envoy bootstraps: the upstream (one direct_response listener) and the proxy (one
 # listener per variant, each with its own stat prefix, all routing to the upstream).
-PORTS="$(for _ in 1 2 3 4 5 6 7 8 9; do free_port; done | tr '\n' ' ')"
-python3 - "$WORK" "$NOOP_PORT" "$MEMORY_PORT" "$REDIS_SLUICE_PORT" "$B_LABEL" "$B_PORT" $PORTS \
+PORTS="$(for _ in 1 2 3 4 5 6 7 8 9 10; do free_port; done | tr '\n' ' ')"
+python3 - "$WORK" "$NOOP_PORT" "$MEMORY_PORT" "$REDIS_SLUICE_PORT" "$RLQS_PORT" "$B_LABEL" "$B_PORT" $PORTS \
   >"$WORK/ports.json" <<'EOF'
 import json, sys
-work, noop, memory, redis, b_label, b_port = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], int(sys.argv[6])
-up_admin, up_port, proxy_admin, *listen = map(int, sys.argv[7:])
+work, noop, memory, redis, rlqs, b_label, b_port = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6], int(sys.argv[7])
+up_admin, up_port, proxy_admin, *listen = map(int, sys.argv[8:])
 def addr(port):
     return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
 def cluster(name, port, http2=False):
@@ -134,6 +147,27 @@ def ratelimit(cluster_name):
         "domain": "bench", "timeout": "0.020s", "failure_mode_deny": True,
         "rate_limit_service": {"transport_api_version": "V3",
             "grpc_service": {"envoy_grpc": {"cluster_name": cluster_name}}}}}]
+def header_input(name, header):
+    return {"name": name, "typed_config": {
+        "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+        "header_name": header}}
+def quota(cluster_name):
+    # As deploy/envoy/rlqs.yaml ships it: one bucket per x-client value, {user: cN}.
+    deny = {"blanket_rule": "DENY_ALL"}
+    return [{"name": "envoy.filters.http.rate_limit_quota", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig",
+        "rlqs_server": {"envoy_grpc": {"cluster_name": cluster_name}}, "domain": "bench",
+        "bucket_matchers": {"matcher_list": {"matchers": [{
+            "predicate": {"single_predicate": {"input": header_input("client", "x-client"),
+                "value_match": {"safe_regex": {"google_re2": {}, "regex": ".+"}}}},
+            "on_match": {"action": {"name": "per_client", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
+                "bucket_id_builder": {"bucket_id_builder": {
+                    "user": {"custom_value": header_input("client", "x-client")}}},
+                "reporting_interval": "5s",
+                "no_assignment_behavior": {"fallback_rate_limit": deny},
+                "expired_assignment_behavior": {"expired_assignment_behavior_timeout": "10s",
+                                                "fallback_rate_limit": deny}}}}}]}}}}]
 def route(descriptor_key):
     r = {"match": {"prefix": "/"}, "route": {"cluster": "app"}}
     if descriptor_key:
@@ -141,16 +175,21 @@ def route(descriptor_key):
             "header_name": "x-client", "descriptor_key": descriptor_key}}]}]
     return r
 variants = [("none", None, None), ("noop", "rls_noop", "user"), ("memory", "rls_memory", "user"),
-            ("redis", "rls_redis", "user"), ("redis-over", "rls_redis", "over")]
+            ("redis", "rls_redis", "user"), ("redis-over", "rls_redis", "over"), ("rlqs", "rlqs", None)]
 clusters = [cluster("app", up_port), cluster("rls_noop", noop, True),
-            cluster("rls_memory", memory, True), cluster("rls_redis", redis, True)]
+            cluster("rls_memory", memory, True), cluster("rls_redis", redis, True),
+            cluster("rlqs", rlqs, True)]
+def filters(name, rls):
+    if name == "rlqs":
+        return quota(rls)
+    return ratelimit(rls) if rls else []
 if b_label:
     variants.append((b_label, "rls_b", "user"))
     clusters.append(cluster("rls_b", b_port, True))
 proxy = {
     "admin": {"address": addr(proxy_admin)},
     "static_resources": {
-        "listeners": [listener(name, port, route(key), ratelimit(rls) if rls else [])
+        "listeners": [listener(name, port, route(key), filters(name, rls))
                       for (name, rls, key), port in zip(variants, listen)],
         "clusters": clusters}}
 json.dump(upstream, open(f"{work}/upstream.json", "w"), indent=1)
@@ -188,17 +227,19 @@ EOF
 
 python3 - "$OUT" "$WORK" "$BIN" "$ROUNDS" "$SECS" "$LAT_ROUNDS" "$LAT_SECS" "$CONNECTIONS" \
   "$PROXY_PID" "$UPSTREAM_PID" "$NOOP_PID" "$MEMORY_PID" "$REDIS_SLUICE_PID" "$REDIS_PID" \
-  "$REDIS_PORT" "$MODE" "$B_LABEL" "$B_PID" <<'EOF'
+  "$REDIS_PORT" "$MODE" "$B_LABEL" "$B_PID" "$RLQS_PID" "$RLQS_PRIME_SECS" <<'EOF'
 # Runs the rounds and prints the tables (markdown).
 import json, os, resource, signal, statistics, subprocess, sys, time, urllib.parse, urllib.request
 (out, work, bin_dir, rounds, secs, lat_rounds, lat_secs, conns, proxy_pid, up_pid, noop_pid,
- memory_pid, redis_sluice_pid, redis_pid, redis_port, mode, b_label, b_pid) = sys.argv[1:]
-rounds, lat_rounds, conns = int(rounds), int(lat_rounds), int(conns)
+ memory_pid, redis_sluice_pid, redis_pid, redis_port, mode, b_label, b_pid, rlqs_pid,
+ prime_secs) = sys.argv[1:]
+rounds, lat_rounds, conns, prime_secs = int(rounds), int(lat_rounds), int(conns), float(prime_secs)
 ports = json.load(open(f"{work}/ports.json"))
 WAKEUPS = os.environ.get("WAKEUPS") == "1"
-VARIANTS = ["none", "noop", "memory", "redis", "redis-over"]
+VARIANTS = ["none", "noop", "memory", "redis", "redis-over", "rlqs"]
 RLS = {"none": None, "noop": ("no-op", noop_pid), "memory": ("sluice", memory_pid),
-       "redis": ("sluice", redis_sluice_pid), "redis-over": ("sluice", redis_sluice_pid)}
+       "redis": ("sluice", redis_sluice_pid), "redis-over": ("sluice", redis_sluice_pid),
+       "rlqs": ("sluice", rlqs_pid)}
 if b_label:
     VARIANTS.append(b_label)
     RLS[b_label] = ("sluice", b_pid)
@@ -207,17 +248,22 @@ def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
+def uses_redis(v):
+    return v.startswith("redis") or v == "rlqs"
+
 def processes(v):
     p = {"envoy": proxy_pid, "upstream envoy": up_pid}
     if RLS[v]:
         p[RLS[v][0]] = RLS[v][1]
-    if v.startswith("redis"):
+    if uses_redis(v):
         p["redis-server"] = redis_pid
     return p
 
 def envoy_stats(v):
-    """Envoy's response-code counters of the variant's listener and its RLS call counters."""
-    pattern = f"^(http\\.{v}\\.downstream_rq_[2-5]xx|cluster\\.rls_.*\\.ratelimit\\.)"
+    """Envoy's response-code counters of the variant's listener, its RLS call counters and the
+    quota streams it opened."""
+    pattern = (f"^(http\\.{v}\\.downstream_rq_[2-5]xx|cluster\\.rls_.*\\.ratelimit\\."
+               "|cluster\\.rlqs\\.upstream_rq_total$)")
     url = f"http://127.0.0.1:{ports['proxy_admin']}/stats?format=json&filter={urllib.parse.quote(pattern)}"
     stats = json.load(urllib.request.urlopen(url, timeout=5))["stats"]
     return {s["name"]: s.get("value", 0) for s in stats if "name" in s}
@@ -272,11 +318,12 @@ def measured(v, run, trace=False):
                           for k in stats2 if k.startswith(f"http.{v}.downstream_rq_") and stats2[k] - stats.get(k, 0)}
     result["rls"] = {k.split(".", 1)[1]: stats2[k] - stats.get(k, 0)
                      for k in stats2 if ".ratelimit." in k and stats2[k] - stats.get(k, 0)}
-    result["evalsha_per_request"] = (evalsha() - calls) / n if v.startswith("redis") else None
+    result["evalsha_per_request"] = (evalsha() - calls) / n if uses_redis(v) else None
+    result["streams_opened"] = stats2.get("cluster.rlqs.upstream_rq_total", 0) - stats.get("cluster.rlqs.upstream_rq_total", 0)
     return result
 
-def wrk(v):
-    text = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{secs}s", "-s", f"{work}/clients.lua",
+def wrk(v, duration=None):
+    text = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{duration or secs}s", "-s", f"{work}/clients.lua",
                            f"http://127.0.0.1:{ports['listeners'][v]}/"],
                           capture_output=True, text=True, check=True).stdout
     line = next(l for l in text.splitlines() if l.startswith("WRK "))
@@ -290,6 +337,13 @@ def open_loop(v, rate, duration, requests=None):
     if requests:
         cmd += ["--max-requests", str(requests)]
     return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+def prime(v, load):
+    """Before an rlqs round: `load` for prime_secs, not measured, so that two reports pass and
+    every bucket holds an allotment sized from this load (between its rounds a bucket is idle:
+    denied at its next report, forgotten after a minute)."""
+    if v == "rlqs":
+        load(prime_secs)
 
 def save(name, result):
     json.dump(result, open(f"{out}/{name}.json", "w"), indent=1)
@@ -314,6 +368,7 @@ print(f"== throughput: {rounds} rounds x {len(VARIANTS)} variants x {secs} s", f
 tput = {v: [] for v in VARIANTS}
 for r in range(rounds):
     for v in VARIANTS:
+        prime(v, lambda d: wrk(v, max(1, round(d))))
         result = measured(v, lambda: wrk(v))
         save(f"throughput-{r}-{v}", result)
         tput[v].append(result)
@@ -325,6 +380,7 @@ print(f"== latency: open loop at {rate}/s, {lat_rounds} rounds x {len(VARIANTS)}
 lat = {v: [] for v in VARIANTS}
 for r in range(lat_rounds):
     for v in VARIANTS:
+        prime(v, lambda d: open_loop(v, rate, d))
         result = measured(v, lambda: open_loop(v, rate, lat_secs), trace=WAKEUPS)
         save(f"latency-{r}-{v}", result)
         lat[v].append(result)
@@ -352,7 +408,7 @@ def f(x, spec=".1f"):
 print(f"Throughput: wrk, 1 thread, {conns} connections, closed loop; median of {rounds} rounds of {secs} s; "
       f"ratio = the round's requests/s over the no-op variant's of the same round (median, min-max)")
 print()
-print("| variant | requests/s | ratio to no-op RLS | ratio range | Envoy µs/req | RLS server µs/req | Redis µs/req | EVALSHA/req | upstream µs/req | wrk µs/req | statuses |")
+print("| variant | requests/s | ratio to no-op RLS | ratio range | Envoy µs/req | RLS server µs/req | Redis µs/req | Redis calls/req | upstream µs/req | wrk µs/req | statuses |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for v in VARIANTS:
     rl = ratios(v)
@@ -365,7 +421,7 @@ print()
 print(f"Latency: sluice-http-load, open loop at {rate}/s ({'RATE' if os.environ.get('RATE') else 'half the no-op variant median'}), {conns} connections; "
       f"median of {lat_rounds} rounds of {lat_secs} s; added = the variant's minus the other's in the same round (median)")
 print()
-print("| variant | p50 ms | p99 ms | p99.9 ms | p50 added to none | p99 added to none | p99 added to no-op RLS | Envoy µs/req | RLS server µs/req | Redis µs/req | EVALSHA/req | generator lag p99 ms | statuses |")
+print("| variant | p50 ms | p99 ms | p99.9 ms | p50 added to none | p99 added to none | p99 added to no-op RLS | Envoy µs/req | RLS server µs/req | Redis µs/req | Redis calls/req | generator lag p99 ms | statuses |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for v in VARIANTS:
     rls = RLS[v][0] if RLS[v] else None
@@ -410,6 +466,11 @@ for v in VARIANTS:
     if any(set(x["statuses"]) - {want} for x in tput[v] + lat[v]):
         print(f"note: {v} answered other statuses than {want} in some rounds: {statuses(tput[v] + lat[v])}")
 
+streams = sum(x["streams_opened"] for x in tput["rlqs"] + lat["rlqs"])
+print(f"quota streams Envoy opened during the rlqs rounds (its quota cluster's requests): {streams}")
+rlqs_calls = max(x["evalsha_per_request"] for x in tput["rlqs"] + lat["rlqs"])
+rlqs_total = sum(sum(x["statuses"].values()) for x in tput["rlqs"] + lat["rlqs"])
+rlqs_refused = sum(x["statuses"].get("4xx", 0) for x in tput["rlqs"] + lat["rlqs"]) / max(rlqs_total, 1)
 sluice_redis_cpu = cpu_of(lat, "redis", "sluice")
 noop_cpu = cpu_of(lat, "noop", "no-op")
 checks = [
@@ -421,6 +482,12 @@ checks = [
      sluice_redis_cpu <= 1.5 * noop_cpu, f"{sluice_redis_cpu:.1f} / {noop_cpu:.1f} µs = {sluice_redis_cpu / noop_cpu:.2f}x"),
     ("Redis CPU per decision <= 25 µs (half rate)", cpu_of(lat, "redis", "redis-server") <= 25,
      f"{cpu_of(lat, 'redis', 'redis-server'):.1f} µs"),
+    ("RLQS >= 1.2x Envoy + no-op RLS (throughput)", med(ratios("rlqs")) >= 1.2, f"{med(ratios('rlqs')):.2f}"),
+    ("RLQS Redis calls per request <= 0.01 (every round)", rlqs_calls <= 0.01, f"at most {rlqs_calls:.4f}"),
+    # A request a bucket's allotment (or a blanket DENY_ALL) refused is a 429 Envoy answers
+    # without the upstream: cheaper than a 200, so a round with many would flatter the ratio.
+    ("RLQS rounds: at most 0.1 % of requests refused (429) by the quota filter", rlqs_refused <= 0.001,
+     f"{rlqs_refused:.2%} of {rlqs_total}"),
 ]
 if mode == "--smoke":
     print("smoke run (debug build, one short round): the figures mean nothing")

@@ -153,8 +153,9 @@ print(f"{os.cpu_count()} cores shared by sluice-bench, every sluice and redis-se
       f"before, {load_after} after; {elapsed} s of fills and measurements; medians of "
       f"{os.environ.get('SCALE_ROUNDS', '1')} round(s); raw JSON in {out}")
 
-# The chart: CPU µs per decision (sluice + Redis) against scale, one line per backend, setting
-# and build.
+# The chart: CPU µs per decision (sluice + Redis) against scale, one line per backend and
+# setting, of the current tree only (the docs show the current truth; a before build is compared
+# in the table).
 series = []
 def write(name, title, points):
     if not points:
@@ -166,32 +167,29 @@ def write(name, title, points):
     series.append((path, title))
 
 for backend, title in [("memory-none", "memory"), ("redis-off", "Redis")]:
-    for b in builds:
-        points = [(e, s["sluice_us"] + s["redis_us"]) for (bk, bb, n), (e, s) in sorted(window.items())
-                  if bk == backend and bb == b]
-        write(f"window-{backend}-{b}", f"{title} ({b})", points)
+    points = [(e, s["sluice_us"] + s["redis_us"]) for (bk, bb, n), (e, s) in sorted(window.items())
+              if bk == backend and bb == "after"]
+    write(f"window-{backend}", title, points)
 window_series, series = series, []
 for backend, title in [("memory-none", "memory"), ("redis-off", "Redis, cache off"),
                        ("redis-on", "Redis, cache on")]:
-    for b in builds:
-        points = [(k, s["sluice_us"] + s["redis_us"]) for (bk, bb, k), s in sorted(flood.items())
-                  if bk == backend and bb == b]
-        write(f"flood-{backend}-{b}", f"{title} ({b})", points)
+    points = [(k, s["sluice_us"] + s["redis_us"]) for (bk, bb, k), s in sorted(flood.items())
+              if bk == backend and bb == "after"]
+    write(f"flood-{backend}", title, points)
 flood_series = series
 
 
 def plot(entries):
     styles = []
-    for i, (path, title) in enumerate(entries):
-        dash = "dt 2" if "(before)" in title else "dt 1"
-        styles.append(f"'{path}' using 1:2 with linespoints lw 2 pt 7 {dash} title '{title}'")
+    for path, title in entries:
+        styles.append(f"'{path}' using 1:2 with linespoints lw 2 pt 7 title '{title}'")
     return "plot " + ", \\\n     ".join(styles)
 
 
 with open(os.path.join(out, "scale.gp"), "w") as f:
     f.write(f"""set terminal pngcairo size 1400,560 font 'sans,11' noenhanced
 set output 'scale.png'
-set multiplot layout 1,2 title 'sluice: CPU per decision (sluice + Redis) against scale (scripts/bench/scale.sh; dashed: before)'
+set multiplot layout 1,2 title 'sluice: CPU per decision (sluice + Redis) against scale (scripts/bench/scale.sh)'
 set logscale xy
 set grid
 set key top left
