@@ -2,7 +2,7 @@
 # The most admit-heavy could reach with one script call per decision on this machine: sluice
 # built with a Lua script that decides nothing (it returns a well-formed "admitted" reply for
 # every request of a call, touching no key), A/B against the real build with scripts/bench/ab.sh.
-# Everything else is the same: gRPC, batching, EVALSHA round trips, reply decoding, the
+# Everything else is the same: gRPC, batching, FCALL round trips, reply decoding, the
 # generator and the no-op ceiling. The gap between the two is what the sliding log's work inside
 # Redis costs; the ratio of the no-op-script build is a ceiling for any script. Figures in
 # docs/performance.md ("The ceiling of any script").
@@ -14,10 +14,9 @@
 # scripts/bench/script-bound-noop.lua in place of src/limiter/redis/lua/decide.lua, built in its
 # own target directory, target/script-bound/ (the first run compiles every dependency once more:
 # about 3 minutes on these 2 cores). It is for this measurement only: it admits everything. The
-# no-op still runs what precedes decide.lua in every script assembled by script.rs (the
-# generated header, shared.lua and models.lua): about 9,100 instructions of redis-server per
-# unbatched call, 1,100 per request of a batched call of eight (scripts/bench/script-cost.sh),
-# so its ratio is the ceiling of any script built that way.
+# library's other parts (the generated header, shared.lua, models.lua) run once, when Redis loads
+# the library, as they do for the real decide.lua: per call the no-op pays only FCALL itself and
+# its reply, so its ratio is the ceiling of any decision made in one function call.
 # Every process listens on 127.0.0.1 only and is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
