@@ -18,9 +18,11 @@ use super::sizing::{token_bucket_for, want};
 use super::stream::{Observed, Stream};
 use super::{Answer, Assignment, BucketId, PlanKind, TokenBucket, Usage, plan};
 
-/// Reservations of one report in flight at once: enough to keep a backend busy, few enough to
-/// stay well inside its bound on calls in flight (`--max-backend-in-flight`).
-const CONCURRENT_RESERVATIONS: usize = 16;
+/// Reservations of one report in flight at once: enough that the Redis limiter's queues fill
+/// batched calls (up to `--redis-batch-max` reservations each: about 10 per call through Envoy,
+/// 2.7 with 16 in flight; docs/rlqs.md), few enough that a report holds a sixteenth of the
+/// default bound on calls in flight (`--backend-max-in-flight`, 1,024).
+const CONCURRENT_RESERVATIONS: usize = 64;
 
 /// What one bucket of a report gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
