@@ -33,8 +33,8 @@
 # come from Envoy's own counters, so a round whose filter timed out (500) or rejected (429) says
 # so; so do the quota streams Envoy opened during the rounds (its quota cluster's requests).
 #
-#   scripts/bench/envoy.sh            # about 6 minutes after the build (5 x 4 s + 3 x 5 s rounds)
-#   scripts/bench/envoy.sh --long     # about 10 minutes (8 x 6 s + 5 x 8 s rounds)
+#   scripts/bench/envoy.sh            # about 7 minutes after the build (5 x 4 s + 3 x 5 s rounds)
+#   scripts/bench/envoy.sh --long     # about 12 minutes (8 x 6 s + 5 x 8 s rounds)
 #   scripts/bench/envoy.sh --smoke    # seconds, debug build, one short round; no figure or status
 #                                     # means anything: it fails only if the harness does not run
 #   ROUNDS=.. SECS=.. LAT_ROUNDS=.. LAT_SECS=.. CONNECTIONS=.. override the above; RATE=..
