@@ -53,25 +53,29 @@
 //! end whenever their requests do), so their items are never kept, and a request holding one
 //! always goes to the backend.
 //!
-//! Cost and memory: the entries live in a [`moka`] cache: a concurrent hash table (no lock
-//! shared by all decisions) with O(1) amortised insertion and eviction, at most `capacity`
-//! entries, each leaving at its deadline (per-entry expiry on a timer wheel) or, when the cache
-//! is full, by moka's admission and LRU policy. Once it is full, a key is offered to it only
-//! on its second answer over the limit within a recent period (its doorkeeper,
-//! `cache/doorkeeper.rs`): a flood of distinct over-limit keys, most of which the cache could
-//! not keep, thus costs each request one lookup and a mark, whatever the number of keys. A key
-//! kept out, like an entry evicted early, only sends its key's next request to the backend.
+//! Cost and memory: the entries live in a [`quick_cache`] cache: a hash table split into shards
+//! (no lock shared by all decisions) with O(1) insertion and eviction and at most `capacity`
+//! entries. It has no per-entry expiry: a lookup checks the entry's own deadline, an entry past
+//! it is overwritten or removed by the outcome of the request that found it, and one nobody asks
+//! for again leaves when its room is needed (S3-FIFO: entries looked up since their insertion
+//! stay, the others go first). Once the cache is full, a key is offered to it only on its second
+//! answer over the limit within a recent period (its doorkeeper, `cache/doorkeeper.rs`): a flood
+//! of distinct over-limit keys, most of which the cache could not keep, thus costs each request
+//! one lookup and a mark, whatever the number of keys. A key kept out, like an entry evicted
+//! early, only sends its key's next request to the backend.
 //! What a request's lookups found also says what its outcome must forget: a key the cache did
 //! not hold is not looked up again.
 //!
 //! A local answer says so ([`AnsweredBy::LocalCache`] in its outcome); the cache never touches
 //! metrics: the observer above it counts those answers.
 
+use std::hash::RandomState;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use quick_cache::UnitWeighter;
+use quick_cache::sync::DefaultLifecycle;
 use smallvec::SmallVec;
 
 use super::window::{check, over_limit_take, slots_for};
@@ -85,6 +89,10 @@ use doorkeeper::Doorkeeper;
 /// Default number of cached keys.
 pub const DEFAULT_CAPACITY: usize = 10_000;
 
+/// While the cache is full, its size is counted again once in this many offers: counting reads
+/// every shard's lock, and a flood offers a key on every decision.
+const FULL_RECOUNT_EVERY: u64 = 64;
+
 /// What the backend last said about a key.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -92,39 +100,21 @@ struct Entry {
     count: u64,
     /// Local clock (ms) at which the key's count may next drop (its reset).
     until_ms: u64,
-    /// The reset as learnt: how long moka keeps the entry from its insertion.
-    ttl_ms: u64,
 }
 
 /// What the cache held for each item of a request when it arrived.
 type Held = SmallVec<[Option<Entry>; 4]>;
 
-/// Each entry leaves the cache at its reset, measured from its insertion (a little after the
-/// call was sent, so later than `until_ms`: the lookup checks `until_ms` itself).
-struct UntilReset;
-
-impl moka::Expiry<String, Entry> for UntilReset {
-    fn expire_after_create(&self, _: &String, entry: &Entry, _: Instant) -> Option<Duration> {
-        Some(Duration::from_millis(entry.ttl_ms))
-    }
-
-    fn expire_after_update(
-        &self,
-        _: &String,
-        entry: &Entry,
-        _: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(Duration::from_millis(entry.ttl_ms))
-    }
-}
-
 pub struct RejectionCache {
     inner: Arc<dyn Limiter>,
     clock: Arc<dyn Clock>,
     capacity: usize,
-    entries: moka::sync::Cache<String, Entry>,
+    /// Keys are the clients' values: hashed with SipHash under a per-process key.
+    entries: quick_cache::sync::Cache<String, Entry, UnitWeighter, RandomState>,
     doorkeeper: Doorkeeper,
+    /// Whether the cache was full when last counted.
+    full: AtomicBool,
+    offers: AtomicU64,
     answered: AtomicU64,
 }
 
@@ -132,16 +122,21 @@ impl RejectionCache {
     /// `clock` is only used to age entries (a monotonic source is best); `capacity` 0 is allowed
     /// but pointless: callers skip the wrapper instead.
     pub fn new(inner: Arc<dyn Limiter>, clock: Arc<dyn Clock>, capacity: usize) -> Self {
-        let entries = moka::sync::Cache::builder()
-            .max_capacity(capacity as u64)
-            .expire_after(UntilReset)
-            .build();
+        let entries = quick_cache::sync::Cache::with(
+            capacity,
+            capacity as u64,
+            UnitWeighter,
+            RandomState::default(),
+            DefaultLifecycle::default(),
+        );
         RejectionCache {
             inner,
             clock,
             capacity,
             entries,
             doorkeeper: Doorkeeper::new(capacity),
+            full: AtomicBool::new(false),
+            offers: AtomicU64::new(0),
             answered: AtomicU64::new(0),
         }
     }
@@ -151,10 +146,9 @@ impl RejectionCache {
         self.answered.load(Ordering::Relaxed)
     }
 
-    /// Keys currently cached (after the cache's pending housekeeping).
+    /// Keys currently held (some perhaps past their reset, until the cache needs their room).
     pub fn len(&self) -> usize {
-        self.entries.run_pending_tasks();
-        usize::try_from(self.entries.entry_count()).unwrap_or(usize::MAX)
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -296,19 +290,25 @@ impl RejectionCache {
                         window_ms: hit.window_ms,
                         count: item.count,
                         until_ms: sent_at.saturating_add(item.reset_ms),
-                        ttl_ms: item.reset_ms,
                     };
                     self.entries.insert(hit.key.clone(), entry);
                 }
             } else if held.is_some() {
-                self.entries.invalidate(hit.key.as_str());
+                self.entries.remove(hit.key.as_str());
             }
         }
     }
 
-    /// Whether the cache holds fewer keys than it can (as of its last housekeeping).
+    /// Whether the cache holds fewer keys than it can: counted at each offer while it has room
+    /// (an insertion follows anyway), once in [`FULL_RECOUNT_EVERY`] offers while it is full.
     fn has_room(&self) -> bool {
-        self.entries.entry_count() < self.capacity as u64
+        let offer = self.offers.fetch_add(1, Ordering::Relaxed);
+        if !self.full.load(Ordering::Relaxed) || offer.is_multiple_of(FULL_RECOUNT_EVERY) {
+            let full = self.entries.len() >= self.capacity;
+            self.full.store(full, Ordering::Relaxed);
+            return !full;
+        }
+        false
     }
 
     async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {
@@ -322,7 +322,7 @@ impl RejectionCache {
             return Ok(outcome);
         }
         for hit in batch.iter().filter(|h| h.kind == ItemKind::Refund) {
-            self.entries.invalidate(hit.key.as_str());
+            self.entries.remove(hit.key.as_str());
         }
         let outcome = self.inner.decide(batch, now).await?;
         self.learn(batch, &held, &outcome, sent_at);

@@ -1,16 +1,14 @@
 //! The doorkeeper in front of a full rejection cache: it lets through only keys learnt over
 //! their limit twice within a recent period.
 //!
-//! Why: once the cache is full, a key it is offered takes the place of another only if moka's
-//! admission policy (TinyLFU: how often each key was looked up) prefers it, and under a flood of
-//! distinct over-limit keys it almost never does; yet every offer paid for the insertion
-//! (the key's allocation, an entry in the concurrent map, its removal when the policy rejects
-//! it, the map's rehashing of what was removed), some 6,000 instructions per decision, for
-//! a cache that could not keep the key (docs/performance.md, "The rejection cache under a
-//! flood"). A key seen over its limit for the first time is only marked here, a few
-//! hundred instructions; the second time it is offered to the cache, whose own policy then
-//! decides. A key a flood sends once never costs an insertion; a key sent often is offered on
-//! its second rejection (one more backend call than with room in the cache).
+//! Why: once the cache is full, every key it is offered takes the place of another (the key's
+//! allocation, its map entry, an eviction), and under a flood of distinct over-limit keys far
+//! more numerous than the cache's room, almost none of them is asked for again before it is
+//! evicted in turn: the insertion buys nothing. A key seen over its limit for the first time is
+//! only marked here, a few hundred instructions; the second time it is offered to the cache,
+//! whose own policy then decides. A key a flood sends once never costs an insertion; a key sent
+//! often is offered on its second rejection (one more backend call than with room in the
+//! cache).
 //!
 //! The marks are a Bloom filter of 32 bits per cached key, cleared after twice the cache's
 //! capacity of first sightings, so its memory is bounded and it keeps few false positives (a

@@ -339,6 +339,49 @@ async fn a_full_cache_takes_a_key_on_its_second_rejection() {
     assert!(cache.len() <= 2);
 }
 
+/// A full cache whose keys are forgotten (their requests admitted) finds its room again at a
+/// recount: keys are then kept at their first rejection, as before it was full.
+#[tokio::test]
+async fn a_cache_that_empties_takes_keys_at_their_first_rejection_again() {
+    let (cache, inner) = setup(2);
+    let calls = || inner.calls.load(Ordering::Relaxed);
+    let decide = |key: String, limit, now| {
+        let cache = &cache;
+        async move {
+            let batch = [hit(&key, limit, 1, ItemKind::Consume)];
+            cache.decide(&batch, Some(now)).await.unwrap()
+        }
+    };
+    for key in ["a", "b"] {
+        for _ in 0..3 {
+            decide(key.into(), 2, T).await;
+        }
+    }
+    assert_eq!(cache.len(), 2);
+    // The window has passed: both are admitted with room left, so both are forgotten.
+    for key in ["a", "b"] {
+        assert!(decide(key.into(), 2, T + 2_000).await.admitted);
+    }
+    assert_eq!(cache.len(), 0);
+    // Keys each rejected once: kept only once a recount has found the room (at most
+    // FULL_RECOUNT_EVERY offers later), and then at their first rejection.
+    let mut kept_at = None;
+    for i in 0..=FULL_RECOUNT_EVERY {
+        let key = format!("new{i}");
+        decide(key.clone(), 1, T + 3_000).await;
+        decide(key.clone(), 1, T + 3_000).await;
+        if !cache.is_empty() {
+            kept_at = Some(key);
+            break;
+        }
+    }
+    let key = kept_at.expect("a key is kept within FULL_RECOUNT_EVERY offers");
+    let before = calls();
+    let out = decide(key, 1, T + 3_001).await;
+    assert_eq!(out.answered_by, AnsweredBy::LocalCache);
+    assert_eq!(calls(), before);
+}
+
 /// Each key has one algorithm and one window, as the engine's keys do: every algorithm the
 /// cache answers for (and the sliding counter, which it must never answer for), windows
 /// other than 1 s.
