@@ -58,11 +58,15 @@
 //! entries. It has no per-entry expiry: a lookup checks the entry's own deadline, an entry past
 //! it is overwritten or removed by the outcome of the request that found it, and one nobody asks
 //! for again leaves when its room is needed (S3-FIFO: entries looked up since their insertion
-//! stay, the others go first). Once the cache is full, a key is offered to it only on its second
-//! answer over the limit within a recent period (its doorkeeper, `cache/doorkeeper.rs`): a flood
-//! of distinct over-limit keys, most of which the cache could not keep, thus costs each request
-//! one lookup and a mark, whatever the number of keys. A key kept out, like an entry evicted
-//! early, only sends its key's next request to the backend.
+//! stay, the others go first). A decision never waits for a shard another thread is writing, to
+//! answer or to keep a new key (a busy shard is a miss, a new key is not kept): a tokio worker
+//! blocked on a lock would stall every request it serves. It waits only where an entry must
+//! change: to replace or forget a key the cache may hold. Once the cache is full, a key is
+//! offered to it only on its second answer over the limit within a recent period (its
+//! doorkeeper, `cache/doorkeeper.rs`): a flood of distinct over-limit keys, most of which the
+//! cache could not keep, thus costs each request one lookup and a mark, whatever the number of
+//! keys. A key kept out, like an entry evicted early, only sends its key's next request to the
+//! backend.
 //! What a request's lookups found also says what its outcome must forget: a key the cache did
 //! not hold is not looked up again.
 //!
@@ -102,8 +106,32 @@ struct Entry {
     until_ms: u64,
 }
 
+/// What a request's lookup found for one item's key.
+#[derive(Debug, Clone, Copy)]
+enum Lookup {
+    Absent,
+    Held(Entry),
+    /// The key's shard was busy (another thread writing it): not waited for, so the request
+    /// goes to the backend, and its outcome replaces or forgets whatever the key may hold.
+    Busy,
+}
+
+impl Lookup {
+    fn entry(self) -> Option<Entry> {
+        match self {
+            Lookup::Held(entry) => Some(entry),
+            Lookup::Absent | Lookup::Busy => None,
+        }
+    }
+
+    /// Whether the cache may hold the key: its outcome must then replace or forget the entry.
+    fn may_hold(self) -> bool {
+        !matches!(self, Lookup::Absent)
+    }
+}
+
 /// What the cache held for each item of a request when it arrived.
-type Held = SmallVec<[Option<Entry>; 4]>;
+type Held = SmallVec<[Lookup; 4]>;
 
 pub struct RejectionCache {
     inner: Arc<dyn Limiter>,
@@ -161,28 +189,28 @@ impl RejectionCache {
         batch
             .iter()
             .map(|hit| match hit.kind {
-                ItemKind::Refund => None,
-                _ => self.entries.get(hit.key.as_str()),
+                ItemKind::Refund => Lookup::Absent,
+                _ => match self.entries.try_get(hit.key.as_str()) {
+                    Ok(Some(entry)) => Lookup::Held(entry),
+                    Ok(None) => Lookup::Absent,
+                    Err(_busy) => Lookup::Busy,
+                },
             })
             .collect()
     }
 
     /// The held status of `hit`'s key, if it holds for `hit` at `now`.
-    fn known(hit: &Item, held: Option<Entry>, now: u64) -> Option<Entry> {
+    fn known(hit: &Item, held: Lookup, now: u64) -> Option<Entry> {
         if !hit.algorithm.rejection_is_stable() {
             return None;
         }
-        held.filter(|e| e.window_ms == hit.window_ms && now < e.until_ms)
+        held.entry()
+            .filter(|e| e.window_ms == hit.window_ms && now < e.until_ms)
     }
 
     /// The outcome when the cache proves the batch is rejected and knows every item's status,
     /// else `None`.
-    fn certain_rejection(
-        &self,
-        batch: &[Item],
-        held: &[Option<Entry>],
-        now: u64,
-    ) -> Option<BatchOutcome> {
+    fn certain_rejection(&self, batch: &[Item], held: &[Lookup], now: u64) -> Option<BatchOutcome> {
         let known = batch
             .iter()
             .zip(held)
@@ -269,7 +297,7 @@ impl RejectionCache {
     /// `held` is what the cache held for them when the request arrived: a key it did not hold
     /// has nothing to forget, and while the cache is full it is offered one only on its
     /// doorkeeper's word.
-    fn learn(&self, batch: &[Item], held: &[Option<Entry>], outcome: &BatchOutcome, sent_at: u64) {
+    fn learn(&self, batch: &[Item], held: &[Lookup], outcome: &BatchOutcome, sent_at: u64) {
         // An empty key (a cost above its capacity was refused) has no entry to wait for: the
         // backend answers such requests, so a local answer always has a count to show.
         let keepable = |hit: &Item, item: &KeyOutcome| {
@@ -285,15 +313,19 @@ impl RejectionCache {
         });
         for ((hit, item), held) in batch.iter().zip(&outcome.items).zip(held) {
             if over && keepable(hit, item) {
-                if held.is_some() || self.has_room() || self.doorkeeper.seen_before(&hit.key) {
-                    let entry = Entry {
-                        window_ms: hit.window_ms,
-                        count: item.count,
-                        until_ms: sent_at.saturating_add(item.reset_ms),
-                    };
+                let entry = Entry {
+                    window_ms: hit.window_ms,
+                    count: item.count,
+                    until_ms: sent_at.saturating_add(item.reset_ms),
+                };
+                if held.may_hold() {
+                    // Waits for a busy shard: an older entry must not outlive this answer.
                     self.entries.insert(hit.key.clone(), entry);
+                } else if self.has_room() || self.doorkeeper.seen_before(&hit.key) {
+                    // A new key: not kept while its shard is busy, like a key kept out.
+                    let _ = self.entries.try_insert(hit.key.clone(), entry);
                 }
-            } else if held.is_some() {
+            } else if held.may_hold() {
                 self.entries.remove(hit.key.as_str());
             }
         }

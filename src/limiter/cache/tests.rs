@@ -382,6 +382,41 @@ async fn a_cache_that_empties_takes_keys_at_their_first_rejection_again() {
     assert_eq!(calls(), before);
 }
 
+/// A key whose shard was busy at the lookup may still be held: its outcome forgets it (or
+/// replaces it) as if it had been found, so no older entry outlives a newer answer.
+#[test]
+fn a_busy_lookup_still_forgets_or_replaces_the_key() {
+    let (cache, _) = setup(100);
+    let old = Entry {
+        window_ms: 1000,
+        count: 2,
+        until_ms: T + 900,
+    };
+    let batch = [hit("k", 2, 1, ItemKind::Consume)];
+    let outcome = |passed, count| BatchOutcome {
+        admitted: passed,
+        items: vec![KeyOutcome {
+            passed,
+            count,
+            reset_ms: 500,
+        }],
+        answered_by: AnsweredBy::Backend,
+    };
+    cache.entries.insert("k".into(), old);
+    cache.learn(&batch, &[Lookup::Busy], &outcome(true, 1), T);
+    assert!(
+        cache.entries.get("k").is_none(),
+        "an admitted answer forgets it"
+    );
+    cache.entries.insert("k".into(), old);
+    cache.learn(&batch, &[Lookup::Busy], &outcome(false, 2), T + 100);
+    let kept = cache.entries.get("k").map(|e| e.until_ms);
+    assert_eq!(kept, Some(T + 600), "a rejection replaces it");
+    // What the lookup found absent is not forgotten (nothing to undo).
+    cache.learn(&batch, &[Lookup::Absent], &outcome(true, 1), T + 200);
+    assert!(cache.entries.get("k").is_some());
+}
+
 /// Each key has one algorithm and one window, as the engine's keys do: every algorithm the
 /// cache answers for (and the sliding counter, which it must never answer for), windows
 /// other than 1 s.
