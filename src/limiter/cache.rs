@@ -61,12 +61,13 @@
 //! stay, the others go first). A decision never waits for a shard another thread is writing, to
 //! answer or to keep a new key (a busy shard is a miss, a new key is not kept): a tokio worker
 //! blocked on a lock would stall every request it serves. It waits only where an entry must
-//! change: to replace or forget a key the cache may hold. Once the cache is full, a key is
-//! offered to it only on its second answer over the limit within a recent period (its
-//! doorkeeper, `cache/doorkeeper.rs`): a flood of distinct over-limit keys, most of which the
-//! cache could not keep, thus costs each request one lookup and a mark, whatever the number of
-//! keys. A key kept out, like an entry evicted early, only sends its key's next request to the
-//! backend.
+//! change: to replace or forget a key the cache may hold. Once the cache is full (the last
+//! insertion of a new key took another's place: its shards fill unevenly, so no count says
+//! so), a key is offered to it only on its second answer over the limit within a recent period
+//! (its doorkeeper, `cache/doorkeeper.rs`): a flood of distinct over-limit keys, most of which
+//! the cache could not keep, thus costs each request one lookup and a mark, whatever the number
+//! of keys. A key kept out, like an entry evicted early, only sends its key's next request to
+//! the backend.
 //! What a request's lookups found also says what its outcome must forget: a key the cache did
 //! not hold is not looked up again.
 //!
@@ -78,8 +79,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use quick_cache::Lifecycle;
 use quick_cache::UnitWeighter;
-use quick_cache::sync::DefaultLifecycle;
 use smallvec::SmallVec;
 
 use super::window::{check, over_limit_take, slots_for};
@@ -92,10 +93,6 @@ use doorkeeper::Doorkeeper;
 
 /// Default number of cached keys.
 pub const DEFAULT_CAPACITY: usize = 10_000;
-
-/// While the cache is full, its size is counted again once in this many offers: counting reads
-/// every shard's lock, and a flood offers a key on every decision.
-const FULL_RECOUNT_EVERY: u64 = 64;
 
 /// What the backend last said about a key.
 #[derive(Debug, Clone, Copy)]
@@ -133,16 +130,33 @@ impl Lookup {
 /// What the cache held for each item of a request when it arrived.
 type Held = SmallVec<[Lookup; 4]>;
 
+/// Keeps the keys an operation evicted (or replaced), so that the caller can tell an eviction
+/// from a replacement, and frees them after the shard's lock is released, as quick_cache's
+/// default lifecycle does.
+#[derive(Clone, Default)]
+struct KeepEvicted;
+
+impl Lifecycle<String, Entry> for KeepEvicted {
+    type RequestState = [Option<String>; 2];
+
+    fn on_evict(&self, state: &mut Self::RequestState, key: String, _: Entry) {
+        if let Some(slot) = state.iter_mut().find(|slot| slot.is_none()) {
+            *slot = Some(key);
+        }
+    }
+}
+
 pub struct RejectionCache {
     inner: Arc<dyn Limiter>,
     clock: Arc<dyn Clock>,
     capacity: usize,
     /// Keys are the clients' values: hashed with SipHash under a per-process key.
-    entries: quick_cache::sync::Cache<String, Entry, UnitWeighter, RandomState>,
+    entries: quick_cache::sync::Cache<String, Entry, UnitWeighter, RandomState, KeepEvicted>,
     doorkeeper: Doorkeeper,
-    /// Whether the cache was full when last counted.
-    full: AtomicBool,
-    offers: AtomicU64,
+    /// Whether the last insertion of a new key took another key's place: the cache (or the
+    /// shard keys land in) is full. Its shards fill unevenly, so no count of all entries says
+    /// that an insertion will take another's place; an eviction does.
+    evicting: AtomicBool,
     answered: AtomicU64,
 }
 
@@ -155,7 +169,7 @@ impl RejectionCache {
             capacity as u64,
             UnitWeighter,
             RandomState::default(),
-            DefaultLifecycle::default(),
+            KeepEvicted,
         );
         RejectionCache {
             inner,
@@ -163,8 +177,7 @@ impl RejectionCache {
             capacity,
             entries,
             doorkeeper: Doorkeeper::new(capacity),
-            full: AtomicBool::new(false),
-            offers: AtomicU64::new(0),
+            evicting: AtomicBool::new(false),
             answered: AtomicU64::new(0),
         }
     }
@@ -322,8 +335,7 @@ impl RejectionCache {
                     // Waits for a busy shard: an older entry must not outlive this answer.
                     self.entries.insert(hit.key.clone(), entry);
                 } else if self.has_room() || self.doorkeeper.seen_before(&hit.key) {
-                    // A new key: not kept while its shard is busy, like a key kept out.
-                    let _ = self.entries.try_insert(hit.key.clone(), entry);
+                    self.keep_new(&hit.key, entry);
                 }
             } else if held.may_hold() {
                 self.entries.remove(hit.key.as_str());
@@ -331,16 +343,25 @@ impl RejectionCache {
         }
     }
 
-    /// Whether the cache holds fewer keys than it can: counted at each offer while it has room
-    /// (an insertion follows anyway), once in [`FULL_RECOUNT_EVERY`] offers while it is full.
-    fn has_room(&self) -> bool {
-        let offer = self.offers.fetch_add(1, Ordering::Relaxed);
-        if !self.full.load(Ordering::Relaxed) || offer.is_multiple_of(FULL_RECOUNT_EVERY) {
-            let full = self.entries.len() >= self.capacity;
-            self.full.store(full, Ordering::Relaxed);
-            return !full;
+    /// Keeps a key the cache did not hold, unless its shard is busy (like a key kept out), and
+    /// notes whether that took another key's place (the cache is full) or not (it has room).
+    fn keep_new(&self, key: &String, entry: Entry) {
+        let mut evicted = Default::default();
+        let kept = self
+            .entries
+            .try_insert_with_lifecycle(key.clone(), entry, &mut evicted);
+        let evicted_another = evicted.iter().flatten().any(|other| other != key);
+        if kept.is_ok() && evicted_another != self.evicting.load(Ordering::Relaxed) {
+            self.evicting.store(evicted_another, Ordering::Relaxed);
         }
-        false
+    }
+
+    /// Whether a new key may be kept without taking another's place: the last insertion of a new
+    /// key evicted none. While they evict, only keys the doorkeeper lets through are inserted,
+    /// and the first of them that evicts nothing shows the room again (a key that never comes
+    /// back twice would gain nothing from the room).
+    fn has_room(&self) -> bool {
+        !self.evicting.load(Ordering::Relaxed)
     }
 
     async fn run(&self, batch: &[Item], now: Option<u64>) -> Result<BatchOutcome, LimiterError> {

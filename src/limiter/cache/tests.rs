@@ -295,9 +295,9 @@ async fn memory_is_bounded() {
     assert_eq!(cache.len(), 10);
 }
 
-/// Once the cache is full, a key over its limit is offered to it only on its second
-/// rejection (its doorkeeper): a flood of keys each sent once inserts none of them, and a key
-/// sent again is kept from then on, as with room in the cache.
+/// Once the cache is full (an insertion took another key's place), a key over its limit is
+/// offered to it only on its second rejection (its doorkeeper): a flood of keys each sent once
+/// inserts none of them, and a key sent again is kept from then on, as with room in the cache.
 #[tokio::test]
 async fn a_full_cache_takes_a_key_on_its_second_rejection() {
     let (cache, inner) = setup(2);
@@ -314,13 +314,20 @@ async fn a_full_cache_takes_a_key_on_its_second_rejection() {
         assert_eq!(calls(), i as u64 + 1);
     }
     assert_eq!(cache.len(), 2);
+    // The next key takes a place: the cache now knows it is full.
+    assert!(over("flood0", T + 2).await.admitted);
+    let held = |key: &str| cache.entries.peek(key).is_some();
+    let survivors: Vec<&str> = ["a", "b", "flood0"]
+        .into_iter()
+        .filter(|k| held(k))
+        .collect();
+    assert_eq!(survivors.len(), 2, "{survivors:?}");
     // Full: a flood of keys each over its limit once inserts nothing.
-    for i in 0..50 {
+    for i in 1..50 {
         assert!(over(&format!("flood{i}"), T + 2).await.admitted);
     }
     assert_eq!(calls(), 52);
-    assert_eq!(over("a", T + 3).await.answered_by, AnsweredBy::LocalCache);
-    assert_eq!(over("b", T + 3).await.answered_by, AnsweredBy::LocalCache);
+    assert!(survivors.iter().all(|k| held(k)), "{survivors:?} evicted");
     // `c`: its first rejection is not kept (the backend answers again), its second is.
     assert!(over("c", T + 4).await.admitted);
     let second = over("c", T + 5).await;
@@ -339,12 +346,11 @@ async fn a_full_cache_takes_a_key_on_its_second_rejection() {
     assert!(cache.len() <= 2);
 }
 
-/// A full cache whose keys are forgotten (their requests admitted) finds its room again at a
-/// recount: keys are then kept at their first rejection, as before it was full.
+/// A full cache whose keys are forgotten (their requests admitted) sees its room again at the
+/// next insertion that evicts nothing: keys are then kept at their first rejection again.
 #[tokio::test]
 async fn a_cache_that_empties_takes_keys_at_their_first_rejection_again() {
-    let (cache, inner) = setup(2);
-    let calls = || inner.calls.load(Ordering::Relaxed);
+    let (cache, _) = setup(2);
     let decide = |key: String, limit, now| {
         let cache = &cache;
         async move {
@@ -352,34 +358,32 @@ async fn a_cache_that_empties_takes_keys_at_their_first_rejection_again() {
             cache.decide(&batch, Some(now)).await.unwrap()
         }
     };
-    for key in ["a", "b"] {
+    // Three keys over their limit (2) in a cache of two: the third takes a place.
+    for key in ["a", "b", "x"] {
         for _ in 0..3 {
             decide(key.into(), 2, T).await;
         }
     }
-    assert_eq!(cache.len(), 2);
-    // The window has passed: both are admitted with room left, so both are forgotten.
-    for key in ["a", "b"] {
+    assert!(cache.evicting.load(Ordering::Relaxed));
+    // The window has passed: each is admitted with room left, so each is forgotten.
+    for key in ["a", "b", "x"] {
         assert!(decide(key.into(), 2, T + 2_000).await.admitted);
     }
     assert_eq!(cache.len(), 0);
-    // Keys each rejected once: kept only once a recount has found the room (at most
-    // FULL_RECOUNT_EVERY offers later), and then at their first rejection.
-    let mut kept_at = None;
-    for i in 0..=FULL_RECOUNT_EVERY {
-        let key = format!("new{i}");
-        decide(key.clone(), 1, T + 3_000).await;
-        decide(key.clone(), 1, T + 3_000).await;
-        if !cache.is_empty() {
-            kept_at = Some(key);
-            break;
-        }
+    // Still taken for full: `n0` is kept only at its second rejection, which evicts nothing.
+    // `n2`, kept at its first rejection too, takes `n0`'s place: full again.
+    for (key, kept_at_first, full) in [
+        ("n0", false, false),
+        ("n1", true, false),
+        ("n2", true, true),
+    ] {
+        decide(key.into(), 1, T + 3_000).await;
+        let second = decide(key.into(), 1, T + 3_001).await;
+        assert!(!second.admitted);
+        let local = second.answered_by == AnsweredBy::LocalCache;
+        assert_eq!(local, kept_at_first, "{key}");
+        assert_eq!(cache.evicting.load(Ordering::Relaxed), full, "{key}");
     }
-    let key = kept_at.expect("a key is kept within FULL_RECOUNT_EVERY offers");
-    let before = calls();
-    let out = decide(key, 1, T + 3_001).await;
-    assert_eq!(out.answered_by, AnsweredBy::LocalCache);
-    assert_eq!(calls(), before);
 }
 
 /// A key whose shard was busy at the lookup may still be held: its outcome forgets it (or
