@@ -58,10 +58,12 @@
 //! entries. It has no per-entry expiry: a lookup checks the entry's own deadline, an entry past
 //! it is overwritten or removed by the outcome of the request that found it, and one nobody asks
 //! for again leaves when its room is needed (S3-FIFO: entries looked up since their insertion
-//! stay, the others go first). A decision never waits for a shard another thread is writing, to
-//! answer or to keep a new key (a busy shard is a miss, a new key is not kept): a tokio worker
-//! blocked on a lock would stall every request it serves. It waits only where an entry must
-//! change: to replace or forget a key the cache may hold. Once the cache is full (the last
+//! stay, the others go first). A decision never waits for a shard another thread is writing: a
+//! tokio worker blocked on a lock would stall every request it serves (for milliseconds when
+//! the writer is descheduled holding it, as happens on a busy machine). A busy shard at a
+//! lookup is a miss, a new key it cannot take is not kept, and an entry it cannot replace or
+//! forget is marked out of force instead (`cache/stale.rs`), so no older entry ever answers
+//! after a newer answer. Once the cache is full (the last
 //! insertion of a new key took another's place: its shards fill unevenly, so no count says
 //! so), a key is offered to it only on its second answer over the limit within a recent period
 //! (its doorkeeper, `cache/doorkeeper.rs`): a flood of distinct over-limit keys, most of which
@@ -89,7 +91,9 @@ use super::{
 };
 
 mod doorkeeper;
+mod stale;
 use doorkeeper::Doorkeeper;
+use stale::Stale;
 
 /// Default number of cached keys.
 pub const DEFAULT_CAPACITY: usize = 10_000;
@@ -101,6 +105,9 @@ struct Entry {
     count: u64,
     /// Local clock (ms) at which the key's count may next drop (its reset).
     until_ms: u64,
+    /// Local clock (ms) when the call it was learnt from was sent: a mark of the key at or
+    /// after it (`cache/stale.rs`) puts it out of force.
+    sent_at: u64,
 }
 
 /// What a request's lookup found for one item's key.
@@ -108,16 +115,17 @@ struct Entry {
 enum Lookup {
     Absent,
     Held(Entry),
-    /// The key's shard was busy (another thread writing it): not waited for, so the request
-    /// goes to the backend, and its outcome replaces or forgets whatever the key may hold.
-    Busy,
+    /// The key's shard was busy (another thread writing it; not waited for), or its entry was
+    /// marked out of force: the request goes to the backend, and its outcome replaces or
+    /// forgets whatever the key may hold.
+    Unknown,
 }
 
 impl Lookup {
     fn entry(self) -> Option<Entry> {
         match self {
             Lookup::Held(entry) => Some(entry),
-            Lookup::Absent | Lookup::Busy => None,
+            Lookup::Absent | Lookup::Unknown => None,
         }
     }
 
@@ -153,6 +161,8 @@ pub struct RejectionCache {
     /// Keys are the clients' values: hashed with SipHash under a per-process key.
     entries: quick_cache::sync::Cache<String, Entry, UnitWeighter, RandomState, KeepEvicted>,
     doorkeeper: Doorkeeper,
+    /// Keys whose entry a busy shard kept from being replaced or forgotten.
+    stale: Stale,
     /// Whether the last insertion of a new key took another key's place: the cache (or the
     /// shard keys land in) is full. Its shards fill unevenly, so no count of all entries says
     /// that an insertion will take another's place; an eviction does.
@@ -177,6 +187,7 @@ impl RejectionCache {
             capacity,
             entries,
             doorkeeper: Doorkeeper::new(capacity),
+            stale: Stale::new(capacity),
             evicting: AtomicBool::new(false),
             answered: AtomicU64::new(0),
         }
@@ -204,9 +215,12 @@ impl RejectionCache {
             .map(|hit| match hit.kind {
                 ItemKind::Refund => Lookup::Absent,
                 _ => match self.entries.try_get(hit.key.as_str()) {
-                    Ok(Some(entry)) => Lookup::Held(entry),
+                    Ok(Some(entry)) if self.stale.in_force(&hit.key, entry.sent_at) => {
+                        Lookup::Held(entry)
+                    }
+                    // Busy, or marked out of force.
+                    Ok(Some(_)) | Err(_) => Lookup::Unknown,
                     Ok(None) => Lookup::Absent,
-                    Err(_busy) => Lookup::Busy,
                 },
             })
             .collect()
@@ -330,16 +344,26 @@ impl RejectionCache {
                     window_ms: hit.window_ms,
                     count: item.count,
                     until_ms: sent_at.saturating_add(item.reset_ms),
+                    sent_at,
                 };
                 if held.may_hold() {
-                    // Waits for a busy shard: an older entry must not outlive this answer.
-                    self.entries.insert(hit.key.clone(), entry);
+                    if self.entries.try_insert(hit.key.clone(), entry).is_err() {
+                        self.stale.mark(&hit.key, sent_at);
+                    }
                 } else if self.has_room() || self.doorkeeper.seen_before(&hit.key) {
                     self.keep_new(&hit.key, entry);
                 }
             } else if held.may_hold() {
-                self.entries.remove(hit.key.as_str());
+                self.forget(&hit.key, sent_at);
             }
+        }
+    }
+
+    /// Removes `key`'s entry, or, if its shard is busy, marks it out of force: either way no
+    /// entry learnt from a call sent until `sent_at` answers for it again.
+    fn forget(&self, key: &str, sent_at: u64) {
+        if self.entries.try_remove(key).is_err() {
+            self.stale.mark(key, sent_at);
         }
     }
 
@@ -375,7 +399,7 @@ impl RejectionCache {
             return Ok(outcome);
         }
         for hit in batch.iter().filter(|h| h.kind == ItemKind::Refund) {
-            self.entries.remove(hit.key.as_str());
+            self.forget(&hit.key, sent_at);
         }
         let outcome = self.inner.decide(batch, now).await?;
         self.learn(batch, &held, &outcome, sent_at);

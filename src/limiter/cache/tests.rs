@@ -395,6 +395,7 @@ fn a_busy_lookup_still_forgets_or_replaces_the_key() {
         window_ms: 1000,
         count: 2,
         until_ms: T + 900,
+        sent_at: T - 100,
     };
     let batch = [hit("k", 2, 1, ItemKind::Consume)];
     let outcome = |passed, count| BatchOutcome {
@@ -407,18 +408,94 @@ fn a_busy_lookup_still_forgets_or_replaces_the_key() {
         answered_by: AnsweredBy::Backend,
     };
     cache.entries.insert("k".into(), old);
-    cache.learn(&batch, &[Lookup::Busy], &outcome(true, 1), T);
+    cache.learn(&batch, &[Lookup::Unknown], &outcome(true, 1), T);
     assert!(
         cache.entries.get("k").is_none(),
         "an admitted answer forgets it"
     );
     cache.entries.insert("k".into(), old);
-    cache.learn(&batch, &[Lookup::Busy], &outcome(false, 2), T + 100);
+    cache.learn(&batch, &[Lookup::Unknown], &outcome(false, 2), T + 100);
     let kept = cache.entries.get("k").map(|e| e.until_ms);
     assert_eq!(kept, Some(T + 600), "a rejection replaces it");
     // What the lookup found absent is not forgotten (nothing to undo).
     cache.learn(&batch, &[Lookup::Absent], &outcome(true, 1), T + 200);
     assert!(cache.entries.get("k").is_some());
+}
+
+/// An entry that a busy shard keeps from being forgotten or replaced is marked out of force
+/// instead: it answers nothing again, and the next answer over the limit is kept. The shard is
+/// held busy by a write of the key itself (the cache's own write lock, in this thread).
+#[tokio::test]
+async fn an_entry_a_busy_shard_keeps_is_put_out_of_force() {
+    use futures_util::FutureExt;
+    use quick_cache::sync::EntryAction;
+    let (cache, inner) = setup(100);
+    let calls = || inner.calls.load(Ordering::Relaxed);
+    let full = [hit("k", 2, 1, ItemKind::Consume)];
+    let outcome = |passed, count| BatchOutcome {
+        admitted: passed,
+        items: vec![KeyOutcome {
+            passed,
+            count,
+            reset_ms: 500,
+        }],
+        answered_by: AnsweredBy::Backend,
+    };
+    let while_busy = |work: &dyn Fn()| {
+        cache.entries.entry("k", None, |_, _| {
+            work();
+            EntryAction::Retain(())
+        });
+    };
+    for (sent_at, passed) in [(T, true), (T + 10, false)] {
+        let old = Entry {
+            window_ms: 1000,
+            count: 2,
+            until_ms: T + 900,
+            sent_at: sent_at - 5,
+        };
+        cache.entries.insert("k".into(), old);
+        assert!(matches!(cache.look_up(&full)[0], Lookup::Held(_)));
+        // Admitted (forget) or rejected again (replace): the write finds the shard busy.
+        while_busy(&|| {
+            let count = if passed { 1 } else { 2 };
+            cache.learn(
+                &full,
+                &[Lookup::Held(old)],
+                &outcome(passed, count),
+                sent_at,
+            )
+        });
+        assert_eq!(
+            cache.entries.peek("k").map(|e| e.sent_at),
+            Some(sent_at - 5),
+            "the write could not happen"
+        );
+        assert!(
+            matches!(cache.look_up(&full)[0], Lookup::Unknown),
+            "{sent_at}"
+        );
+    }
+    // The backend answers the next request, and that answer (sent later) is kept.
+    cache
+        .decide(&[hit("k", 2, 2, ItemKind::Consume)], Some(T + 20))
+        .await
+        .unwrap();
+    let out = cache.decide(&full, Some(T + 21)).await.unwrap();
+    assert_eq!(
+        (out.answered_by, out.items[0].count, calls()),
+        (AnsweredBy::LocalCache, 2, 1)
+    );
+    // A refund whose removal finds the shard busy puts the entry out of force too.
+    let refund = [hit("k", 2, 1, ItemKind::Refund)];
+    while_busy(&|| {
+        // The memory backend answers without waiting: its future completes at its first poll.
+        let outcome = cache.decide(&refund, Some(T + 30)).now_or_never();
+        assert!(matches!(outcome, Some(Ok(o)) if o.admitted));
+    });
+    assert_eq!(calls(), 2);
+    let out = cache.decide(&full, Some(T + 31)).await.unwrap();
+    assert_eq!((out.answered_by, out.admitted), (AnsweredBy::Backend, true));
 }
 
 /// Each key has one algorithm and one window, as the engine's keys do: every algorithm the
