@@ -149,7 +149,7 @@ print()
 load_before = open(os.path.join(out, "uptime-before.txt")).read().split("load average:")[1].strip()
 load_after = open(os.path.join(out, "uptime-after.txt")).read().split("load average:")[1].strip()
 elapsed = int(open(os.path.join(out, "elapsed-secs.txt")).read())
-print(f"{os.cpu_count()} cores shared by sluice-bench, every sluice and redis-server; load {load_before} "
+print(f"{os.cpu_count()} cores shared by sluice-bench (at nice {os.environ.get('SCALE_CLIENT_NICE', '10')}), every sluice and redis-server; load {load_before} "
       f"before, {load_after} after; {elapsed} s of fills and measurements; medians of "
       f"{os.environ.get('SCALE_ROUNDS', '1')} round(s); raw JSON in {out}")
 

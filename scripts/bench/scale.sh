@@ -12,7 +12,10 @@
 # Per phase: decisions/s, CPU µs per decision of sluice and redis-server (from /proc), p99,
 # errors (missed backend deadlines answer UNAVAILABLE); memory per entry and per key from
 # sluice's RSS (memory backend) and Redis's used_memory around the fills. 64 callers on 4
-# connections, closed loop, loopback (sluice-bench, release builds).
+# connections, closed loop, loopback (sluice-bench, release builds). The load generator runs at
+# nice 10 (SCALE_CLIENT_NICE): on a machine of few cores, a closed-loop client at sluice's
+# priority keeps Redis waiting for a core, and the missed deadlines then measure the scheduler,
+# both settings alike, not what a phase costs.
 #
 # With --before REV, a build of that revision (e.g. main) runs beside the current tree's and every
 # measurement alternates between the two, phase by phase (same fills, same Redis, same moments).
@@ -53,6 +56,7 @@ else
   PROFILE=release; FILL_SECS="${SCALE_FILL_SECS:-60}"
 fi
 ROUNDS="${SCALE_ROUNDS:-1}"
+CLIENT_NICE="${SCALE_CLIENT_NICE:-10}"
 CONC=64
 CONNS=4
 
@@ -114,7 +118,7 @@ load() { # out instance descriptor keys prefix, then sluice-bench arguments
   shift 5
   pids=(--pid "sluice=${PID[$instance]}")
   [[ "$instance" == redis-* ]] && pids+=(--pid "redis-server=$REDIS_PID")
-  "$BIN/sluice-bench" --no-ceiling --json --domain scale --target "127.0.0.1:${PORT[$instance]}" \
+  nice -n "$CLIENT_NICE" "$BIN/sluice-bench" --no-ceiling --json --domain scale --target "127.0.0.1:${PORT[$instance]}" \
     --concurrency "$CONC" --connections "$CONNS" --descriptor-keys "$descriptor" --keys "$keys" \
     --value-prefix "$prefix" "${pids[@]}" "$@" >"$OUT/$out.json"
 }
