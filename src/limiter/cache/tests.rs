@@ -386,6 +386,19 @@ async fn a_cache_that_empties_takes_keys_at_their_first_rejection_again() {
     }
 }
 
+/// The backend's outcome of a one-item request: `passed` or not, `count` held, reset in 500 ms.
+fn one_item(passed: bool, count: u64) -> BatchOutcome {
+    BatchOutcome {
+        admitted: passed,
+        items: vec![KeyOutcome {
+            passed,
+            count,
+            reset_ms: 500,
+        }],
+        answered_by: AnsweredBy::Backend,
+    }
+}
+
 /// A key whose shard was busy at the lookup may still be held: its outcome forgets it (or
 /// replaces it) as if it had been found, so no older entry outlives a newer answer.
 #[test]
@@ -398,27 +411,18 @@ fn a_busy_lookup_still_forgets_or_replaces_the_key() {
         sent_at: T - 100,
     };
     let batch = [hit("k", 2, 1, ItemKind::Consume)];
-    let outcome = |passed, count| BatchOutcome {
-        admitted: passed,
-        items: vec![KeyOutcome {
-            passed,
-            count,
-            reset_ms: 500,
-        }],
-        answered_by: AnsweredBy::Backend,
-    };
     cache.entries.insert("k".into(), old);
-    cache.learn(&batch, &[Lookup::Unknown], &outcome(true, 1), T);
+    cache.learn(&batch, &[Lookup::Unknown], &one_item(true, 1), T);
     assert!(
         cache.entries.get("k").is_none(),
         "an admitted answer forgets it"
     );
     cache.entries.insert("k".into(), old);
-    cache.learn(&batch, &[Lookup::Unknown], &outcome(false, 2), T + 100);
+    cache.learn(&batch, &[Lookup::Unknown], &one_item(false, 2), T + 100);
     let kept = cache.entries.get("k").map(|e| e.until_ms);
     assert_eq!(kept, Some(T + 600), "a rejection replaces it");
     // What the lookup found absent is not forgotten (nothing to undo).
-    cache.learn(&batch, &[Lookup::Absent], &outcome(true, 1), T + 200);
+    cache.learn(&batch, &[Lookup::Absent], &one_item(true, 1), T + 200);
     assert!(cache.entries.get("k").is_some());
 }
 
@@ -432,15 +436,6 @@ async fn an_entry_a_busy_shard_keeps_is_put_out_of_force() {
     let (cache, inner) = setup(100);
     let calls = || inner.calls.load(Ordering::Relaxed);
     let full = [hit("k", 2, 1, ItemKind::Consume)];
-    let outcome = |passed, count| BatchOutcome {
-        admitted: passed,
-        items: vec![KeyOutcome {
-            passed,
-            count,
-            reset_ms: 500,
-        }],
-        answered_by: AnsweredBy::Backend,
-    };
     let while_busy = |work: &dyn Fn()| {
         cache.entries.entry("k", None, |_, _| {
             work();
@@ -462,7 +457,7 @@ async fn an_entry_a_busy_shard_keeps_is_put_out_of_force() {
             cache.learn(
                 &full,
                 &[Lookup::Held(old)],
-                &outcome(passed, count),
+                &one_item(passed, count),
                 sent_at,
             )
         });
