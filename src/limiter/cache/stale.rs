@@ -12,7 +12,8 @@
 //! stays. Marks live in slots indexed by the key's hash, so a key shares its slot with a few
 //! others: a mark makes their entries of that time unknown too, which only sends their next
 //! requests to the backend (whose answers replace them). Memory is bounded (one `u64` per key
-//! the cache can hold) and nothing ever needs clearing: a slot only moves forward in time.
+//! the cache can hold, at most 4Mi of them) and nothing ever needs clearing: a slot only moves
+//! forward in time.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,8 @@ use foldhash::fast::RandomState;
 
 /// The fewest slots, for the smallest caches.
 const MIN_SLOTS: usize = 64;
+/// The most slots (32 MiB): keys of larger caches share slots more.
+const MAX_SLOTS: usize = 1 << 22;
 
 pub(super) struct Stale {
     /// Per slot: 1 + the latest sending time marked (0: never marked).
@@ -32,7 +35,7 @@ pub(super) struct Stale {
 impl Stale {
     /// Marks for a cache of `capacity` keys.
     pub(super) fn new(capacity: usize) -> Self {
-        let len = capacity.max(MIN_SLOTS).next_power_of_two();
+        let len = capacity.clamp(MIN_SLOTS, MAX_SLOTS).next_power_of_two();
         Stale {
             slots: (0..len).map(|_| AtomicU64::new(0)).collect(),
             mask: len - 1,
