@@ -364,7 +364,13 @@ async fn a_refused_client_certificate_is_reported_and_keeps_sluice_unready() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(client.log_text().contains("backend reachable: serving"));
+    // Readiness flips before the probe logs, and the log is read from a pipe: wait for it.
+    helpers::wait_until(
+        "the log says the backend is reachable",
+        std::time::Duration::from_secs(5),
+        || async { client.log_text().contains("backend reachable: serving") },
+    )
+    .await;
     assert_eq!(health(&client).await, ServingStatus::Serving as i32);
     assert_eq!(first_call_code(&client).await, Ok(Code::Ok as i32));
 }
