@@ -9,6 +9,7 @@
 #     per hour) are each sent once, then requests on K random values of them are measured, on
 #     Redis with the local cache off and on (`--local-cache-size` default), and on memory (which
 #     has no cache in front of it: it is its own store).
+# Before its rounds, each instance serves 1 s (SCALE_WARM_SECS) of the phase's load unmeasured.
 # Per phase: decisions/s, CPU µs per decision of sluice and redis-server (from /proc), p99,
 # errors (missed backend deadlines answer UNAVAILABLE); memory per entry and per key from
 # sluice's RSS (memory backend) and Redis's used_memory around the fills. 64 callers on 4
@@ -50,10 +51,11 @@ while [ "$#" -gt 0 ]; do
 done
 if [ "$QUICK" = 1 ]; then
   SIZES="10 1000"; FLOODS="100 1000"; SECS="${SCALE_SECS:-0.3}"; PROFILE=debug
+  WARM_SECS="${SCALE_WARM_SECS:-0.1}"
   FILL_SECS="${SCALE_FILL_SECS:-60}"
 else
   SIZES="10 1000 100000 1000000"; FLOODS="1000 10000 100000 1000000"; SECS="${SCALE_SECS:-5}"
-  PROFILE=release; FILL_SECS="${SCALE_FILL_SECS:-60}"
+  PROFILE=release; FILL_SECS="${SCALE_FILL_SECS:-60}"; WARM_SECS="${SCALE_WARM_SECS:-1}"
 fi
 ROUNDS="${SCALE_ROUNDS:-1}"
 CLIENT_NICE="${SCALE_CLIENT_NICE:-10}"
@@ -129,6 +131,12 @@ fill() { # out instance descriptor keys prefix requests: each value once (sequen
   load "$1" "$2" "$3" "$4" "$5" --sequential --max-requests "$6" --duration-secs "$secs"
 }
 SEED=0
+warm() { # instance descriptor keys prefix: the phase's load, not measured, so that what a first
+  # contact costs (an instance's first phase, a cache's switch to a new key set) is not counted
+  # in its first round
+  SEED=$((SEED + 1))
+  load "warm-$1-$2-$3" "$@" --duration-secs "$WARM_SECS" --seed "$SEED"
+}
 measure() { # out instance descriptor keys prefix: each phase draws its keys with a seed of its
   # own, so no phase replays the values (and the cache entries) of an earlier one
   echo "   $1" >&2
@@ -147,6 +155,10 @@ for n in $SIZES; do
   for b in "${BUILDS[@]}"; do
     fill "fill-window-memory-$b-$n" "memory-$b" "win$n" 1 w "$n"
     echo "rss_kb $(rss_kb "${PID[memory-$b]}")" >"$OUT/memory-memory-$b-window-$n.txt"
+  done
+  for b in "${BUILDS[@]}"; do
+    warm "memory-$b" "win$n" 1 w
+    warm "redis-off-$b" "win$n" 1 w
   done
   for r in $(seq 1 "$ROUNDS"); do
     for b in "${BUILDS[@]}"; do
@@ -170,6 +182,9 @@ for b in "${BUILDS[@]}"; do
 done
 for k in $FLOODS; do
   echo "== flood of $k over-limit keys" >&2
+  for b in "${BUILDS[@]}"; do
+    for instance in "redis-off-$b" "redis-on-$b" "memory-$b"; do warm "$instance" flood "$k" f; done
+  done
   for r in $(seq 1 "$ROUNDS"); do
     for b in "${BUILDS[@]}"; do
       measure "flood-redis-off-$b-$k-r$r" "redis-off-$b" flood "$k" f
