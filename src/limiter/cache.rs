@@ -76,11 +76,11 @@
 //! A local answer says so ([`AnsweredBy::LocalCache`] in its outcome); the cache never touches
 //! metrics: the observer above it counts those answers.
 
-use std::hash::RandomState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use foldhash::fast::RandomState;
 use quick_cache::Lifecycle;
 use quick_cache::UnitWeighter;
 use smallvec::SmallVec;
@@ -158,7 +158,9 @@ pub struct RejectionCache {
     inner: Arc<dyn Limiter>,
     clock: Arc<dyn Clock>,
     capacity: usize,
-    /// Keys are the clients' values: hashed with SipHash under a per-process key.
+    /// Keys are the clients' values, hashed with foldhash under a per-process random seed: the
+    /// map is bounded (a shard's probes are at most its entries even if keys collided), and
+    /// SipHash cost most of what a miss costs in a flood (Cargo.toml says more).
     entries: quick_cache::sync::Cache<String, Entry, UnitWeighter, RandomState, KeepEvicted>,
     doorkeeper: Doorkeeper,
     /// Keys whose entry a busy shard kept from being replaced or forgotten.
