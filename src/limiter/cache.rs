@@ -160,7 +160,7 @@ pub struct RejectionCache {
     capacity: usize,
     /// Keys are the clients' values, hashed with foldhash under a per-process random seed: the
     /// map is bounded (a shard's probes are at most its entries even if keys collided), and
-    /// SipHash cost most of what a miss costs in a flood (Cargo.toml says more).
+    /// SipHash was about a quarter of what a miss cost in a flood (Cargo.toml says more).
     entries: quick_cache::sync::Cache<String, Entry, UnitWeighter, RandomState, KeepEvicted>,
     doorkeeper: Doorkeeper,
     /// Keys whose entry a busy shard kept from being replaced or forgotten.
