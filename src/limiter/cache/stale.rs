@@ -77,6 +77,12 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_cache_gets_at_most_the_capped_slots() {
+        assert_eq!(Stale::new(usize::MAX).slots.len(), MAX_SLOTS);
+        assert_eq!(Stale::new(0).slots.len(), MIN_SLOTS);
+    }
+
+    #[test]
     fn a_mark_reaches_few_other_keys() {
         let stale = Stale::new(1000);
         stale.mark("k", 100);
